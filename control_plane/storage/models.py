@@ -1,0 +1,195 @@
+"""The control plane's relational schema as typed SQLAlchemy rows (``…Row``).
+
+Rows are persistence records, not domain objects: services map them to and from the
+domain types. Schema changes go through a new alembic migration in ``migrations/``;
+``tests/control_plane/storage`` fails when the models and the migrations drift apart.
+
+Rows are mapped dataclasses with keyword-only constructors, so mypy checks every
+``FleetRow(...)`` call. Timestamps are never defaulted here: services pass ``now`` from
+their injected clock.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, MappedAsDataclass, mapped_column
+
+from control_plane.storage.db import UTCDateTime
+
+__all__ = [
+    "FLEET_STATES",
+    "NAMING_CONVENTION",
+    "ApiTokenRow",
+    "ArtifactRow",
+    "AuditRow",
+    "Base",
+    "FleetRow",
+    "ModelFloorRow",
+    "ModelVersionRow",
+    "TufMetadataRow",
+]
+
+# Deterministic constraint names: alembic can then create, compare and drop them by name
+# on every backend (SQLite batch migrations need names to drop constraints at all).
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+FLEET_STATES = ("pending", "active")
+
+# JSON everywhere, JSONB on PostgreSQL (indexable, compact, compares by value).
+JSONDocument = JSON().with_variant(JSONB(), "postgresql")
+# BIGINT on PostgreSQL; SQLite only autoincrements a column declared exactly INTEGER.
+BigIntegerPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(MappedAsDataclass, DeclarativeBase, kw_only=True, eq=False):
+    """Declarative base: naming convention, and the column types our annotations mean."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSONDocument,
+    }
+
+
+class FleetRow(Base):
+    """One fleet = one TUF repository and its models, nodes and rollouts."""
+
+    __tablename__ = "fleets"
+    __table_args__ = (
+        CheckConstraint(
+            "state IN ({})".format(", ".join(f"'{s}'" for s in FLEET_STATES)), name="state"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True, init=False)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    state: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    # Key ids of the control plane's online keys for this fleet's snapshot/timestamp roles.
+    snapshot_keyid: Mapped[str | None] = mapped_column(String(64), default=None)
+    timestamp_keyid: Mapped[str | None] = mapped_column(String(64), default=None)
+
+
+class TufMetadataRow(Base):
+    """Every version of every TUF role's signed metadata, exactly as served.
+
+    The primary key (fleet_id, role, version) is also the index behind "latest version
+    of role R" (``WHERE fleet_id = ? AND role = ? ORDER BY version DESC LIMIT 1``): both
+    backends walk it backwards, so no separate index is needed.
+    """
+
+    __tablename__ = "tuf_metadata"
+    __table_args__ = (CheckConstraint("version >= 1", name="version_positive"),)
+
+    fleet_id: Mapped[int] = mapped_column(
+        ForeignKey("fleets.id", ondelete="CASCADE"), primary_key=True
+    )
+    role: Mapped[str] = mapped_column(String(32), primary_key=True)
+    version: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    body: Mapped[bytes] = mapped_column(LargeBinary, repr=False)
+    expires_at: Mapped[datetime]
+    created_at: Mapped[datetime]
+
+
+class ModelVersionRow(Base):
+    """A published model version: one TUF target of the fleet's ``targets`` role."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (
+        UniqueConstraint("fleet_id", "model", "version"),
+        UniqueConstraint("fleet_id", "model", "release_counter"),
+        UniqueConstraint("fleet_id", "target_path"),
+        CheckConstraint("length >= 0", name="length_nonnegative"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True, init=False)
+    fleet_id: Mapped[int] = mapped_column(ForeignKey("fleets.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(128))
+    version: Mapped[str] = mapped_column(String(64))
+    release_counter: Mapped[int]
+    target_path: Mapped[str] = mapped_column(String(512))
+    sha256: Mapped[str] = mapped_column(String(64))
+    length: Mapped[int] = mapped_column(BigInteger)
+    custom: Mapped[dict[str, Any]]
+    # The targets metadata version that first listed this target.
+    targets_version: Mapped[int]
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
+
+
+class ModelFloorRow(Base):
+    """The lowest release counter a node may run for a model, as signed in ``targets``."""
+
+    __tablename__ = "model_floors"
+
+    fleet_id: Mapped[int] = mapped_column(
+        ForeignKey("fleets.id", ondelete="CASCADE"), primary_key=True
+    )
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    floor: Mapped[int]
+    targets_version: Mapped[int]
+    updated_at: Mapped[datetime]
+
+
+class ArtifactRow(Base):
+    """An uploaded blob in the content-addressed artifact store, keyed by its sha256."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (CheckConstraint("length >= 0", name="length_nonnegative"),)
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    length: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    uploaded_by: Mapped[str] = mapped_column(String(128))
+
+
+class ApiTokenRow(Base):
+    """An operator API token; only the hash of the secret is kept."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(32))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, repr=False)
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class AuditRow(Base):
+    """One audited mutation. Append-only: database triggers (see migration 0001) refuse
+    UPDATE and DELETE on both backends, so even a buggy service cannot rewrite history."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True, init=False)
+    at: Mapped[datetime] = mapped_column(index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(32))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(512))
+    request_id: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(16))
+    details: Mapped[dict[str, Any]] = mapped_column(default_factory=dict)
