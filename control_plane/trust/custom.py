@@ -1,0 +1,461 @@
+"""The `custom` field edgefleet puts in TUF targets (DESIGN §3), and the target path layout.
+
+Parsing is strict about the fields we use and ignores keys it does not know, so a newer
+CLI can add fields without breaking an older control plane. No I/O, no repository rules.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final
+
+from control_plane.errors import InvalidInputError
+
+FORMAT_VERSION: Final = 1
+"""The `edgefleet` key of every custom dict: the version of this wire format."""
+
+KIND_MODEL: Final = "model"
+KIND_FLOOR: Final = "floor"
+
+MODEL_NAME_PATTERN: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+VERSION_PATTERN: Final = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
+AGENT_VERSION_PATTERN: Final = re.compile(
+    r"[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}(?:[-+][0-9A-Za-z.+-]{1,64})?"
+)
+SHA256_PATTERN: Final = re.compile(r"[0-9a-f]{64}")
+
+MODEL_FILE_NAME: Final = "model.onnx"
+REFERENCE_FILE_NAME: Final = "reference.npz"
+
+# ONNX tensor element types, spelled the numpy way (as onnx.helper.tensor_dtype_to_np_dtype
+# names them, plus the types numpy lacks).
+DTYPES: Final = frozenset(
+    {
+        "float16",
+        "float32",
+        "float64",
+        "bfloat16",
+        "int4",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint4",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+        "string",
+        "complex64",
+        "complex128",
+        "float8e4m3fn",
+        "float8e4m3fnuz",
+        "float8e5m2",
+        "float8e5m2fnuz",
+        "float4e2m1",
+    }
+)
+
+_MAX_TENSORS: Final = 256
+_MAX_RANK: Final = 32
+_MAX_LIST: Final = 64
+_MAX_NAME: Final = 256
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def validate_model_name(model: str, *, field_name: str = "model") -> str:
+    if not isinstance(model, str) or not MODEL_NAME_PATTERN.fullmatch(model):
+        raise InvalidInputError(
+            f"{field_name}: {model!r} is not a model name "
+            "(1-128 of a-z 0-9 . _ -, starting with a letter or digit)",
+            field=field_name,
+        )
+    return model
+
+
+def validate_version(version: str, *, field_name: str = "version") -> str:
+    if not isinstance(version, str) or not VERSION_PATTERN.fullmatch(version):
+        raise InvalidInputError(
+            f"{field_name}: {version!r} is not a version "
+            "(1-64 of A-Z a-z 0-9 . + _ -, starting with a letter or digit)",
+            field=field_name,
+        )
+    return version
+
+
+def model_target_path(model: str, version: str) -> str:
+    """`models/<model>/<version>/model.onnx`."""
+    validate_model_name(model)
+    validate_version(version)
+    return f"models/{model}/{version}/{MODEL_FILE_NAME}"
+
+
+def reference_target_path(model: str, version: str) -> str:
+    """`models/<model>/<version>/reference.npz`: the self-test input/output pair."""
+    validate_model_name(model)
+    validate_version(version)
+    return f"models/{model}/{version}/{REFERENCE_FILE_NAME}"
+
+
+def floor_target_path(model: str) -> str:
+    """`floors/<model>.json`: the release counter below which a model may not run."""
+    validate_model_name(model)
+    return f"floors/{model}.json"
+
+
+@dataclass(frozen=True, slots=True)
+class TargetPath:
+    """A target path taken apart: kind is "model", "reference" or "floor"."""
+
+    kind: str
+    model: str
+    version: str | None = None
+
+
+_MODEL_PATH = re.compile(r"models/(?P<model>[^/]+)/(?P<version>[^/]+)/(?P<file>[^/]+)")
+_FLOOR_PATH = re.compile(r"floors/(?P<model>[^/]+)\.json")
+
+
+def parse_target_path(path: str) -> TargetPath | None:
+    """Recognise one of our target paths; None for anything else."""
+    match = _MODEL_PATH.fullmatch(path)
+    if match is not None:
+        model, version, name = match["model"], match["version"], match["file"]
+        if not MODEL_NAME_PATTERN.fullmatch(model) or not VERSION_PATTERN.fullmatch(version):
+            return None
+        if name == MODEL_FILE_NAME:
+            return TargetPath("model", model, version)
+        if name == REFERENCE_FILE_NAME:
+            return TargetPath("reference", model, version)
+        return None
+    match = _FLOOR_PATH.fullmatch(path)
+    if match is not None and MODEL_NAME_PATTERN.fullmatch(match["model"]):
+        return TargetPath("floor", match["model"])
+    return None
+
+
+# ------------------------------------------------------------------------ dataclasses
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One model input or output: dims are ints or symbolic names (e.g. "N")."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class IOSignature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Compat:
+    """Where the model may run: execution providers it was tested with, CPU architectures."""
+
+    execution_providers: tuple[str, ...]
+    arch: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"execution_providers": list(self.execution_providers), "arch": list(self.arch)}
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceInfo:
+    """The reference input/output pair for the on-node self-test, and its tolerance.
+
+    On the wire `atol`/`rtol` are decimal strings ("0.0001"): TUF signs canonical JSON,
+    which has no floating-point numbers. Parsing also takes an int or a float.
+    """
+
+    path: str
+    sha256: str
+    length: int
+    atol: float
+    rtol: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "sha256": self.sha256,
+            "length": self.length,
+            "atol": repr(self.atol),
+            "rtol": repr(self.rtol),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCustom:
+    """The custom field of `models/<model>/<version>/model.onnx`.
+
+    Construction does not validate; `parse_model_custom(c.to_dict())` does, and the
+    repository helpers run it before they put a hand-built value into metadata.
+    """
+
+    model: str
+    version: str
+    release_counter: int
+    io: IOSignature
+    # Read-only view; excluded from the hash because a mapping is not hashable.
+    opset: Mapping[str, int] = field(hash=False)
+    min_agent_version: str
+    compat: Compat
+    reference: ReferenceInfo
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "opset", MappingProxyType(dict(self.opset)))
+
+    @property
+    def target_path(self) -> str:
+        return model_target_path(self.model, self.version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "edgefleet": self.format_version,
+            "kind": KIND_MODEL,
+            "model": self.model,
+            "version": self.version,
+            "release_counter": self.release_counter,
+            "io": self.io.to_dict(),
+            "opset": dict(self.opset),
+            "min_agent_version": self.min_agent_version,
+            "compat": self.compat.to_dict(),
+            "reference": self.reference.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FloorCustom:
+    """The custom field (and content) of `floors/<model>.json`: counters < floor are forbidden."""
+
+    model: str
+    floor: int
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def target_path(self) -> str:
+        return floor_target_path(self.model)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "edgefleet": self.format_version,
+            "kind": KIND_FLOOR,
+            "model": self.model,
+            "floor": self.floor,
+        }
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_model_custom(data: object) -> ModelCustom:
+    """Validate a model target's custom dict; InvalidInputError names the bad field."""
+    obj = _mapping(data, "custom")
+    _header(obj, KIND_MODEL)
+    model = validate_model_name(_str(obj, "model"), field_name="custom.model")
+    version = validate_version(_str(obj, "version"), field_name="custom.version")
+    counter = _int(obj, "release_counter", minimum=1)
+    io = _io(_mapping(_get(obj, "io", "io"), "io"))
+    opset = _opset(_mapping(_get(obj, "opset", "opset"), "opset"))
+    agent = _str(obj, "min_agent_version")
+    if not AGENT_VERSION_PATTERN.fullmatch(agent):
+        raise _bad("min_agent_version", f"{agent!r} is not a version like 1.2.3")
+    compat = _compat(_mapping(_get(obj, "compat", "compat"), "compat"))
+    reference = _reference(_mapping(_get(obj, "reference", "reference"), "reference"))
+    return ModelCustom(
+        model=model,
+        version=version,
+        release_counter=counter,
+        io=io,
+        opset=opset,
+        min_agent_version=agent,
+        compat=compat,
+        reference=reference,
+    )
+
+
+def parse_floor_custom(data: object) -> FloorCustom:
+    """Validate a floor target's custom dict."""
+    obj = _mapping(data, "custom")
+    _header(obj, KIND_FLOOR)
+    model = validate_model_name(_str(obj, "model"), field_name="custom.model")
+    floor = _int(obj, "floor", minimum=1)
+    return FloorCustom(model=model, floor=floor)
+
+
+def _bad(field_name: str, problem: str) -> InvalidInputError:
+    return InvalidInputError(f"custom.{field_name}: {problem}", field=f"custom.{field_name}")
+
+
+def _mapping(value: object, field_name: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _bad(field_name, f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _get(obj: Mapping[str, Any], key: str, field_name: str) -> Any:
+    if key not in obj:
+        raise _bad(field_name, "missing")
+    return obj[key]
+
+
+def _str(obj: Mapping[str, Any], key: str, *, path: str | None = None) -> str:
+    name = path or key
+    value = _get(obj, key, name)
+    if not isinstance(value, str) or not value:
+        raise _bad(name, f"expected a non-empty string, got {value!r}")
+    if len(value) > _MAX_NAME:
+        raise _bad(name, f"longer than {_MAX_NAME} characters")
+    return value
+
+
+def _int(obj: Mapping[str, Any], key: str, *, minimum: int, path: str | None = None) -> int:
+    name = path or key
+    value = _get(obj, key, name)
+    # bool is an int in Python; in a wire format it is a mistake.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _bad(name, f"expected an integer, got {value!r}")
+    if value < minimum:
+        raise _bad(name, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _header(obj: Mapping[str, Any], kind: str) -> None:
+    fmt = _get(obj, "edgefleet", "edgefleet")
+    if not isinstance(fmt, int) or isinstance(fmt, bool):
+        raise _bad("edgefleet", f"expected the format version {FORMAT_VERSION}, got {fmt!r}")
+    if fmt != FORMAT_VERSION:
+        raise _bad(
+            "edgefleet",
+            f"format version {fmt} is not understood by this build (it reads {FORMAT_VERSION})",
+        )
+    got = _get(obj, "kind", "kind")
+    if got != kind:
+        raise _bad("kind", f"expected {kind!r}, got {got!r}")
+
+
+def _str_list(value: object, field_name: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise _bad(field_name, "expected a non-empty list of strings")
+    if len(value) > _MAX_LIST:
+        raise _bad(field_name, f"more than {_MAX_LIST} entries")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item or len(item) > _MAX_NAME:
+            raise _bad(f"{field_name}[{i}]", f"expected a non-empty string, got {item!r}")
+    if len(set(value)) != len(value):
+        raise _bad(field_name, "duplicate entries")
+    return tuple(value)
+
+
+def _tensors(value: object, field_name: str) -> tuple[TensorSpec, ...]:
+    if not isinstance(value, list) or not value:
+        raise _bad(field_name, "expected a non-empty list of tensors")
+    if len(value) > _MAX_TENSORS:
+        raise _bad(field_name, f"more than {_MAX_TENSORS} tensors")
+    specs: list[TensorSpec] = []
+    for i, item in enumerate(value):
+        where = f"{field_name}[{i}]"
+        obj = _mapping(item, where)
+        name = _str(obj, "name", path=f"{where}.name")
+        dtype = _str(obj, "dtype", path=f"{where}.dtype")
+        if dtype not in DTYPES:
+            raise _bad(f"{where}.dtype", f"unknown element type {dtype!r}")
+        shape = _get(obj, "shape", f"{where}.shape")
+        if not isinstance(shape, list) or len(shape) > _MAX_RANK:
+            raise _bad(f"{where}.shape", f"expected a list of at most {_MAX_RANK} dims")
+        for j, dim in enumerate(shape):
+            if isinstance(dim, bool) or not isinstance(dim, int | str):
+                raise _bad(f"{where}.shape[{j}]", f"expected an int or a name, got {dim!r}")
+            if isinstance(dim, int) and dim < 0:
+                raise _bad(f"{where}.shape[{j}]", f"negative dimension {dim}")
+            if isinstance(dim, str) and not (0 < len(dim) <= _MAX_NAME):
+                raise _bad(f"{where}.shape[{j}]", "symbolic dimensions need a name")
+        specs.append(TensorSpec(name=name, dtype=dtype, shape=tuple(shape)))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise _bad(field_name, "duplicate tensor names")
+    return tuple(specs)
+
+
+def _io(obj: Mapping[str, Any]) -> IOSignature:
+    return IOSignature(
+        inputs=_tensors(_get(obj, "inputs", "io.inputs"), "io.inputs"),
+        outputs=_tensors(_get(obj, "outputs", "io.outputs"), "io.outputs"),
+    )
+
+
+def _opset(obj: Mapping[str, Any]) -> dict[str, int]:
+    if not obj:
+        raise _bad("opset", "expected at least one domain")
+    if len(obj) > _MAX_LIST:
+        raise _bad("opset", f"more than {_MAX_LIST} domains")
+    result: dict[str, int] = {}
+    for domain in obj:
+        if not isinstance(domain, str) or len(domain) > _MAX_NAME:
+            raise _bad("opset", f"domain {domain!r} is not a string")
+        result[domain] = _int(obj, domain, minimum=1, path=f"opset[{domain!r}]")
+    return result
+
+
+def _compat(obj: Mapping[str, Any]) -> Compat:
+    return Compat(
+        execution_providers=_str_list(
+            _get(obj, "execution_providers", "compat.execution_providers"),
+            "compat.execution_providers",
+        ),
+        arch=_str_list(_get(obj, "arch", "compat.arch"), "compat.arch"),
+    )
+
+
+def _tolerance(obj: Mapping[str, Any], key: str) -> float:
+    name = f"reference.{key}"
+    value = _get(obj, key, name)
+    if isinstance(value, str) and 0 < len(value) <= 32:
+        try:
+            number = float(value)
+        except ValueError:
+            raise _bad(name, f"expected a decimal number, got {value!r}") from None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise _bad(name, f"expected a decimal number (as a string), got {value!r}")
+    if not math.isfinite(number) or number < 0:
+        raise _bad(name, f"must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def _reference(obj: Mapping[str, Any]) -> ReferenceInfo:
+    path = _str(obj, "path", path="reference.path")
+    parsed = parse_target_path(path)
+    if parsed is None or parsed.kind != "reference":
+        raise _bad("reference.path", f"{path!r} is not models/<model>/<version>/reference.npz")
+    sha256 = _str(obj, "sha256", path="reference.sha256")
+    if not SHA256_PATTERN.fullmatch(sha256):
+        raise _bad("reference.sha256", "expected 64 lowercase hex digits")
+    return ReferenceInfo(
+        path=path,
+        sha256=sha256,
+        length=_int(obj, "length", minimum=0, path="reference.length"),
+        atol=_tolerance(obj, "atol"),
+        rtol=_tolerance(obj, "rtol"),
+    )
