@@ -1,0 +1,152 @@
+"""Small, real ONNX models built in code, for the demo, tests and benchmarks.
+
+Every builder is deterministic (same arguments, same bytes) and needs no download.
+These are fixtures, not production models: nothing here is trained.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = [
+    "PRODUCER_NAME",
+    "add_constant_model",
+    "broken_model_bytes",
+    "identity_model",
+    "tiny_detector",
+]
+
+PRODUCER_NAME = "edgefleet.sample_models"
+_PRODUCER_VERSION = "1"
+DEFAULT_OPSET = 17
+
+Shape = tuple[int | str, ...]
+
+
+def tiny_detector(path: Path, *, seed: int = 0, size: int = 32, opset: int = DEFAULT_OPSET) -> Path:
+    """A toy "detector": ``images`` float32 [1,3,size,size] (NCHW) -> ``scores`` float32 [1,4].
+
+    Conv(3->8, 3x3, pads 1) -> Relu -> GlobalAveragePool -> Flatten -> Gemm(8->4) -> Sigmoid,
+    with weights drawn from ``numpy.random.default_rng(seed)``: a different seed is a
+    different "version" with different outputs.
+    """
+    if size < 1:
+        raise ValueError(f"size must be positive, got {size}")
+    rng = np.random.default_rng(seed)
+    conv_w = (rng.standard_normal((8, 3, 3, 3)) * 0.2).astype(np.float32)
+    conv_b = (rng.standard_normal(8) * 0.1).astype(np.float32)
+    fc_w = (rng.standard_normal((8, 4)) * 0.5).astype(np.float32)
+    fc_b = (rng.standard_normal(4) * 0.1).astype(np.float32)
+
+    nodes = [
+        helper.make_node(
+            "Conv",
+            ["images", "conv_w", "conv_b"],
+            ["conv"],
+            name="conv",
+            kernel_shape=[3, 3],
+            pads=[1, 1, 1, 1],
+            strides=[1, 1],
+        ),
+        helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["relu"], ["pool"], name="pool"),
+        helper.make_node("Flatten", ["pool"], ["flat"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], name="fc"),
+        helper.make_node("Sigmoid", ["logits"], ["scores"], name="sigmoid"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_detector",
+        inputs=[helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        outputs=[helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4])],
+        initializer=[
+            numpy_helper.from_array(conv_w, "conv_w"),
+            numpy_helper.from_array(conv_b, "conv_b"),
+            numpy_helper.from_array(fc_w, "fc_w"),
+            numpy_helper.from_array(fc_b, "fc_b"),
+        ],
+    )
+    return _save(_model(graph, opset), path)
+
+
+def identity_model(
+    path: Path,
+    shape: Shape = (1, 4),
+    dtype: str = "float32",
+    *,
+    opset: int = DEFAULT_OPSET,
+) -> Path:
+    """``y = x`` with input ``x`` and output ``y`` of ``dtype`` and ``shape``.
+
+    ``shape`` may hold strings for symbolic dimensions (``("batch", 4)``).
+    """
+    elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"], name="identity")],
+        "identity",
+        inputs=[helper.make_tensor_value_info("x", elem_type, list(shape))],
+        outputs=[helper.make_tensor_value_info("y", elem_type, list(shape))],
+    )
+    return _save(_model(graph, opset), path)
+
+
+def add_constant_model(
+    path: Path,
+    constant: float,
+    *,
+    shape: Shape = (1, 4),
+    opset: int = DEFAULT_OPSET,
+) -> Path:
+    """``y = x + constant`` on float32 ``x``: two constants make two versions that differ."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "c"], ["y"], name="add")],
+        "add_constant",
+        inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        initializer=[numpy_helper.from_array(np.array(constant, dtype=np.float32), "c")],
+    )
+    return _save(_model(graph, opset), path)
+
+
+def broken_model_bytes() -> bytes:
+    """A ModelProto that parses but fails ``onnx.checker``: an unknown op in the default domain."""
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOperator", ["x"], ["y"], name="broken")],
+        "broken",
+        inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    return _model(graph, DEFAULT_OPSET, check=False).SerializeToString(deterministic=True)
+
+
+def _model(graph: onnx.GraphProto, opset: int, *, check: bool = True) -> onnx.ModelProto:
+    opset_ids = [helper.make_opsetid("", opset)]
+    model = helper.make_model(
+        graph,
+        opset_imports=opset_ids,
+        producer_name=PRODUCER_NAME,
+        producer_version=_PRODUCER_VERSION,
+    )
+    # The oldest IR version that can carry this opset, not the newest onnx knows (the
+    # runtime on the node may be older than the onnx that built the model), but at
+    # least IR 4, the first where initializers need not be listed as graph inputs.
+    model.ir_version = max(helper.find_min_ir_version_for(opset_ids), 4)
+    if check:
+        onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    data = model.SerializeToString(deterministic=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return path
