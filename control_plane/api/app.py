@@ -1,0 +1,67 @@
+"""The FastAPI application factory; the lifespan runs the freshness duty.
+
+`create_app(services)` takes a built `Services` container (see control_plane.services);
+it reads no settings and opens nothing by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+import anyio.to_thread
+from fastapi import FastAPI
+
+from control_plane.api import problems
+from control_plane.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from control_plane.api.routes import access, artifacts, fleets, health, models, tuf
+from control_plane.services import Services
+
+log = logging.getLogger(__name__)
+
+TARGETS_BODY_LIMIT = 16 << 20
+
+
+async def _freshness_loop(services: Services) -> None:
+    """Re-sign snapshot and timestamp before they lapse, even when nothing changed."""
+    while True:
+        try:
+            refreshed = await anyio.to_thread.run_sync(services.registry.refresh_expiring)
+            if refreshed:
+                log.info("re-signed snapshot/timestamp", extra={"fleets": refreshed})
+        except Exception:
+            log.exception("freshness refresh failed; retrying next interval")
+        await anyio.sleep(services.config.refresh_interval_s)
+
+
+def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tasks:
+            if run_background:
+                tasks.start_soon(_freshness_loop, services)
+            yield
+            tasks.cancel_scope.cancel()
+
+    app = FastAPI(
+        title="edgefleet control plane",
+        version="0.1.0",
+        description="Signed ONNX model registry and fleet rollouts.",
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    problems.install(app)
+    for router in (health, fleets, artifacts, models, tuf, access):
+        app.include_router(router.router)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        default_limit=services.config.max_json_bytes,
+        large=[
+            ("PUT", r"/v1/artifacts/[^/]+", services.config.max_artifact_bytes),
+            ("POST", r"/v1/fleets/[^/]+/targets", TARGETS_BODY_LIMIT),
+        ],
+    )
+    app.add_middleware(RequestIdMiddleware)
+    return app

@@ -1,0 +1,89 @@
+"""ASGI middleware: request ids and request body limits (enforced while streaming)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from control_plane.api.problems import problem
+from control_plane.errors import PayloadTooLargeError
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class RequestIdMiddleware:
+    """Takes a sane `X-Request-ID` from the caller or makes one; echoes it back."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or [])
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class BodyLimitMiddleware:
+    """Refuses bodies over a limit: up front from Content-Length, else while counting.
+
+    `large` lists (method, path regex, limit) for the few routes that stream artifacts.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, default_limit: int, large: Sequence[tuple[str, str, int]] = ()
+    ) -> None:
+        self.app = app
+        self.default_limit = default_limit
+        self.large = [(m, re.compile(p), lim) for m, p, lim in large]
+
+    def limit_for(self, method: str, path: str) -> int:
+        for m, pattern, limit in self.large:
+            if m == method and pattern.fullmatch(path):
+                return limit
+        return self.default_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["method"], scope["path"])
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            response = problem(
+                413,
+                "payload too large",
+                f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes",
+                extra={"limit": limit},
+            )
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise PayloadTooLargeError(
+                        f"request body exceeds the limit of {limit} bytes", limit=limit
+                    )
+            return message
+
+        await self.app(scope, counting_receive, send)

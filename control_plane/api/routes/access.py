@@ -1,0 +1,54 @@
+"""API tokens and the audit log."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, status
+
+from control_plane.access.roles import Role
+from control_plane.access.service import TokenInfo
+from control_plane.api.deps import ContextDep, ServicesDep
+from control_plane.api.schemas import AuditOut, TokenCreate, TokenCreated, TokenOut
+
+router = APIRouter(prefix="/v1", tags=["access"])
+
+
+def _token_out(info: TokenInfo) -> TokenOut:
+    return TokenOut(
+        id=info.id,
+        name=info.name,
+        role=info.role,
+        created_at=info.created_at,
+        created_by=info.created_by,
+        revoked_at=info.revoked_at,
+        last_used_at=info.last_used_at,
+    )
+
+
+@router.post("/tokens", status_code=status.HTTP_201_CREATED)
+def create_token(body: TokenCreate, ctx: ContextDep, services: ServicesDep) -> TokenCreated:
+    token, info = services.access.create_token(ctx, name=body.name, role=Role.parse(body.role))
+    return TokenCreated(token=token, **_token_out(info).model_dump())
+
+
+@router.get("/tokens")
+def list_tokens(ctx: ContextDep, services: ServicesDep) -> list[TokenOut]:
+    return [_token_out(t) for t in services.access.list_tokens(ctx)]
+
+
+@router.delete("/tokens/{token_id}")
+def revoke_token(token_id: str, ctx: ContextDep, services: ServicesDep) -> TokenOut:
+    return _token_out(services.access.revoke_token(ctx, token_id))
+
+
+@router.get("/audit")
+def list_audit(
+    ctx: ContextDep,
+    services: ServicesDep,
+    limit: int = 100,
+    action: str | None = None,
+    since: datetime | None = None,
+) -> list[AuditOut]:
+    entries = services.access.list_audit(ctx, limit=limit, action=action, since=since)
+    return [AuditOut.model_validate(e, from_attributes=True) for e in entries]

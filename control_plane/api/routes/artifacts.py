@@ -1,0 +1,37 @@
+"""Content-addressed artifact upload (streamed, verified) and existence checks."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
+from control_plane.api.schemas import ArtifactOut
+from control_plane.api.streaming import consume_in_thread
+from control_plane.errors import InvalidInputError
+
+router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
+
+
+@router.put("/{sha256}")
+async def upload_artifact(
+    sha256: str, request: Request, response: Response, ctx: ContextDep, services: ServicesDep
+) -> ArtifactOut:
+    """Stream the body into the store; visible only if its sha256 and length match."""
+    declared = request.headers.get("content-length")
+    if declared is None or not declared.isdigit():
+        raise InvalidInputError("artifact uploads need a Content-Length header")
+    length = int(declared)
+    created = await consume_in_thread(
+        request.stream(),
+        lambda chunks: services.registry.upload_artifact(ctx, sha256, length, chunks),
+    )
+    response.status_code = 201 if created else 200
+    return ArtifactOut(sha256=sha256, length=length, created=created)
+
+
+@router.head("/{sha256}")
+def artifact_exists(sha256: str, _: PrincipalDep, services: ServicesDep) -> Response:
+    size = services.registry.artifact_size(sha256)
+    if size is None:
+        return Response(status_code=404)
+    return Response(status_code=200, headers={"Content-Length": str(size)})

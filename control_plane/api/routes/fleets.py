@@ -1,0 +1,69 @@
+"""Fleets: creation in two steps (online keys, then the operator-signed root)."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request, status
+
+from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
+from control_plane.api.schemas import FleetCreate, FleetOut, FleetRootUpload, PushOut
+from control_plane.registry.service import FleetInfo
+
+router = APIRouter(prefix="/v1/fleets", tags=["fleets"])
+
+
+def _out(info: FleetInfo) -> FleetOut:
+    return FleetOut(
+        name=info.name,
+        state=info.state,
+        created_at=info.created_at,
+        online_keys=info.online_keys,
+        versions=info.versions,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_fleet(body: FleetCreate, ctx: ContextDep, services: ServicesDep) -> FleetOut:
+    """Create a fleet (pending) and its online snapshot/timestamp keys."""
+    return _out(services.registry.create_fleet(ctx, body.name))
+
+
+@router.put("/{fleet}/root")
+def upload_root(
+    fleet: str, body: FleetRootUpload, ctx: ContextDep, services: ServicesDep
+) -> FleetOut:
+    """Install the operator-signed root and first targets; the repository goes live."""
+    root = json.dumps(body.root).encode()
+    targets = json.dumps(body.targets).encode()
+    return _out(services.registry.activate_fleet(ctx, fleet, root, targets))
+
+
+@router.get("")
+def list_fleets(_: PrincipalDep, services: ServicesDep) -> list[FleetOut]:
+    return [_out(f) for f in services.registry.list_fleets()]
+
+
+@router.get("/{fleet}")
+def get_fleet(fleet: str, _: PrincipalDep, services: ServicesDep) -> FleetOut:
+    return _out(services.registry.get_fleet(fleet))
+
+
+@router.post("/{fleet}/targets", status_code=status.HTTP_201_CREATED)
+async def push_targets(
+    fleet: str, request: Request, ctx: ContextDep, services: ServicesDep
+) -> PushOut:
+    """Accept operator-signed targets metadata (version = current + 1) and publish it.
+
+    409 when another push got there first: re-read targets, re-sign and retry.
+    """
+    body = await request.body()
+    result = services.registry.push_targets(ctx, fleet, body)
+    return PushOut(
+        fleet=result.fleet,
+        targets_version=result.targets_version,
+        snapshot_version=result.snapshot_version,
+        timestamp_version=result.timestamp_version,
+        added=result.added,
+        floors=result.floors,
+    )

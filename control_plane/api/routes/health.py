@@ -1,0 +1,24 @@
+"""Liveness and readiness probes (no authentication: Kubernetes calls them)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from control_plane.api.deps import ServicesDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(services: ServicesDep) -> JSONResponse:
+    checks = services.ready()
+    ok = all(v == "ok" for v in checks.values())
+    return JSONResponse(
+        {"status": "ok" if ok else "unavailable", "checks": checks}, 200 if ok else 503
+    )

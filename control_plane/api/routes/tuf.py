@@ -1,0 +1,37 @@
+"""The fleet's TUF repository over HTTP, laid out for consistent snapshots.
+
+`tuf.ngclient.Updater(metadata_base_url=.../tuf/metadata/, target_base_url=.../tuf/targets/)`
+works against it unmodified. Reads are open: every byte is verified by the client.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from control_plane.api.deps import ServicesDep
+from control_plane.api.streaming import artifact_response
+
+router = APIRouter(prefix="/v1/fleets/{fleet}/tuf", tags=["tuf"])
+
+
+@router.get("/metadata/{filename}")
+def metadata(fleet: str, filename: str, services: ServicesDep) -> Response:
+    body = services.registry.metadata_file(fleet, filename)
+    cache = (
+        "no-cache"
+        if filename in {"timestamp.json", "root.json", "targets.json"}
+        else "max-age=86400"
+    )
+    return Response(body, media_type="application/json", headers={"Cache-Control": cache})
+
+
+@router.get("/targets/{path:path}")
+def target(fleet: str, path: str, request: Request, services: ServicesDep) -> Response:
+    sha256, length = services.registry.resolve_target(fleet, path)
+    store = services.store
+    return artifact_response(
+        lambda start, end: store.open_range(sha256, start, end),
+        length,
+        request.headers.get("range"),
+        etag=sha256,
+    )

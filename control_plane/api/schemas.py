@@ -1,0 +1,89 @@
+"""Request and response bodies of the REST API (pydantic), apart from domain objects."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class FleetCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=63)
+
+
+class FleetRootUpload(BaseModel):
+    """The operator-signed first root and targets metadata, as TUF JSON objects."""
+
+    root: dict[str, Any]
+    targets: dict[str, Any]
+
+
+class FleetOut(BaseModel):
+    name: str
+    state: str
+    created_at: datetime
+    online_keys: dict[str, dict[str, Any]]
+    versions: dict[str, int]
+
+
+class ArtifactOut(BaseModel):
+    sha256: str
+    length: int
+    created: bool
+
+
+class PushOut(BaseModel):
+    fleet: str
+    targets_version: int
+    snapshot_version: int
+    timestamp_version: int
+    added: list[str]
+    floors: dict[str, int]
+
+
+class ModelVersionOut(BaseModel):
+    fleet: str
+    model: str
+    version: str
+    release_counter: int
+    target_path: str
+    sha256: str
+    length: int
+    custom: dict[str, Any]
+    targets_version: int
+    created_at: datetime
+    created_by: str
+    revoked: bool
+    download_url: str | None = None
+
+
+class TokenCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=128)
+    role: str
+
+
+class TokenOut(BaseModel):
+    id: str
+    name: str
+    role: str
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="shown once; store it now")
+
+
+class AuditOut(BaseModel):
+    id: int
+    at: datetime
+    actor: str
+    role: str
+    action: str
+    target: str
+    request_id: str
+    outcome: str
+    details: dict[str, Any]

@@ -1,0 +1,185 @@
+"""`edgefleet keys|fleet|model ...`: offline keys, fleets and signed model versions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+from control_plane.cli.context import cli_context
+from control_plane.cli.release import ReleaseClient, describe
+from control_plane.trust.keys import init_operator_keys, load_operator_keyset
+
+keys_app = typer.Typer(help="Offline root keys and release keys.", no_args_is_help=True)
+fleet_app = typer.Typer(help="Fleets and their TUF trust roots.", no_args_is_help=True)
+model_app = typer.Typer(help="Signed model versions.", no_args_is_help=True)
+
+PASSPHRASE_ENV = "EDGEFLEET_KEY_PASSPHRASE"
+KeysDir = Annotated[
+    Path, typer.Option("--keys", envvar="EDGEFLEET_KEYS", help="directory made by `keys init`")
+]
+VERSION_COLUMNS = [
+    "model",
+    "version",
+    "release_counter",
+    "sha256",
+    "length",
+    "revoked",
+    "created_at",
+]
+
+
+def _passphrase() -> bytes | None:
+    value = os.environ.get(PASSPHRASE_ENV)
+    return value.encode() if value else None
+
+
+@keys_app.command("init")
+def keys_init(
+    ctx: typer.Context,
+    out: Annotated[Path, typer.Option("--out", help="directory to create")],
+    root_keys: Annotated[int, typer.Option(min=1, max=15)] = 3,
+    root_threshold: Annotated[int, typer.Option(min=1, max=15)] = 2,
+    passphrase: Annotated[
+        bool, typer.Option(help=f"encrypt private keys (prompted, or ${PASSPHRASE_ENV})")
+    ] = False,
+) -> None:
+    """Create offline root keys (k-of-n) and a release key; private files are 0600."""
+    cli = cli_context(ctx)
+    secret = _passphrase()
+    if passphrase and secret is None:
+        secret = typer.prompt("passphrase", hide_input=True, confirmation_prompt=True).encode()
+    keyset = init_operator_keys(
+        out, root_keys=root_keys, root_threshold=root_threshold, passphrase=secret
+    )
+    cli.emit(
+        {
+            "directory": str(out),
+            "root_keyids": [k.keyid for k in keyset.root_public_keys],
+            "root_threshold": keyset.root_threshold,
+            "release_keyid": keyset.release_public_key.keyid,
+            "encrypted": secret is not None,
+        }
+    )
+    if cli.output != "json":
+        cli.console.print("Keep the root keys offline; the release key signs model pushes.")
+
+
+@fleet_app.command("create")
+def fleet_create(ctx: typer.Context, name: str, keys: KeysDir) -> None:
+    """Create a fleet: the server makes online keys, you sign the root with your root keys."""
+    cli = cli_context(ctx)
+    keyset = load_operator_keyset(keys, _passphrase())
+    with cli.client() as api:
+        fleet = ReleaseClient(api, keyset).create_fleet(name)
+    cli.emit(fleet, ["name", "state", "created_at", "versions"])
+
+
+@fleet_app.command("list")
+def fleet_list(ctx: typer.Context) -> None:
+    """List fleets and their metadata versions."""
+    cli = cli_context(ctx)
+    with cli.client() as api:
+        cli.emit(api.json("GET", "/v1/fleets"), ["name", "state", "created_at", "versions"])
+
+
+@model_app.command("push")
+def model_push(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
+    fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")],
+    name: Annotated[str, typer.Option(help="model name, e.g. detector")],
+    version: Annotated[str, typer.Option(help="model version, e.g. 1.2.0")],
+    keys: KeysDir,
+    reference_input: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help=".npy or .npz")
+    ] = None,
+    min_agent_version: str = "0.1.0",
+    provider: Annotated[
+        list[str] | None, typer.Option(help="compatible execution providers (repeatable)")
+    ] = None,
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+) -> None:
+    """Check, sign and publish a model version (the release key never leaves this machine)."""
+    cli = cli_context(ctx)
+    keyset = load_operator_keyset(keys, _passphrase())
+    with (
+        cli.client() as api,
+        Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=cli.console,
+            disable=cli.output == "json",
+            transient=True,
+        ) as bars,
+    ):
+        tasks: dict[str, int] = {}
+
+        def progress(label: str, advance: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = int(bars.add_task(f"upload {label}", total=total))
+            bars.advance(tasks[label], advance)  # type: ignore[arg-type]
+
+        result = ReleaseClient(api, keyset).push_model(
+            fleet,
+            file,
+            name=name,
+            version=version,
+            reference_input=reference_input,
+            min_agent_version=min_agent_version,
+            execution_providers=tuple(provider or ["CPUExecutionProvider"]),
+            atol=atol,
+            rtol=rtol,
+            progress=progress,
+        )
+    for warning in result.warnings:
+        cli.console.print(f"[yellow]warning:[/yellow] {warning}")
+    cli.emit({k: v for k, v in describe(result).items() if k != "warnings"})
+
+
+@model_app.command("list")
+def model_list(
+    ctx: typer.Context, fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")]
+) -> None:
+    """The latest version of every model in a fleet."""
+    cli = cli_context(ctx)
+    with cli.client() as api:
+        cli.emit(api.json("GET", f"/v1/fleets/{fleet}/models"), VERSION_COLUMNS)
+
+
+@model_app.command("show")
+def model_show(
+    ctx: typer.Context,
+    name: str,
+    fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")],
+    version: Annotated[str | None, typer.Option(help="one version in full")] = None,
+) -> None:
+    """Every version of a model, or one version with its signed custom metadata."""
+    cli = cli_context(ctx)
+    with cli.client() as api:
+        if version is None:
+            cli.emit(api.json("GET", f"/v1/fleets/{fleet}/models/{name}"), VERSION_COLUMNS)
+        else:
+            cli.emit(api.json("GET", f"/v1/fleets/{fleet}/models/{name}/versions/{version}"))
+
+
+@model_app.command("revoke")
+def model_revoke(
+    ctx: typer.Context,
+    name: str,
+    version: str,
+    fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")],
+    keys: KeysDir,
+) -> None:
+    """Raise the signed floor above VERSION: nodes refuse it and every older version."""
+    cli = cli_context(ctx)
+    keyset = load_operator_keyset(keys, _passphrase())
+    with cli.client() as api:
+        result = ReleaseClient(api, keyset).revoke(fleet, name, version)
+    cli.emit(result)

@@ -1,0 +1,73 @@
+"""What every CLI command receives: where the server is, the token, the output format."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from control_plane.cli.client import ApiClient
+from control_plane.errors import AuthenticationError
+
+
+@dataclass
+class CliContext:
+    server: str
+    token: str | None
+    output: str
+    console: Console
+
+    def client(self, *, need_token: bool = True) -> ApiClient:
+        if need_token and not self.token:
+            raise AuthenticationError(
+                "no API token: pass --token or set EDGEFLEET_TOKEN "
+                "(the first admin token is in <data-dir>/admin-token)"
+            )
+        return ApiClient(self.server, self.token)
+
+    def emit(
+        self, data: Any, columns: Sequence[str] | None = None, title: str | None = None
+    ) -> None:
+        """Print `data` as JSON or as a table of `columns` (a list of dicts) / key-value pairs."""
+        if self.output == "json":
+            typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+            return
+        if isinstance(data, list):
+            table = Table(title=title, show_lines=False)
+            cols = list(columns or (data[0].keys() if data else []))
+            for col in cols:
+                table.add_column(col)
+            for row in data:
+                table.add_row(*[_cell(row.get(c)) for c in cols])
+            self.console.print(table)
+        elif isinstance(data, dict):
+            table = Table(title=title, show_header=False)
+            table.add_column("field", style="bold")
+            table.add_column("value")
+            for key in columns or data.keys():
+                table.add_row(key, _cell(data.get(key)))
+            self.console.print(table)
+        else:
+            self.console.print(str(data))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def cli_context(ctx: typer.Context) -> CliContext:
+    obj = ctx.find_root().obj
+    assert isinstance(obj, CliContext)
+    return obj

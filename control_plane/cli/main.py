@@ -1,0 +1,99 @@
+"""The `edgefleet` command: global options, sub-command groups, and error rendering."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from control_plane.cli.commands.access import audit_app, token_app
+from control_plane.cli.commands.registry import fleet_app, keys_app, model_app
+from control_plane.cli.context import CliContext
+from control_plane.errors import EdgefleetError
+
+app = typer.Typer(
+    name="edgefleet",
+    help="Fleet management for ML inference at the edge.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(keys_app, name="keys")
+app.add_typer(fleet_app, name="fleet")
+app.add_typer(model_app, name="model")
+app.add_typer(token_app, name="token")
+app.add_typer(audit_app, name="audit")
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    server: Annotated[
+        str, typer.Option(envvar="EDGEFLEET_SERVER", help="control plane URL")
+    ] = "http://127.0.0.1:8080",
+    token: Annotated[
+        str | None, typer.Option(envvar="EDGEFLEET_TOKEN", help="API token", show_default=False)
+    ] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="table | json")] = "table",
+) -> None:
+    if output not in {"table", "json"}:
+        raise typer.BadParameter("--output must be table or json")
+    ctx.obj = CliContext(server=server, token=token, output=output, console=Console())
+
+
+@app.command("server")
+def server(
+    data_dir: Annotated[Path | None, typer.Option(help="state, keys and default stores")] = None,
+    database_url: Annotated[str | None, typer.Option(help="default: SQLite in data dir")] = None,
+    artifacts: Annotated[
+        str | None, typer.Option(help="file:///DIR or s3://BUCKET/PREFIX?endpoint_url=...")
+    ] = None,
+    http: Annotated[str | None, typer.Option(help="HOST:PORT")] = None,
+) -> None:
+    """Run the control plane (REST API, TUF repository, freshness re-signing)."""
+    from control_plane.server import serve
+    from control_plane.settings import ServerSettings
+
+    settings = ServerSettings()
+    updates: dict[str, object] = {
+        "data_dir": data_dir,
+        "database_url": database_url,
+        "artifacts": artifacts,
+        "http": http,
+    }
+    merged = settings.model_dump() | {k: v for k, v in updates.items() if v is not None}
+    serve(ServerSettings.model_validate(merged))
+
+
+def main(argv: list[str] | None = None) -> int:
+    err = Console(stderr=True)
+    try:
+        app(args=argv, standalone_mode=False)
+    except EdgefleetError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        return 1
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        return 130
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

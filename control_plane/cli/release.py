@@ -1,0 +1,282 @@
+"""The operator's side of a release: verify, sign, upload, publish — never trusting the server.
+
+Release keys stay on the operator's machine. Every push re-reads the fleet's targets
+metadata, checks it against the fleet root the operator's own root keys signed,
+adds the new targets, signs, and posts conditionally; a 409 means someone else
+pushed first, so it re-reads and retries (bounded).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from securesystemslib.signer import Key
+from tuf.api.exceptions import UnsignedMetadataError
+from tuf.api.metadata import Metadata, Root, TargetFile, Targets
+
+from control_plane.cli.client import ApiClient, ApiError
+from control_plane.clock import Clock, SystemClock
+from control_plane.errors import ConflictError, InvalidInputError, SignatureError
+from control_plane.registry import onnx_inspect
+from control_plane.trust import custom as tufcustom
+from control_plane.trust import repository as tufrepo
+from control_plane.trust.keys import OperatorKeyset
+
+ROOT_TTL = timedelta(days=365)
+TARGETS_TTL = timedelta(days=180)
+EXPIRY_WARNING = timedelta(days=30)
+MAX_PUSH_ATTEMPTS = 5
+
+Progress = Callable[[str, int, int], None]
+"""progress(label, advance_bytes, total_bytes)"""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseResult:
+    fleet: str
+    model: str
+    version: str
+    release_counter: int
+    target_path: str
+    sha256: str
+    length: int
+    targets_version: int
+    attempts: int
+    warnings: list[str]
+
+
+def _no_progress(label: str, advance: int, total: int) -> None:
+    return None
+
+
+class ReleaseClient:
+    def __init__(
+        self, api: ApiClient, keyset: OperatorKeyset, *, clock: Clock | None = None
+    ) -> None:
+        self.api = api
+        self.keyset = keyset
+        self.clock = clock or SystemClock()
+
+    # -------------------------------------------------------------- fleet
+
+    def create_fleet(self, name: str) -> dict[str, Any]:
+        """Ask for online keys, then sign root (k-of-n) and empty targets and install them."""
+        fleet = self.api.create_fleet(name)
+        online = fleet["online_keys"]
+        now = self.clock.now()
+        root = tufrepo.build_root(
+            root_keys=self.keyset.root_public_keys,
+            root_threshold=self.keyset.root_threshold,
+            release_keys=[self.keyset.release_public_key],
+            snapshot_key=_key_from_api(online["snapshot"]),
+            timestamp_key=_key_from_api(online["timestamp"]),
+            expires=now + ROOT_TTL,
+        )
+        self.keyset.sign_root(root)
+        targets = tufrepo.initial_targets(expires=now + TARGETS_TTL)
+        self.keyset.sign_targets(targets)
+        result: dict[str, Any] = self.api.upload_root(name, root.to_dict(), targets.to_dict())
+        return result
+
+    # ------------------------------------------------------------- reading
+
+    def trusted_metadata(self, fleet: str) -> tuple[Metadata[Root], Metadata[Targets], list[str]]:
+        """The fleet's current root and targets, verified against the operator's root keys."""
+        now = self.clock.now()
+        root = Metadata[Root].from_bytes(self.api.metadata(fleet, "root.json"))
+        if not isinstance(root.signed, Root):
+            raise SignatureError("the server's root.json is not root metadata", fleet=fleet)
+        ours = {k.keyid for k in self.keyset.root_public_keys}
+        theirs = set(root.signed.roles["root"].keyids)
+        if not theirs <= ours:
+            raise SignatureError(
+                "the fleet's root names root keys this keyset does not hold; "
+                "wrong --keys directory or a tampered server",
+                fleet=fleet,
+            )
+        try:
+            root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
+            targets = Metadata[Targets].from_bytes(self.api.metadata(fleet, "targets.json"))
+            if not isinstance(targets.signed, Targets):
+                raise SignatureError("the server's targets.json is not targets metadata")
+            root.signed.verify_delegate("targets", targets.signed_bytes, targets.signatures)
+        except UnsignedMetadataError as exc:
+            raise SignatureError(f"fleet metadata failed verification: {exc}", fleet=fleet) from exc
+        release_keyid = self.keyset.release_public_key.keyid
+        if release_keyid not in root.signed.roles["targets"].keyids:
+            raise SignatureError(
+                "this keyset's release key is not a targets key of the fleet "
+                "(revoked, or another fleet's keys)",
+                fleet=fleet,
+                keyid=release_keyid,
+            )
+        warnings = [
+            f"{role} metadata expires {md.signed.expires.isoformat()}; re-sign it soon"
+            for role, md in (("root", root), ("targets", targets))
+            if md.signed.expires - now < EXPIRY_WARNING
+        ]
+        return root, targets, warnings
+
+    # --------------------------------------------------------------- push
+
+    def push_model(
+        self,
+        fleet: str,
+        model_path: Path,
+        *,
+        name: str,
+        version: str,
+        reference_input: Path | None = None,
+        min_agent_version: str = "0.1.0",
+        execution_providers: tuple[str, ...] = ("CPUExecutionProvider",),
+        atol: float = 1e-4,
+        rtol: float = 1e-3,
+        progress: Progress = _no_progress,
+    ) -> ReleaseResult:
+        tufcustom.model_target_path(name, version)  # validates name and version early
+        info = onnx_inspect.inspect_model(model_path)
+        pair = onnx_inspect.make_reference(model_path, info, reference_input=reference_input)
+        with tempfile.TemporaryDirectory(prefix="edgefleet-push-") as tmp:
+            reference = Path(tmp) / "reference.npz"
+            ref_sha, ref_len = onnx_inspect.save_reference(pair, reference)
+            for label, path, sha, length in (
+                ("model", model_path, info.sha256, info.length),
+                ("reference", reference, ref_sha, ref_len),
+            ):
+                if self.api.artifact_exists(sha):
+                    progress(label, length, length)
+                    continue
+                self.api.upload_file(path, sha, length, _progress_for(progress, label, length))
+
+        def build(current: Metadata[Targets]) -> tuple[Metadata[Targets], int]:
+            counter = tufrepo.next_release_counter(current, name)
+            model_target = tufcustom.model_target_path(name, version)
+            reference_target = tufcustom.reference_target_path(name, version)
+            custom = tufcustom.parse_model_custom(
+                {
+                    "edgefleet": tufcustom.FORMAT_VERSION,
+                    "kind": tufcustom.KIND_MODEL,
+                    "model": name,
+                    "version": version,
+                    "release_counter": counter,
+                    "io": info.to_custom_io(),
+                    "opset": dict(info.opset),
+                    "min_agent_version": min_agent_version,
+                    "compat": {
+                        "execution_providers": list(execution_providers),
+                        "arch": ["x86_64", "aarch64"],
+                    },
+                    # Canonical JSON has no floats: tolerances travel as decimal strings.
+                    "reference": {
+                        "path": reference_target,
+                        "sha256": ref_sha,
+                        "length": ref_len,
+                        "atol": repr(float(atol)),
+                        "rtol": repr(float(rtol)),
+                    },
+                }
+            )
+            existing = current.signed.targets.get(model_target)
+            if existing is not None:
+                if existing.hashes.get("sha256") == info.sha256:
+                    raise ConflictError(
+                        f"{name} {version} is already published with this digest", model=name
+                    )
+                raise ConflictError(
+                    f"{name} {version} is already published with another digest; "
+                    "versions are immutable, push a new version",
+                    model=name,
+                    version=version,
+                )
+            new = tufrepo.add_model_to_targets(
+                current,
+                model_file=TargetFile(info.length, {"sha256": info.sha256}, model_target),
+                reference_file=TargetFile(ref_len, {"sha256": ref_sha}, reference_target),
+                custom=custom,
+                expires=self.clock.now() + TARGETS_TTL,
+            )
+            return new, counter
+
+        targets_version, counter, attempts, warnings = self._publish(fleet, build)
+        return ReleaseResult(
+            fleet=fleet,
+            model=name,
+            version=version,
+            release_counter=counter,
+            target_path=tufcustom.model_target_path(name, version),
+            sha256=info.sha256,
+            length=info.length,
+            targets_version=targets_version,
+            attempts=attempts,
+            warnings=warnings,
+        )
+
+    def revoke(self, fleet: str, name: str, version: str) -> dict[str, Any]:
+        """Raise the model's signed floor above `version`: nodes refuse it and all older."""
+        path = tufcustom.model_target_path(name, version)
+
+        def build(current: Metadata[Targets]) -> tuple[Metadata[Targets], int]:
+            target = current.signed.targets.get(path)
+            if target is None:
+                raise InvalidInputError(f"{name} {version} is not published in {fleet}")
+            custom = tufcustom.parse_model_custom(dict(target.custom))
+            floor = custom.release_counter + 1
+            new, floor_bytes = tufrepo.raise_floor(
+                current, name, floor, expires=self.clock.now() + TARGETS_TTL
+            )
+            self.api.upload_bytes(floor_bytes)
+            return new, floor
+
+        targets_version, floor, attempts, warnings = self._publish(fleet, build)
+        return {
+            "fleet": fleet,
+            "model": name,
+            "revoked_version": version,
+            "floor": floor,
+            "targets_version": targets_version,
+            "attempts": attempts,
+            "warnings": warnings,
+        }
+
+    def _publish(
+        self, fleet: str, build: Callable[[Metadata[Targets]], tuple[Metadata[Targets], int]]
+    ) -> tuple[int, int, int, list[str]]:
+        """Read, build, sign, post; on 409 start again from a fresh read (bounded)."""
+        last: ApiError | None = None
+        for attempt in range(1, MAX_PUSH_ATTEMPTS + 1):
+            _, current, warnings = self.trusted_metadata(fleet)
+            new, value = build(current)
+            self.keyset.sign_targets(new)
+            try:
+                result = self.api.push_targets(fleet, tufrepo.to_bytes(new))
+            except ApiError as exc:
+                # Only a lost race is retried; an immutable version or a rollback is final.
+                if exc.status == 409 and exc.problem.get("reason") in {"stale", "race"}:
+                    last = exc
+                    continue
+                raise
+            return int(result["targets_version"]), value, attempt, warnings
+        raise ConflictError(
+            f"gave up after {MAX_PUSH_ATTEMPTS} attempts: other pushes kept winning ({last})",
+            fleet=fleet,
+        )
+
+
+def _key_from_api(data: dict[str, Any]) -> Key:
+    body = {k: v for k, v in data.items() if k != "keyid"}
+    return Key.from_dict(str(data["keyid"]), body)
+
+
+def _progress_for(progress: Progress, label: str, total: int) -> Callable[[int], None]:
+    return lambda advance: progress(label, advance, total)
+
+
+def describe(result: ReleaseResult) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(asdict(result), default=str))
+    return out

@@ -1,0 +1,522 @@
+"""The signed model registry: fleets, artifacts, TUF metadata and model versions.
+
+This service orchestrates; the rules live in `control_plane.trust.repository` (pure)
+and the bytes in an `ArtifactStore`. It never holds a release key: operators sign
+targets metadata on their own machines, the control plane signs only snapshot and
+timestamp with its online keys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+from tuf.api.metadata import Metadata, Root, Snapshot, Targets, Timestamp
+
+from control_plane.access.roles import Role
+from control_plane.access.service import AuditedMutations, RequestContext
+from control_plane.artifacts.base import ArtifactStore
+from control_plane.clock import Clock
+from control_plane.errors import (
+    ConflictError,
+    EdgefleetError,
+    InvalidInputError,
+    NotFoundError,
+    PolicyError,
+    SignatureError,
+)
+from control_plane.storage.models import (
+    ArtifactRow,
+    FleetRow,
+    ModelFloorRow,
+    ModelVersionRow,
+    TufMetadataRow,
+)
+from control_plane.trust import repository as tufrepo
+from control_plane.trust.signer import FileOnlineKeyStore
+
+FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_VERSIONED = re.compile(r"^(?P<version>[1-9][0-9]{0,9})\.(?P<role>root|snapshot|targets)\.json$")
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryConfig:
+    """Lifetimes of the online-signed roles and how early they are re-signed."""
+
+    snapshot_ttl: timedelta = timedelta(days=7)
+    timestamp_ttl: timedelta = timedelta(days=1)
+    refresh_margin_fraction: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class FleetInfo:
+    name: str
+    state: str
+    created_at: datetime
+    online_keys: dict[str, dict[str, Any]]
+    versions: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelVersionInfo:
+    fleet: str
+    model: str
+    version: str
+    release_counter: int
+    target_path: str
+    sha256: str
+    length: int
+    custom: dict[str, Any]
+    targets_version: int
+    created_at: datetime
+    created_by: str
+    revoked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    fleet: str
+    targets_version: int
+    snapshot_version: int
+    timestamp_version: int
+    added: list[str]
+    floors: dict[str, int]
+
+
+class RegistryService:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        store: ArtifactStore,
+        online_keys: FileOnlineKeyStore,
+        clock: Clock,
+        config: RegistryConfig | None = None,
+    ) -> None:
+        self._sessions = sessions
+        self._store = store
+        self._keys = online_keys
+        self._clock = clock
+        self._config = config or RegistryConfig()
+        self._mutations = AuditedMutations(sessions, clock)
+
+    @property
+    def store(self) -> ArtifactStore:
+        return self._store
+
+    # ---------------------------------------------------------------- fleets
+
+    def create_fleet(self, ctx: RequestContext, name: str) -> FleetInfo:
+        """Step one of fleet creation: online keys are made; the fleet waits for its root."""
+        with self._mutations.mutation(
+            ctx, "fleet.create", f"fleet:{name}", needs=Role.ADMIN
+        ) as session:
+            if not FLEET_NAME.match(name):
+                raise InvalidInputError(
+                    "fleet names are 1-63 lowercase letters, digits or '-', starting alphanumeric",
+                    fleet=name,
+                )
+            row = session.scalar(select(FleetRow).where(FleetRow.name == name))
+            if row is not None and row.state != "pending":
+                raise ConflictError(f"fleet {name!r} already exists", fleet=name)
+            keys = self._keys.ensure_keys(name)
+            if row is None:
+                row = FleetRow(name=name, state="pending", created_at=self._clock.now())
+                session.add(row)
+            row.snapshot_keyid = keys["snapshot"].keyid
+            row.timestamp_keyid = keys["timestamp"].keyid
+            session.flush()
+            info = self._fleet_info(session, row)
+        return info
+
+    def activate_fleet(
+        self, ctx: RequestContext, name: str, root_bytes: bytes, targets_bytes: bytes
+    ) -> FleetInfo:
+        """Step two: accept the operator-signed root and first targets, publish the repo."""
+        now = self._clock.now()
+        with self._mutations.mutation(
+            ctx, "fleet.activate", f"fleet:{name}", needs=Role.ADMIN
+        ) as session:
+            row = self._fleet_row(session, name, lock=True)
+            if row.state != "pending":
+                raise ConflictError(f"fleet {name!r} already has a root", fleet=name)
+            if row.snapshot_keyid is None or row.timestamp_keyid is None:
+                raise ConflictError(f"fleet {name!r} has no online keys yet", fleet=name)
+            root = tufrepo.verify_new_root(
+                root_bytes,
+                snapshot_keyid=row.snapshot_keyid,
+                timestamp_keyid=row.timestamp_keyid,
+                now=now,
+            )
+            targets = tufrepo.verify_initial_targets(
+                root=root, targets_bytes=targets_bytes, now=now
+            )
+            self._put_metadata(session, row, root)
+            self._put_metadata(session, row, targets)
+            self._publish_snapshot(session, row, targets, previous_snapshot=None, now=now)
+            row.state = "active"
+            session.flush()
+            info = self._fleet_info(session, row)
+        return info
+
+    def get_fleet(self, name: str) -> FleetInfo:
+        with self._sessions() as session:
+            return self._fleet_info(session, self._fleet_row(session, name))
+
+    def list_fleets(self) -> list[FleetInfo]:
+        with self._sessions() as session:
+            rows = session.scalars(select(FleetRow).order_by(FleetRow.name))
+            return [self._fleet_info(session, r) for r in rows]
+
+    # ------------------------------------------------------------- artifacts
+
+    def upload_artifact(
+        self, ctx: RequestContext, sha256: str, length: int, chunks: Iterable[bytes]
+    ) -> bool:
+        """Stream an artifact into the store; it is visible only once hash and length match."""
+        action, target = "artifact.upload", f"sha256:{sha256}"
+        # The store streams and verifies before any database lock is taken: a long
+        # upload must not hold the (SQLite) write lock.
+        try:
+            ctx.principal.require(Role.RELEASE_MANAGER, action)
+            created = self._store.put(sha256, length, chunks)
+        except EdgefleetError as exc:
+            self._mutations.record_refusal(ctx, action, target, exc)
+            raise
+        with self._mutations.mutation(ctx, action, target, needs=Role.RELEASE_MANAGER) as session:
+            if session.get(ArtifactRow, sha256) is None:
+                session.add(
+                    ArtifactRow(
+                        sha256=sha256,
+                        length=length,
+                        created_at=self._clock.now(),
+                        uploaded_by=ctx.principal.name,
+                    )
+                )
+        return created
+
+    def artifact_size(self, sha256: str) -> int | None:
+        return self._store.size(sha256)
+
+    # ----------------------------------------------------------------- pushes
+
+    def push_targets(self, ctx: RequestContext, fleet: str, targets_bytes: bytes) -> PushResult:
+        """Accept new operator-signed targets metadata, then publish snapshot and timestamp.
+
+        The fleet row is locked for the check-and-write, and the (fleet, role, version)
+        primary key makes a concurrent push of the same version fail: the loser gets 409.
+        """
+        now = self._clock.now()
+        try:
+            with self._mutations.mutation(
+                ctx, "targets.push", f"fleet:{fleet}", needs=Role.RELEASE_MANAGER
+            ) as session:
+                row = self._fleet_row(session, fleet, lock=True)
+                self._require_active(row)
+                root = self._latest(session, row, "root", Root)
+                current = self._latest(session, row, "targets", Targets)
+                previous_snapshot = self._latest(session, row, "snapshot", Snapshot)
+                change = tufrepo.verify_targets_update(
+                    root=root,
+                    current=current,
+                    new_bytes=targets_bytes,
+                    now=now,
+                    artifact_length=self._store.size,
+                )
+                new = change.metadata
+                self._put_metadata(session, row, new)
+                for model in change.new_models:
+                    session.add(
+                        ModelVersionRow(
+                            fleet_id=row.id,
+                            model=model.custom.model,
+                            version=model.custom.version,
+                            release_counter=model.custom.release_counter,
+                            target_path=model.path,
+                            sha256=model.sha256,
+                            length=model.length,
+                            custom=model.custom.to_dict(),
+                            targets_version=new.signed.version,
+                            created_at=now,
+                            created_by=ctx.principal.name,
+                        )
+                    )
+                for model_name, floor in change.floors.items():
+                    floor_row = session.get(ModelFloorRow, (row.id, model_name))
+                    if floor_row is None:
+                        session.add(
+                            ModelFloorRow(
+                                fleet_id=row.id,
+                                model=model_name,
+                                floor=floor,
+                                targets_version=new.signed.version,
+                                updated_at=now,
+                            )
+                        )
+                    else:
+                        floor_row.floor = floor
+                        floor_row.targets_version = new.signed.version
+                        floor_row.updated_at = now
+                snapshot, timestamp = self._publish_snapshot(
+                    session, row, new, previous_snapshot=previous_snapshot, now=now
+                )
+                session.flush()
+                result = PushResult(
+                    fleet=fleet,
+                    targets_version=new.signed.version,
+                    snapshot_version=snapshot.signed.version,
+                    timestamp_version=timestamp.signed.version,
+                    added=sorted(change.new_targets),
+                    floors=dict(change.floors),
+                )
+        except IntegrityError as exc:
+            raise ConflictError(
+                "another push won the race for this version; re-read targets and retry",
+                fleet=fleet,
+                reason="race",
+            ) from exc
+        return result
+
+    # -------------------------------------------------------------- metadata
+
+    def metadata_file(self, fleet: str, filename: str) -> bytes:
+        """Serve TUF metadata by its consistent-snapshot file name (or timestamp.json)."""
+        with self._sessions() as session:
+            row = self._fleet_row(session, fleet)
+            self._require_active(row)
+            if filename == "timestamp.json":
+                body = self._latest_body(session, row, "timestamp")
+            elif filename in {"root.json", "targets.json", "snapshot.json"}:
+                body = self._latest_body(session, row, filename.removesuffix(".json"))
+            else:
+                match = _VERSIONED.match(filename)
+                if match is None:
+                    raise NotFoundError(f"no metadata file {filename!r}", fleet=fleet)
+                found = session.scalar(
+                    select(TufMetadataRow.body).where(
+                        TufMetadataRow.fleet_id == row.id,
+                        TufMetadataRow.role == match["role"],
+                        TufMetadataRow.version == int(match["version"]),
+                    )
+                )
+                if found is None:
+                    raise NotFoundError(f"no metadata file {filename!r}", fleet=fleet)
+                body = found
+            return bytes(body)
+
+    def resolve_target(self, fleet: str, hashed_path: str) -> tuple[str, int]:
+        """Map a consistent-snapshot target URL path (`dir/<sha256>.<name>`) to an artifact.
+
+        Only files listed in the fleet's current targets metadata are served, so one
+        fleet's artifacts are not reachable through another fleet's repository.
+        """
+        directory, _, basename = hashed_path.rpartition("/")
+        digest, dot, name = basename.partition(".")
+        if not dot or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise NotFoundError(f"no target {hashed_path!r}", fleet=fleet)
+        path = f"{directory}/{name}" if directory else name
+        with self._sessions() as session:
+            row = self._fleet_row(session, fleet)
+            self._require_active(row)
+            targets = self._latest(session, row, "targets", Targets)
+        target = targets.signed.targets.get(path)
+        if target is None or target.hashes.get("sha256") != digest:
+            raise NotFoundError(f"no target {hashed_path!r}", fleet=fleet)
+        return digest, target.length
+
+    # ----------------------------------------------------------------- models
+
+    def list_models(self, fleet: str) -> list[ModelVersionInfo]:
+        """The latest version of every model in the fleet."""
+        versions = self.list_versions(fleet)
+        latest: dict[str, ModelVersionInfo] = {}
+        for info in versions:
+            if (
+                info.model not in latest
+                or info.release_counter > latest[info.model].release_counter
+            ):
+                latest[info.model] = info
+        return [latest[k] for k in sorted(latest)]
+
+    def list_versions(self, fleet: str, model: str | None = None) -> list[ModelVersionInfo]:
+        with self._sessions() as session:
+            row = self._fleet_row(session, fleet)
+            query = select(ModelVersionRow).where(ModelVersionRow.fleet_id == row.id)
+            if model is not None:
+                query = query.where(ModelVersionRow.model == model)
+            query = query.order_by(ModelVersionRow.model, ModelVersionRow.release_counter)
+            floors = {
+                f.model: f.floor
+                for f in session.scalars(
+                    select(ModelFloorRow).where(ModelFloorRow.fleet_id == row.id)
+                )
+            }
+            result = [
+                _version_info(fleet, v, floors.get(v.model, 0)) for v in session.scalars(query)
+            ]
+        if model is not None and not result:
+            raise NotFoundError(f"no model {model!r} in fleet {fleet!r}", fleet=fleet, model=model)
+        return result
+
+    def get_version(self, fleet: str, model: str, version: str) -> ModelVersionInfo:
+        for info in self.list_versions(fleet, model):
+            if info.version == version:
+                return info
+        raise NotFoundError(
+            f"no version {version!r} of model {model!r} in fleet {fleet!r}",
+            fleet=fleet,
+            model=model,
+            version=version,
+        )
+
+    # --------------------------------------------------------------- freshness
+
+    def refresh_expiring(self) -> list[str]:
+        """Re-sign snapshot/timestamp of every active fleet that nears expiry; returns fleets."""
+        now = self._clock.now()
+        refreshed: list[str] = []
+        with self._sessions() as session:
+            names = list(session.scalars(select(FleetRow.name).where(FleetRow.state == "active")))
+        for name in names:
+            with self._sessions() as session:
+                session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
+                row = self._fleet_row(session, name, lock=True)
+                snapshot = self._latest(session, row, "snapshot", Snapshot)
+                timestamp = self._latest(session, row, "timestamp", Timestamp)
+                fraction = self._config.refresh_margin_fraction
+                if tufrepo.needs_refresh(
+                    snapshot, now, self._config.snapshot_ttl * fraction
+                ) or tufrepo.needs_refresh(timestamp, now, self._config.timestamp_ttl * fraction):
+                    targets = self._latest(session, row, "targets", Targets)
+                    self._publish_snapshot(
+                        session, row, targets, previous_snapshot=snapshot, now=now
+                    )
+                    try:
+                        session.commit()
+                    except IntegrityError:
+                        # Another replica refreshed the same fleet first: that is fine.
+                        session.rollback()
+                        continue
+                    refreshed.append(name)
+        return refreshed
+
+    # ---------------------------------------------------------------- helpers
+
+    def _publish_snapshot(
+        self,
+        session: Session,
+        row: FleetRow,
+        targets: Metadata[Targets],
+        *,
+        previous_snapshot: Metadata[Snapshot] | None,
+        now: datetime,
+    ) -> tuple[Metadata[Snapshot], Metadata[Timestamp]]:
+        signer = self._keys.signer_for(row.name)
+        snapshot = tufrepo.make_snapshot(
+            targets, previous=previous_snapshot, expires=now + self._config.snapshot_ttl
+        )
+        signer.sign("snapshot", snapshot)
+        previous_timestamp = (
+            self._latest(session, row, "timestamp", Timestamp)
+            if previous_snapshot is not None
+            else None
+        )
+        timestamp = tufrepo.make_timestamp(
+            snapshot.signed.version,
+            previous=previous_timestamp,
+            expires=now + self._config.timestamp_ttl,
+        )
+        signer.sign("timestamp", timestamp)
+        self._put_metadata(session, row, snapshot)
+        self._put_metadata(session, row, timestamp)
+        return snapshot, timestamp
+
+    def _put_metadata(self, session: Session, row: FleetRow, md: Metadata[Any]) -> None:
+        session.add(
+            TufMetadataRow(
+                fleet_id=row.id,
+                role=md.signed.type,
+                version=md.signed.version,
+                body=tufrepo.to_bytes(md),
+                expires_at=md.signed.expires,
+                created_at=self._clock.now(),
+            )
+        )
+        session.flush()
+
+    def _fleet_row(self, session: Session, name: str, *, lock: bool = False) -> FleetRow:
+        query = select(FleetRow).where(FleetRow.name == name)
+        if lock:
+            query = query.with_for_update()
+        row = session.scalar(query)
+        if row is None:
+            raise NotFoundError(f"no fleet named {name!r}", fleet=name)
+        return row
+
+    @staticmethod
+    def _require_active(row: FleetRow) -> None:
+        if row.state != "active":
+            raise PolicyError(
+                f"fleet {row.name!r} has no trust root yet; run `edgefleet fleet create` again",
+                fleet=row.name,
+            )
+
+    def _latest_body(self, session: Session, row: FleetRow, role: str) -> bytes:
+        body = session.scalar(
+            select(TufMetadataRow.body)
+            .where(TufMetadataRow.fleet_id == row.id, TufMetadataRow.role == role)
+            .order_by(TufMetadataRow.version.desc())
+            .limit(1)
+        )
+        if body is None:
+            raise NotFoundError(f"fleet {row.name!r} has no {role} metadata", fleet=row.name)
+        return bytes(body)
+
+    def _latest(self, session: Session, row: FleetRow, role: str, kind: type[Any]) -> Metadata[Any]:
+        md = Metadata[Any].from_bytes(self._latest_body(session, row, role))
+        if not isinstance(md.signed, kind):
+            raise SignatureError(f"stored {role} metadata has the wrong type", fleet=row.name)
+        return md
+
+    def _fleet_info(self, session: Session, row: FleetRow) -> FleetInfo:
+        versions: dict[str, int] = {}
+        for role in ("root", "targets", "snapshot", "timestamp"):
+            version = session.scalar(
+                select(TufMetadataRow.version)
+                .where(TufMetadataRow.fleet_id == row.id, TufMetadataRow.role == role)
+                .order_by(TufMetadataRow.version.desc())
+                .limit(1)
+            )
+            if version is not None:
+                versions[role] = version
+        keys = self._keys.ensure_keys(row.name)
+        return FleetInfo(
+            name=row.name,
+            state=row.state,
+            created_at=row.created_at,
+            online_keys={role: {"keyid": key.keyid, **key.to_dict()} for role, key in keys.items()},
+            versions=versions,
+        )
+
+
+def _version_info(fleet: str, row: ModelVersionRow, floor: int) -> ModelVersionInfo:
+    return ModelVersionInfo(
+        fleet=fleet,
+        model=row.model,
+        version=row.version,
+        release_counter=row.release_counter,
+        target_path=row.target_path,
+        sha256=row.sha256,
+        length=row.length,
+        custom=json.loads(json.dumps(row.custom)),
+        targets_version=row.targets_version,
+        created_at=row.created_at,
+        created_by=row.created_by,
+        revoked=row.release_counter < floor,
+    )

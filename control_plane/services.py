@@ -1,0 +1,87 @@
+"""The composition root: builds engines, stores and services from plain values.
+
+Called by `server.main()` and by tests; nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import Engine, text
+
+from control_plane.access.service import AccessService
+from control_plane.artifacts.base import ArtifactStore
+from control_plane.artifacts.factory import artifact_store_from_url
+from control_plane.clock import Clock, SystemClock
+from control_plane.registry.service import RegistryConfig, RegistryService
+from control_plane.storage.db import create_engine_for, migrate, session_factory
+from control_plane.trust.signer import FileOnlineKeyStore
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    data_dir: Path
+    database_url: str
+    artifacts_url: str
+    max_json_bytes: int = 1 << 20
+    max_artifact_bytes: int = 4 << 30
+    snapshot_ttl: timedelta = timedelta(days=7)
+    timestamp_ttl: timedelta = timedelta(days=1)
+    refresh_interval_s: float = 300.0
+
+
+@dataclass
+class Services:
+    config: ServiceConfig
+    engine: Engine
+    store: ArtifactStore
+    access: AccessService
+    registry: RegistryService
+    clock: Clock
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.config.data_dir / "admin-token"
+
+    def ready(self) -> dict[str, str]:
+        """Readiness of each dependency: 'ok' or the reason it is not."""
+        checks: dict[str, str] = {}
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception as exc:  # readiness reports any failure, it never raises
+            checks["database"] = f"unavailable: {type(exc).__name__}"
+        try:
+            self.store.exists("0" * 64)
+            checks["artifacts"] = "ok"
+        except Exception as exc:
+            checks["artifacts"] = f"unavailable: {type(exc).__name__}"
+        return checks
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Services:
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = create_engine_for(config.database_url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    clock = clock or SystemClock()
+    store = artifact_store_from_url(config.artifacts_url, max_length=config.max_artifact_bytes)
+    keys = FileOnlineKeyStore(config.data_dir / "online-keys")
+    registry = RegistryService(
+        sessions,
+        store,
+        keys,
+        clock,
+        RegistryConfig(snapshot_ttl=config.snapshot_ttl, timestamp_ttl=config.timestamp_ttl),
+    )
+    access = AccessService(sessions, clock)
+    access.bootstrap_admin(config.data_dir / "admin-token")
+    return Services(
+        config=config, engine=engine, store=store, access=access, registry=registry, clock=clock
+    )
