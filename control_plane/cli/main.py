@@ -80,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         err.print("aborted")
         return 130
-    except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except typer.TyperException as exc:  # usage errors: bad option, missing argument
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            err.print(f"[red]error:[/red] {exc}")
+        return int(getattr(exc, "exit_code", 2))
     return 0
 
 

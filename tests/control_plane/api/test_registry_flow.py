@@ -15,7 +15,7 @@ from control_plane.cli.client import ApiError
 from control_plane.cli.release import ReleaseClient
 from control_plane.registry import sample_models
 from control_plane.trust.keys import OperatorKeyset, init_operator_keys
-from tests.control_plane.api.conftest import LiveServer
+from tests.control_plane.conftest import LiveServer
 
 
 @pytest.fixture
