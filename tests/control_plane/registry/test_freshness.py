@@ -1,0 +1,98 @@
+"""The freshness duty: snapshot and timestamp are re-signed before they lapse."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from securesystemslib.signer import Key
+from tuf.api.metadata import Metadata, Timestamp
+
+from control_plane.access.service import SYSTEM
+from control_plane.clock import ManualClock
+from control_plane.services import ServiceConfig, Services, build_services
+from control_plane.trust import repository as tufrepo
+from control_plane.trust.keys import init_operator_keys
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def services(tmp_path: Path, database_url: str, clock: ManualClock) -> Iterator[Services]:
+    config = ServiceConfig(
+        data_dir=tmp_path / "server",
+        database_url=database_url,
+        artifacts_url=(tmp_path / "server" / "artifacts").as_uri(),
+        snapshot_ttl=timedelta(days=7),
+        timestamp_ttl=timedelta(days=1),
+    )
+    built = build_services(config, clock=clock)
+    yield built
+    built.close()
+
+
+def make_fleet(services: Services, clock: ManualClock, tmp_path: Path) -> None:
+    keyset = init_operator_keys(tmp_path / "keys", root_keys=1, root_threshold=1, passphrase=None)
+    registry = services.registry
+    info = registry.create_fleet(SYSTEM, "parks")
+    keys = {
+        role: Key.from_dict(data["keyid"], {k: v for k, v in data.items() if k != "keyid"})
+        for role, data in info.online_keys.items()
+    }
+    root = tufrepo.build_root(
+        root_keys=keyset.root_public_keys,
+        root_threshold=1,
+        release_keys=[keyset.release_public_key],
+        snapshot_key=keys["snapshot"],
+        timestamp_key=keys["timestamp"],
+        expires=clock.now() + timedelta(days=365),
+    )
+    keyset.sign_root(root)
+    targets = tufrepo.initial_targets(expires=clock.now() + timedelta(days=90))
+    keyset.sign_targets(targets)
+    registry.activate_fleet(SYSTEM, "parks", tufrepo.to_bytes(root), tufrepo.to_bytes(targets))
+
+
+def timestamp(services: Services) -> Metadata[Timestamp]:
+    return tufrepo.parse_metadata(
+        services.registry.metadata_file("parks", "timestamp.json"), Timestamp
+    )
+
+
+def test_nothing_is_resigned_while_fresh(
+    services: Services, clock: ManualClock, tmp_path: Path
+) -> None:
+    make_fleet(services, clock, tmp_path)
+    clock.advance(timedelta(hours=6))
+    assert services.registry.refresh_expiring() == []
+    assert timestamp(services).signed.version == 1
+
+
+def test_timestamp_is_resigned_at_half_its_lifetime(
+    services: Services, clock: ManualClock, tmp_path: Path
+) -> None:
+    make_fleet(services, clock, tmp_path)
+    before = timestamp(services)
+    clock.advance(timedelta(hours=13))
+    assert services.registry.refresh_expiring() == ["parks"]
+    after = timestamp(services)
+    assert after.signed.version == before.signed.version + 1
+    assert after.signed.expires == clock.now() + timedelta(days=1)
+    assert after.signed.snapshot_meta.version == 2
+    # and it is idempotent within the window
+    assert services.registry.refresh_expiring() == []
+
+
+def test_refresh_keeps_going_day_after_day(
+    services: Services, clock: ManualClock, tmp_path: Path
+) -> None:
+    make_fleet(services, clock, tmp_path)
+    for _ in range(10):
+        clock.advance(timedelta(hours=13))
+        services.registry.refresh_expiring()
+        assert timestamp(services).signed.expires > clock.now()
