@@ -1,0 +1,772 @@
+"""The edge node's outbox: a durable store-and-forward queue for events and health reports.
+
+What it is for (design §4, "Nothing lost"): every record the agent must deliver to the
+control plane is written here first, gets a UUIDv7 and a per-node sequence, and stays until
+the control plane acks it. What it is not: a transport. It does not send, retry or back
+off; the sender reads :meth:`Outbox.pending`, notes :meth:`Outbox.mark_attempt`, and calls
+:meth:`Outbox.ack` once the control plane has committed the records.
+
+Guarantees
+    * ``append`` either returns a :class:`Record` that is durable (its SQLite transaction
+      committed with ``synchronous=FULL`` in WAL mode) or raises; nothing is stored halfway
+      and nothing is refused without an exception and a counter.
+    * ``seq`` is strictly increasing per node and never reused, across restarts and after
+      every row was acked (the high-water mark lives in ``meta``, written in the same
+      transaction as the row). ``id`` is a UUIDv7 whose timestamp is ``created_at``.
+    * A record leaves the outbox only by ``ack`` or, for health reports, by thinning.
+      Stored events are never removed except by ack.
+    * After a crash (SIGKILL, power loss) reopening yields exactly the committed state.
+
+Disk budget and the thinning rule
+    Each stored record counts ``len(payload) + ROW_OVERHEAD_BYTES`` against ``budget_bytes``
+    (the overhead is an estimate of the row, its index entries and page slack; the budget is
+    this logical sum, not the file size). When a new record would take the total over the
+    budget:
+
+    1. If deleting every pending health report would still not make room, go to step 3:
+       health is never thinned for a record that cannot be stored anyway.
+    2. Thin health in passes. A pass takes the oldest half (``n // 2``) of the ``n`` pending
+       health reports and, counting from the oldest, keeps the 1st, (k+1)-th, (2k+1)-th …
+       — one in ``k = health_keep_every`` — and deletes the others. Passes repeat until the
+       record fits or a pass deletes nothing. The newest half is never touched by a pass,
+       so recent health stays at full resolution while older history gets sparser with age.
+       Every deleted report adds one to ``dropped_health``. ``k = 1`` disables thinning.
+    3. If the record still does not fit: a health report is not stored (``dropped_health``
+       += 1); an event is refused (``refused_events`` += 1 and the alarm is set). Both raise
+       :class:`~edge_node.errors.OutboxFullError`; the caller decides (the agent raises an
+       alarm to the control plane). A disk that is physically full is handled the same way.
+
+    The alarm is persisted and clears on the ack that brings the total to at most
+    ``alarm_clear_ratio * budget_bytes`` (hysteresis, so it does not flap at the edge).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Literal, NoReturn, Self, get_args
+
+from edge_node.clock import Clock
+from edge_node.errors import (
+    ClosedError,
+    EdgeNodeError,
+    InvalidInputError,
+    OutboxCorruptError,
+    OutboxFullError,
+    OutboxInUseError,
+    OutboxNodeMismatchError,
+    OutboxVersionError,
+    PayloadTooLargeError,
+    StorageError,
+)
+from edge_node.uuid7 import UUIDv7Generator, unix_ms, uuid7_unix_ms
+
+__all__ = [
+    "APPLICATION_ID",
+    "DEFAULT_ALARM_CLEAR_RATIO",
+    "DEFAULT_HEALTH_KEEP_EVERY",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "ROW_OVERHEAD_BYTES",
+    "SCHEMA_VERSION",
+    "Kind",
+    "Outbox",
+    "OutboxStats",
+    "Record",
+]
+
+Kind = Literal["event", "health"]
+_KINDS: Final[tuple[str, ...]] = get_args(Kind)
+
+SCHEMA_VERSION: Final = 1
+APPLICATION_ID: Final = 0x45464F42  # "EFOB" in SQLite's header: marks the file as ours
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 256 * 1024
+DEFAULT_HEALTH_KEEP_EVERY: Final = 4
+DEFAULT_ALARM_CLEAR_RATIO: Final = 0.8
+ROW_OVERHEAD_BYTES: Final = 128
+_WAL_SIZE_LIMIT_BYTES: Final = 4 * 1024 * 1024
+_MAX_NODE_ID_CHARS: Final = 256
+_CHUNK: Final = 500  # ids per statement, well under SQLite's bound-parameter limit
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# SQLite primary result codes (the low byte of the extended code Python 3.11 exposes).
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 11, 13, 26
+
+_SCHEMA_V1: Final = (
+    """
+    CREATE TABLE outbox (
+        seq             INTEGER PRIMARY KEY,
+        id              TEXT    NOT NULL UNIQUE,
+        kind            TEXT    NOT NULL CHECK (kind IN ('event', 'health')),
+        created_at      INTEGER NOT NULL,               -- unix ms, the id's timestamp
+        payload         BLOB    NOT NULL,
+        size            INTEGER NOT NULL CHECK (size >= 0),  -- bytes counted in the budget
+        attempts        INTEGER NOT NULL DEFAULT 0,
+        last_attempt_at INTEGER                         -- unix ms
+    )
+    """,
+    "CREATE INDEX outbox_kind_seq ON outbox (kind, seq)",
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL) WITHOUT ROWID",
+)
+_COLUMNS: Final = "seq, id, kind, created_at, payload, attempts, last_attempt_at"
+_PENDING_ALL: Final = f"SELECT {_COLUMNS} FROM outbox ORDER BY seq LIMIT ?"  # noqa: S608
+_PENDING_KIND: Final = f"SELECT {_COLUMNS} FROM outbox WHERE kind = ? ORDER BY seq LIMIT ?"  # noqa: S608
+_COUNTER_KEYS: Final = (
+    "high_water_seq",
+    "dropped_health",
+    "refused_events",
+    "last_acked_seq",
+    "alarm",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One stored event or health report, as the sender reads it."""
+
+    id: str
+    seq: int
+    kind: Kind
+    created_at: datetime
+    payload: bytes
+    attempts: int = 0
+    last_attempt_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStats:
+    """What telemetry reports about the outbox; ``bytes`` is the budgeted sum."""
+
+    pending_events: int
+    pending_health: int
+    bytes: int
+    budget_bytes: int
+    dropped_health: int
+    refused_events: int
+    alarm: bool
+    oldest_created_at: datetime | None
+    high_water_seq: int
+    last_acked_seq: int
+    disk_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Counters:
+    high_water_seq: int = 0
+    dropped_health: int = 0
+    refused_events: int = 0
+    last_acked_seq: int = 0
+    alarm: bool = False
+
+    def as_rows(self) -> dict[str, int]:
+        return {key: int(getattr(self, key)) for key in _COUNTER_KEYS}
+
+
+@dataclass(frozen=True, slots=True)
+class _Backlog:
+    """Pending rows per kind and their budgeted bytes, mirrored in memory."""
+
+    events: int = 0
+    health: int = 0
+    event_bytes: int = 0
+    health_bytes: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return self.event_bytes + self.health_bytes
+
+    def add(self, kind: str, count: int, size: int) -> _Backlog:
+        if kind == "event":
+            return replace(self, events=self.events + count, event_bytes=self.event_bytes + size)
+        return replace(self, health=self.health + count, health_bytes=self.health_bytes + size)
+
+
+class Outbox:
+    """Durable, budgeted, thread-safe outbox over one SQLite file. Use :meth:`open`.
+
+    One process owns the file at a time (SQLite exclusive locking mode); a second opener
+    gets :class:`~edge_node.errors.OutboxInUseError`. The API is synchronous; the agent calls
+    it from asyncio through a worker thread.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        path: Path,
+        node_id: str,
+        budget_bytes: int,
+        clock: Clock,
+        health_keep_every: int,
+        max_payload_bytes: int,
+        alarm_clear_ratio: float,
+        counters: _Counters,
+        backlog: _Backlog,
+    ) -> None:
+        self._conn: sqlite3.Connection | None = conn
+        self._path = path
+        self._node_id = node_id
+        self._budget = budget_bytes
+        self._health_keep_every = health_keep_every
+        self._max_payload = max_payload_bytes
+        self._alarm_clear_bytes = int(budget_bytes * alarm_clear_ratio)
+        self._clock = clock
+        self._ids = UUIDv7Generator(clock)
+        self._counters = counters
+        self._persisted = counters
+        self._backlog = backlog
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        node_id: str,
+        budget_bytes: int,
+        clock: Clock,
+        health_keep_every: int = DEFAULT_HEALTH_KEEP_EVERY,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        alarm_clear_ratio: float = DEFAULT_ALARM_CLEAR_RATIO,
+        busy_timeout_s: float = 1.0,
+    ) -> Outbox:
+        """Open (creating if absent) the outbox at ``path`` for ``node_id``.
+
+        Raises :class:`InvalidInputError` for unsafe settings, and a :class:`StorageError`
+        subclass when the file is corrupt, newer than this agent, held by another process,
+        or belongs to another node. A bad file is never deleted or rewritten.
+        """
+        _check_settings(
+            node_id, budget_bytes, health_keep_every, max_payload_bytes, alarm_clear_ratio
+        )
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        creating = not path.exists() or path.stat().st_size == 0
+        try:
+            conn = sqlite3.connect(
+                str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise _translate(exc, path, "open") from exc
+        try:
+            _configure(conn, path)
+            _check_integrity(conn, path)
+            counters = _ensure_schema(conn, path, node_id)
+            backlog = _load_backlog(conn, path, counters)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise _translate(exc, path, "open") from exc
+        except BaseException:
+            conn.close()
+            raise
+        if creating:
+            _fsync_dir(path.parent)  # the new file's directory entry must survive power loss
+        return cls(
+            conn,
+            path=path,
+            node_id=node_id,
+            budget_bytes=budget_bytes,
+            clock=clock,
+            health_keep_every=health_keep_every,
+            max_payload_bytes=max_payload_bytes,
+            alarm_clear_ratio=alarm_clear_ratio,
+            counters=counters,
+            backlog=backlog,
+        )
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, kind: Kind, payload: bytes) -> Record:
+        """Store one record durably and return it; raise if it is not stored.
+
+        :class:`OutboxFullError` when the budget cannot take it (see the module docstring
+        for the thinning rule); :class:`PayloadTooLargeError` over ``max_payload_bytes``.
+        """
+        if kind not in _KINDS:
+            raise InvalidInputError(f"unknown record kind {kind!r}", kind=kind, allowed=_KINDS)
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise InvalidInputError("payload must be bytes", type=type(payload).__name__)
+        data = bytes(payload)
+        if len(data) > self._max_payload:
+            raise PayloadTooLargeError(
+                f"{kind} payload of {len(data)} bytes is over the {self._max_payload}-byte limit",
+                kind=kind,
+                size=len(data),
+                limit=self._max_payload,
+            )
+        size = len(data) + ROW_OVERHEAD_BYTES
+        with self._lock:
+            conn = self._open_conn()
+            try:
+                return self._append_locked(conn, kind, data, size)
+            except sqlite3.Error as exc:
+                if _primary_code(exc) == _SQLITE_FULL:
+                    self._refuse_disk_full(conn, kind, size, exc)
+                raise _translate(exc, self._path, "append") from exc
+
+    def _append_locked(
+        self, conn: sqlite3.Connection, kind: Kind, data: bytes, size: int
+    ) -> Record:
+        backlog, counters = self._backlog, self._counters
+        # Thin only if dropping every health report could make room at all (rule, step 1).
+        thinnable = backlog.bytes - backlog.health_bytes + size <= self._budget
+        uid = self._ids.new()
+        created_ms = uuid7_unix_ms(uid)
+        # One transaction: thinning, the row, and every counter commit together or not at all.
+        with _transaction(conn):
+            if backlog.bytes + size > self._budget and thinnable:
+                backlog, counters = self._thin_health(conn, size, backlog, counters)
+            fits = backlog.bytes + size <= self._budget
+            if fits:
+                counters = replace(counters, high_water_seq=counters.high_water_seq + 1)
+                conn.execute(
+                    "INSERT INTO outbox (seq, id, kind, created_at, payload, size)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (counters.high_water_seq, str(uid), kind, created_ms, data, size),
+                )
+                backlog = backlog.add(kind, 1, size)
+            else:
+                counters = _refused(counters, kind)
+            self._write_counters(conn, counters)
+        self._backlog, self._counters = backlog, counters
+        self._persisted = counters
+        if not fits:
+            raise self._full_error(kind, size, reason="budget")
+        return Record(
+            id=str(uid),
+            seq=counters.high_water_seq,
+            kind=kind,
+            created_at=_from_ms(created_ms),
+            payload=data,
+        )
+
+    def _thin_health(
+        self, conn: sqlite3.Connection, size: int, backlog: _Backlog, counters: _Counters
+    ) -> tuple[_Backlog, _Counters]:
+        """Apply the module docstring's thinning passes inside the caller's transaction."""
+        k = self._health_keep_every
+        while k > 1 and backlog.bytes + size > self._budget:
+            window = conn.execute(
+                "SELECT seq, size FROM outbox WHERE kind = 'health' ORDER BY seq LIMIT ?",
+                (backlog.health // 2,),
+            ).fetchall()
+            victims = [(seq, sz) for i, (seq, sz) in enumerate(window) if i % k != 0]
+            if not victims:
+                break
+            conn.executemany("DELETE FROM outbox WHERE seq = ?", [(seq,) for seq, _ in victims])
+            freed = sum(sz for _, sz in victims)
+            backlog = backlog.add("health", -len(victims), -freed)
+            counters = replace(counters, dropped_health=counters.dropped_health + len(victims))
+        return backlog, counters
+
+    def _refuse_disk_full(
+        self, conn: sqlite3.Connection, kind: Kind, size: int, cause: sqlite3.Error
+    ) -> NoReturn:
+        """The disk itself is full: count the refusal, persisting it if the disk allows."""
+        self._counters = _refused(self._counters, kind)
+        try:
+            with _transaction(conn):
+                self._write_counters(conn, self._counters)
+            self._persisted = self._counters
+        except sqlite3.Error:
+            # Not lost: the counter stays in memory (stats show it) and the next write that
+            # succeeds persists it. The error that matters is the refusal raised below.
+            pass
+        raise self._full_error(kind, size, reason="disk full") from cause
+
+    def _full_error(self, kind: Kind, size: int, *, reason: str) -> OutboxFullError:
+        what = "event refused" if kind == "event" else "health report dropped"
+        return OutboxFullError(
+            f"outbox full ({reason}): {what}; {self._backlog.bytes} of {self._budget} budget "
+            f"bytes in use, record needs {size}",
+            kind=kind,
+            reason=reason,
+            size=size,
+            bytes=self._backlog.bytes,
+            budget_bytes=self._budget,
+            refused_events=self._counters.refused_events,
+            dropped_health=self._counters.dropped_health,
+        )
+
+    def mark_attempt(self, ids: Iterable[str]) -> int:
+        """Note one more delivery attempt (now) on each record; returns how many exist."""
+        id_list = _check_ids(ids)
+        if not id_list:
+            return 0
+        with self._lock:
+            conn = self._open_conn()
+            now_ms = unix_ms(self._clock.now())
+            with self._guard("mark_attempt"), _transaction(conn):
+                cur = conn.executemany(
+                    "UPDATE outbox SET attempts = attempts + 1, last_attempt_at = ? WHERE id = ?",
+                    [(now_ms, i) for i in id_list],
+                )
+                return max(cur.rowcount, 0)
+
+    def ack(self, ids: Iterable[str] = (), *, up_to_seq: int | None = None) -> int:
+        """Delete acked records: the given ids and/or every seq <= ``up_to_seq``.
+
+        Idempotent: unknown or already-acked ids are ignored. Returns rows deleted.
+        """
+        id_list = _check_ids(ids)
+        if up_to_seq is not None and (
+            isinstance(up_to_seq, bool) or not isinstance(up_to_seq, int) or up_to_seq < 0
+        ):
+            raise InvalidInputError("up_to_seq must be a non-negative int", up_to_seq=up_to_seq)
+        with self._lock:
+            conn = self._open_conn()
+            backlog, counters = self._backlog, self._counters
+            deleted = 0
+            with self._guard("ack"), _transaction(conn):
+                acked: list[tuple[int, str, int]] = []
+                if up_to_seq is not None:
+                    acked += conn.execute(
+                        "SELECT seq, kind, size FROM outbox WHERE seq <= ?", (up_to_seq,)
+                    ).fetchall()
+                    conn.execute("DELETE FROM outbox WHERE seq <= ?", (up_to_seq,))
+                for chunk in _chunks(id_list):
+                    marks = ",".join("?" * len(chunk))
+                    acked += conn.execute(
+                        f"SELECT seq, kind, size FROM outbox WHERE id IN ({marks})",  # noqa: S608
+                        chunk,
+                    ).fetchall()
+                    conn.execute(f"DELETE FROM outbox WHERE id IN ({marks})", chunk)  # noqa: S608
+                for _, kind, size in acked:
+                    backlog = backlog.add(kind, -1, -size)
+                deleted = len(acked)
+                top = max((seq for seq, _, _ in acked), default=0)
+                if up_to_seq is not None:
+                    top = max(top, min(up_to_seq, counters.high_water_seq))
+                counters = replace(counters, last_acked_seq=max(counters.last_acked_seq, top))
+                if counters.alarm and backlog.bytes <= self._alarm_clear_bytes:
+                    counters = replace(counters, alarm=False)
+                self._write_counters(conn, counters)
+            self._backlog, self._counters = backlog, counters
+            self._persisted = counters
+            return deleted
+
+    # ------------------------------------------------------------------ reading
+
+    def pending(
+        self, limit: int, max_bytes: int, kinds: Collection[Kind] | None = None
+    ) -> list[Record]:
+        """Oldest-first records for one batch: at most ``limit`` of them and ``max_bytes`` of
+        payload — except that the first record is always returned, so one large record can
+        never wedge the queue.
+        """
+        if limit < 0 or max_bytes < 0:
+            raise InvalidInputError(
+                "limit and max_bytes must be >= 0", limit=limit, max_bytes=max_bytes
+            )
+        if kinds is not None and (unknown := set(kinds) - set(_KINDS)):
+            raise InvalidInputError(f"unknown record kinds {sorted(unknown)}", kinds=kinds)
+        wanted = _KINDS if kinds is None else tuple(k for k in _KINDS if k in set(kinds))
+        if limit == 0 or not wanted:
+            return []
+        params: tuple[object, ...]
+        if len(wanted) == len(_KINDS):
+            query, params = _PENDING_ALL, (limit,)
+        else:
+            query, params = _PENDING_KIND, (wanted[0], limit)
+        records: list[Record] = []
+        total = 0
+        with self._lock:
+            conn = self._open_conn()
+            with self._guard("pending"):
+                cur = conn.execute(query, params)
+                for seq, rid, kind, created, payload, attempts, last in cur:
+                    total += len(payload)
+                    if records and total > max_bytes:
+                        break
+                    records.append(
+                        Record(
+                            id=rid,
+                            seq=seq,
+                            kind=kind,
+                            created_at=_from_ms(created),
+                            payload=bytes(payload),
+                            attempts=attempts,
+                            last_attempt_at=None if last is None else _from_ms(last),
+                        )
+                    )
+                cur.close()
+        return records
+
+    def stats(self) -> OutboxStats:
+        with self._lock:
+            conn = self._open_conn()
+            with self._guard("stats"):
+                row = conn.execute("SELECT created_at FROM outbox ORDER BY seq LIMIT 1").fetchone()
+            backlog, counters = self._backlog, self._counters
+        return OutboxStats(
+            pending_events=backlog.events,
+            pending_health=backlog.health,
+            bytes=backlog.bytes,
+            budget_bytes=self._budget,
+            dropped_health=counters.dropped_health,
+            refused_events=counters.refused_events,
+            alarm=counters.alarm,
+            oldest_created_at=None if row is None else _from_ms(row[0]),
+            high_water_seq=counters.high_water_seq,
+            last_acked_seq=counters.last_acked_seq,
+            disk_bytes=_disk_bytes(self._path),
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close the file; safe to call twice."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _open_conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise ClosedError("outbox is closed", path=str(self._path))
+        return self._conn
+
+    def _write_counters(self, conn: sqlite3.Connection, counters: _Counters) -> None:
+        """Write the counters that changed since they were last persisted."""
+        old, new = self._persisted.as_rows(), counters.as_rows()
+        changed = [(value, key) for key, value in new.items() if old[key] != value]
+        if changed:
+            conn.executemany("UPDATE meta SET value = ? WHERE key = ?", changed)
+
+    @contextmanager
+    def _guard(self, op: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._path, op) from exc
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _refused(counters: _Counters, kind: Kind) -> _Counters:
+    if kind == "event":
+        return replace(counters, refused_events=counters.refused_events + 1, alarm=True)
+    return replace(counters, dropped_health=counters.dropped_health + 1)
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        # A failed COMMIT may leave the transaction open; the original error is what counts.
+        if conn.in_transaction:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
+def _check_settings(
+    node_id: str,
+    budget_bytes: int,
+    health_keep_every: int,
+    max_payload_bytes: int,
+    alarm_clear_ratio: float,
+) -> None:
+    if not isinstance(node_id, str) or not 0 < len(node_id) <= _MAX_NODE_ID_CHARS:
+        raise InvalidInputError("node_id must be a non-empty string", node_id=node_id)
+    if health_keep_every < 1:
+        raise InvalidInputError("health_keep_every must be >= 1", value=health_keep_every)
+    if max_payload_bytes < 1:
+        raise InvalidInputError("max_payload_bytes must be >= 1", value=max_payload_bytes)
+    if budget_bytes < max_payload_bytes + ROW_OVERHEAD_BYTES:
+        # Otherwise a legal record could never fit, and thinning would run for nothing.
+        raise InvalidInputError(
+            f"budget_bytes {budget_bytes} cannot hold one maximal record "
+            f"({max_payload_bytes} + {ROW_OVERHEAD_BYTES} bytes)",
+            budget_bytes=budget_bytes,
+            max_payload_bytes=max_payload_bytes,
+        )
+    if not 0.0 <= alarm_clear_ratio < 1.0:
+        raise InvalidInputError("alarm_clear_ratio must be in [0, 1)", value=alarm_clear_ratio)
+
+
+def _configure(conn: sqlite3.Connection, path: Path) -> None:
+    # Exclusive locking first: one owner per file, and no -shm file to go stale.
+    conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+    (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    if str(mode).lower() != "wal":
+        raise StorageError(f"{path}: SQLite refused WAL mode (got {mode!r})", path=str(path))
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT_BYTES}")
+
+
+def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
+    problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
+    if problems != ["ok"]:
+        raise OutboxCorruptError(
+            f"{path} fails SQLite's integrity check ({'; '.join(problems)}); it was left "
+            "in place — move it aside to start a new outbox",
+            path=str(path),
+            problems=problems,
+        )
+
+
+def _ensure_schema(conn: sqlite3.Connection, path: Path, node_id: str) -> _Counters:
+    """Create the schema in a fresh file, or check an existing one; return its counters."""
+    with _transaction(conn):
+        (app_id,) = conn.execute("PRAGMA application_id").fetchone()
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        (tables,) = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+        if app_id == 0 and version == 0 and tables == 0:
+            for statement in _SCHEMA_V1:
+                conn.execute(statement)
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("node_id", node_id), *_Counters().as_rows().items()],
+            )
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            return _Counters()
+        if app_id != APPLICATION_ID:
+            raise OutboxCorruptError(
+                f"{path} is a SQLite database but not an edgefleet outbox "
+                f"(application_id {app_id:#x}); it was left in place",
+                path=str(path),
+                application_id=app_id,
+            )
+        if version > SCHEMA_VERSION:
+            raise OutboxVersionError(
+                f"{path} has outbox schema version {version}, newer than this agent's "
+                f"{SCHEMA_VERSION}; run a newer agent or move the file aside",
+                path=str(path),
+                found=version,
+                supported=SCHEMA_VERSION,
+            )
+        if version < SCHEMA_VERSION:
+            # No older schema has shipped; migrations step by step go here when one does.
+            raise OutboxCorruptError(
+                f"{path} has outbox schema version {version}, which never existed",
+                path=str(path),
+                found=version,
+            )
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    missing = {"node_id", *_COUNTER_KEYS} - meta.keys()
+    if missing:
+        raise OutboxCorruptError(
+            f"{path}: outbox meta lacks {sorted(missing)}", path=str(path), missing=missing
+        )
+    if meta["node_id"] != node_id:
+        raise OutboxNodeMismatchError(
+            f"{path} belongs to node {meta['node_id']!r}, not {node_id!r}; sequences are "
+            "per node, so it cannot be reused",
+            path=str(path),
+            found=meta["node_id"],
+            expected=node_id,
+        )
+    return _Counters(
+        high_water_seq=int(meta["high_water_seq"]),
+        dropped_health=int(meta["dropped_health"]),
+        refused_events=int(meta["refused_events"]),
+        last_acked_seq=int(meta["last_acked_seq"]),
+        alarm=bool(meta["alarm"]),
+    )
+
+
+def _load_backlog(conn: sqlite3.Connection, path: Path, counters: _Counters) -> _Backlog:
+    backlog = _Backlog()
+    for kind, count, size in conn.execute(
+        "SELECT kind, count(*), coalesce(sum(size), 0) FROM outbox GROUP BY kind"
+    ):
+        backlog = backlog.add(kind, count, size)
+    (top,) = conn.execute("SELECT coalesce(max(seq), 0) FROM outbox").fetchone()
+    if top > counters.high_water_seq:
+        raise OutboxCorruptError(
+            f"{path}: row seq {top} is above the high-water mark {counters.high_water_seq}",
+            path=str(path),
+        )
+    return backlog
+
+
+def _primary_code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else int(code) & 0xFF
+
+
+def _translate(exc: sqlite3.Error, path: Path, op: str) -> EdgeNodeError:
+    code = _primary_code(exc)
+    fields = {"path": str(path), "op": op, "sqlite_error": getattr(exc, "sqlite_errorname", "")}
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return OutboxCorruptError(
+            f"{path} is not a readable outbox ({exc}); it was left in place — move it "
+            "aside to start a new outbox",
+            **fields,
+        )
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return OutboxInUseError(f"{path} is held by another process ({exc})", **fields)
+    return StorageError(f"outbox {op} failed at {path}: {exc}", **fields)
+
+
+def _check_ids(ids: Iterable[str]) -> list[str]:
+    if isinstance(ids, str | bytes):
+        raise InvalidInputError("ids must be a collection of strings, not one string")
+    id_list = list(ids)
+    if not all(isinstance(i, str) for i in id_list):
+        raise InvalidInputError("every id must be a string")
+    return id_list
+
+
+def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), _CHUNK):
+        yield items[start : start + _CHUNK]
+
+
+def _from_ms(ms: int) -> datetime:
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def _disk_bytes(path: Path) -> int:
+    total = 0
+    for candidate in (path, path.with_name(path.name + "-wal")):
+        try:
+            total += candidate.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
