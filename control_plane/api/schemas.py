@@ -13,7 +13,11 @@ class FleetCreate(BaseModel):
 
 
 class FleetRootUpload(BaseModel):
-    """The operator-signed first root and targets metadata, as TUF JSON objects."""
+    """Operator-signed root and targets metadata, as TUF JSON objects.
+
+    The first root (version 1) with empty targets, or a rotation: root N+1 with the
+    current targets re-signed by the new release key(s).
+    """
 
     root: dict[str, Any]
     targets: dict[str, Any]
@@ -40,6 +44,18 @@ class PushOut(BaseModel):
     timestamp_version: int
     added: list[str]
     floors: dict[str, int]
+
+
+class RotationOut(BaseModel):
+    fleet: str
+    root_version: int
+    targets_version: int
+    snapshot_version: int
+    timestamp_version: int
+    root_keyids: list[str]
+    root_threshold: int
+    release_keyids: list[str]
+    revoked_keyids: list[str]
 
 
 class ModelVersionOut(BaseModel):

@@ -97,6 +97,11 @@ class ApiClient:
     def upload_root(self, fleet: str, root: dict[str, Any], targets: dict[str, Any]) -> Any:
         return self.json("PUT", f"/v1/fleets/{fleet}/root", json={"root": root, "targets": targets})
 
+    def rotate_root(self, fleet: str, root: dict[str, Any], targets: dict[str, Any]) -> Any:
+        return self.json(
+            "POST", f"/v1/fleets/{fleet}/root", json={"root": root, "targets": targets}
+        )
+
     def metadata(self, fleet: str, filename: str) -> bytes:
         return self.request("GET", f"/v1/fleets/{fleet}/tuf/metadata/{filename}").content
 

@@ -16,9 +16,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from securesystemslib.signer import Key
+from securesystemslib.signer import CryptoSigner, Key
 from tuf.api.exceptions import UnsignedMetadataError
 from tuf.api.metadata import Metadata, Root, TargetFile, Targets
+from tuf.api.serialization import DeserializationError
 
 from control_plane.cli.client import ApiClient, ApiError
 from control_plane.clock import Clock, SystemClock
@@ -32,6 +33,8 @@ ROOT_TTL = timedelta(days=365)
 TARGETS_TTL = timedelta(days=180)
 EXPIRY_WARNING = timedelta(days=30)
 MAX_PUSH_ATTEMPTS = 5
+# Root versions walked from 1.root.json; a fleet rotates its root a handful of times.
+MAX_ROOT_VERSIONS = 1000
 
 Progress = Callable[[str, int, int], None]
 """progress(label, advance_bytes, total_bytes)"""
@@ -86,33 +89,58 @@ class ReleaseClient:
 
     # ------------------------------------------------------------- reading
 
-    def trusted_metadata(self, fleet: str) -> tuple[Metadata[Root], Metadata[Targets], list[str]]:
-        """The fleet's current root and targets, verified against the operator's root keys."""
-        now = self.clock.now()
-        root = Metadata[Root].from_bytes(self.api.metadata(fleet, "root.json"))
-        if not isinstance(root.signed, Root):
-            raise SignatureError("the server's root.json is not root metadata", fleet=fleet)
+    def trusted_root(self, fleet: str) -> Metadata[Root]:
+        """The fleet's latest root, reached TUF style from `1.root.json`.
+
+        Each root N+1 must be signed to threshold by root N's root role and by its own,
+        with version exactly N+1 (as every node's `tuf.ngclient` checks); the walk stops
+        at the first missing version, after at most MAX_ROOT_VERSIONS. The anchor is
+        this keyset: the latest root's root keys must be keys it holds, and they sign
+        only roots an operator built, so a server cannot hand over a chain of its own.
+        """
+        root = _parse_root(fleet, self.api.metadata(fleet, "1.root.json"))
+        _verify_root_step(fleet, None, root)
+        for version in range(2, MAX_ROOT_VERSIONS + 2):
+            try:
+                data = self.api.metadata(fleet, f"{version}.root.json")
+            except ApiError as exc:
+                if exc.status == 404:
+                    break
+                raise
+            if version > MAX_ROOT_VERSIONS:
+                raise SignatureError(
+                    f"the fleet's root chain is longer than {MAX_ROOT_VERSIONS} versions",
+                    fleet=fleet,
+                )
+            new = _parse_root(fleet, data)
+            _verify_root_step(fleet, root, new)
+            root = new
         ours = {k.keyid for k in self.keyset.root_public_keys}
         theirs = set(root.signed.roles["root"].keyids)
         if not theirs <= ours:
             raise SignatureError(
-                "the fleet's root names root keys this keyset does not hold; "
-                "wrong --keys directory or a tampered server",
+                f"the fleet's root (version {root.signed.version}) names root keys this "
+                "keyset does not hold; wrong --keys directory or a tampered server",
                 fleet=fleet,
             )
-        try:
-            root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
-            targets = Metadata[Targets].from_bytes(self.api.metadata(fleet, "targets.json"))
-            if not isinstance(targets.signed, Targets):
-                raise SignatureError("the server's targets.json is not targets metadata")
-            root.signed.verify_delegate("targets", targets.signed_bytes, targets.signatures)
-        except UnsignedMetadataError as exc:
-            raise SignatureError(f"fleet metadata failed verification: {exc}", fleet=fleet) from exc
+        return root
+
+    def trusted_metadata(self, fleet: str) -> tuple[Metadata[Root], Metadata[Targets], list[str]]:
+        """The fleet's latest root and current targets, verified from the operator's keys.
+
+        Also refuses, before anything is signed or posted, a keyset whose release key
+        is not a targets key of the latest root (revoked by a rotation).
+        """
+        now = self.clock.now()
+        root = self.trusted_root(fleet)
+        targets = self._trusted_targets(fleet, root)
         release_keyid = self.keyset.release_public_key.keyid
         if release_keyid not in root.signed.roles["targets"].keyids:
             raise SignatureError(
-                "this keyset's release key is not a targets key of the fleet "
-                "(revoked, or another fleet's keys)",
+                "this keyset's release key is not a targets key of the fleet's root "
+                f"(version {root.signed.version}): it was revoked, or these are another "
+                "fleet's keys; if a release key rotation is pending in this keyset, "
+                "run `edgefleet keys rotate-release` again to finish it",
                 fleet=fleet,
                 keyid=release_keyid,
             )
@@ -122,6 +150,75 @@ class ReleaseClient:
             if md.signed.expires - now < EXPIRY_WARNING
         ]
         return root, targets, warnings
+
+    def _trusted_targets(self, fleet: str, root: Metadata[Root]) -> Metadata[Targets]:
+        try:
+            targets = Metadata[Targets].from_bytes(self.api.metadata(fleet, "targets.json"))
+        except DeserializationError as exc:
+            raise SignatureError("the server's targets.json is malformed", fleet=fleet) from exc
+        if not isinstance(targets.signed, Targets):
+            raise SignatureError("the server's targets.json is not targets metadata", fleet=fleet)
+        try:
+            root.signed.verify_delegate("targets", targets.signed_bytes, targets.signatures)
+        except UnsignedMetadataError as exc:
+            raise SignatureError(f"fleet metadata failed verification: {exc}", fleet=fleet) from exc
+        return targets
+
+    # ------------------------------------------------------------ rotation
+
+    def rotate_release_key(self, fleet: str, new_release: CryptoSigner) -> dict[str, Any]:
+        """Revoke the fleet's release key(s): root N+1 names `new_release` alone.
+
+        Needs the root keys (threshold) of this keyset, not the old release key (it may
+        be lost or compromised). Builds root N+1, signs it with the root keys, re-signs
+        the current targets (version + 1, same targets) with the new key and posts
+        both; a lost race (409) is re-read and retried (bounded). When the latest root
+        already names exactly `new_release` (a rotation resumed after a crash), nothing
+        is posted. Whatever the current targets list is re-signed as it is: review it
+        first when the old key may have been abused.
+        """
+        new_keyid = new_release.public_key.keyid
+        last: ApiError | None = None
+        for attempt in range(1, MAX_PUSH_ATTEMPTS + 1):
+            root = self.trusted_root(fleet)
+            targets_role = root.signed.roles["targets"]
+            if targets_role.keyids == [new_keyid]:
+                return {
+                    "fleet": fleet,
+                    "root_version": root.signed.version,
+                    "release_keyid": new_keyid,
+                    "revoked_keyids": [],
+                    "already_rotated": True,
+                    "attempts": attempt,
+                }
+            targets = self._trusted_targets(fleet, root)
+            now = self.clock.now()
+            new_root = tufrepo.build_next_root(
+                root, release_keys=[new_release.public_key], expires=now + ROOT_TTL
+            )
+            self.keyset.sign_root(new_root)
+            new_targets = tufrepo.resigned_targets(targets, expires=now + TARGETS_TTL)
+            new_targets.sign(new_release, append=False)
+            try:
+                result = self.api.rotate_root(fleet, new_root.to_dict(), new_targets.to_dict())
+            except ApiError as exc:
+                if exc.status == 409 and exc.problem.get("reason") in {"stale", "race"}:
+                    last = exc
+                    continue
+                raise
+            return {
+                "fleet": fleet,
+                "root_version": int(result["root_version"]),
+                "targets_version": int(result["targets_version"]),
+                "release_keyid": new_keyid,
+                "revoked_keyids": sorted(set(targets_role.keyids) - {new_keyid}),
+                "already_rotated": False,
+                "attempts": attempt,
+            }
+        raise ConflictError(
+            f"gave up after {MAX_PUSH_ATTEMPTS} attempts: other changes kept winning ({last})",
+            fleet=fleet,
+        )
 
     # --------------------------------------------------------------- push
 
@@ -142,6 +239,8 @@ class ReleaseClient:
         tufcustom.model_target_path(name, version)  # validates name and version early
         info = onnx_inspect.inspect_model(model_path)
         pair = onnx_inspect.make_reference(model_path, info, reference_input=reference_input)
+        # Before any upload: a revoked release key, or another fleet's keys, stop here.
+        self.trusted_metadata(fleet)
         with tempfile.TemporaryDirectory(prefix="edgefleet-push-") as tmp:
             reference = Path(tmp) / "reference.npz"
             ref_sha, ref_len = onnx_inspect.save_reference(pair, reference)
@@ -266,6 +365,34 @@ class ReleaseClient:
             f"gave up after {MAX_PUSH_ATTEMPTS} attempts: other pushes kept winning ({last})",
             fleet=fleet,
         )
+
+
+def _parse_root(fleet: str, data: bytes) -> Metadata[Root]:
+    try:
+        root = Metadata[Root].from_bytes(data)
+    except DeserializationError as exc:
+        raise SignatureError("the server sent malformed root metadata", fleet=fleet) from exc
+    if not isinstance(root.signed, Root):
+        raise SignatureError("the server's root metadata is not root metadata", fleet=fleet)
+    return root
+
+
+def _verify_root_step(fleet: str, trusted: Metadata[Root] | None, new: Metadata[Root]) -> None:
+    """TUF's root update rule; `trusted=None` for the first root, trusted on its own word."""
+    expected = 1 if trusted is None else trusted.signed.version + 1
+    if new.signed.version != expected:
+        raise SignatureError(
+            f"the server's {expected}.root.json claims version {new.signed.version}",
+            fleet=fleet,
+        )
+    try:
+        if trusted is not None:
+            trusted.signed.verify_delegate("root", new.signed_bytes, new.signatures)
+        new.signed.verify_delegate("root", new.signed_bytes, new.signatures)
+    except UnsignedMetadataError as exc:
+        raise SignatureError(
+            f"root version {expected} failed verification: {exc}", fleet=fleet
+        ) from exc
 
 
 def _key_from_api(data: dict[str, Any]) -> Key:

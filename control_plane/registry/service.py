@@ -90,6 +90,21 @@ class PushResult:
     floors: dict[str, int]
 
 
+@dataclass(frozen=True, slots=True)
+class RotationResult:
+    """What an accepted root rotation published: the new versions and the new roles."""
+
+    fleet: str
+    root_version: int
+    targets_version: int
+    snapshot_version: int
+    timestamp_version: int
+    root_keyids: list[str]
+    root_threshold: int
+    release_keyids: list[str]
+    revoked_keyids: list[str]
+
+
 class RegistryService:
     def __init__(
         self,
@@ -278,6 +293,64 @@ class RegistryService:
         except IntegrityError as exc:
             raise ConflictError(
                 "another push won the race for this version; re-read targets and retry",
+                fleet=fleet,
+                reason="race",
+            ) from exc
+        return result
+
+    # --------------------------------------------------------------- rotation
+
+    def rotate_root(
+        self, ctx: RequestContext, fleet: str, root_bytes: bytes, targets_bytes: bytes
+    ) -> RotationResult:
+        """Accept root N+1 (e.g. a revoked release key) with the targets it re-signs.
+
+        One transaction with the fleet row locked: the new root is checked against the
+        current one (TUF root update rules), the targets against the NEW root — the
+        current targets re-signed by the new release key(s), nothing added — then root
+        N+1, targets and a fresh snapshot and timestamp are stored together. From then
+        on a push signed by a revoked key fails the threshold check (403).
+        """
+        now = self._clock.now()
+        try:
+            with self._mutations.mutation(
+                ctx, "root.rotate", f"fleet:{fleet}", needs=Role.ADMIN
+            ) as session:
+                row = self._fleet_row(session, fleet, lock=True)
+                self._require_active(row)
+                current_root = self._latest(session, row, "root", Root)
+                current_targets = self._latest(session, row, "targets", Targets)
+                previous_snapshot = self._latest(session, row, "snapshot", Snapshot)
+                root = tufrepo.verify_root_update(
+                    current=current_root, new_bytes=root_bytes, now=now
+                )
+                targets = tufrepo.verify_resigned_targets(
+                    root=root, current=current_targets, new_bytes=targets_bytes, now=now
+                )
+                self._put_metadata(session, row, root)
+                self._put_metadata(session, row, targets)
+                snapshot, timestamp = self._publish_snapshot(
+                    session, row, targets, previous_snapshot=previous_snapshot, now=now
+                )
+                session.flush()
+                roles = root.signed.roles
+                before = set(current_root.signed.roles["root"].keyids) | set(
+                    current_root.signed.roles["targets"].keyids
+                )
+                result = RotationResult(
+                    fleet=fleet,
+                    root_version=root.signed.version,
+                    targets_version=targets.signed.version,
+                    snapshot_version=snapshot.signed.version,
+                    timestamp_version=timestamp.signed.version,
+                    root_keyids=list(roles["root"].keyids),
+                    root_threshold=roles["root"].threshold,
+                    release_keyids=list(roles["targets"].keyids),
+                    revoked_keyids=sorted(before - set(root.signed.keys)),
+                )
+        except IntegrityError as exc:
+            raise ConflictError(
+                "another change won the race for this version; re-read root and targets and retry",
                 fleet=fleet,
                 reason="race",
             ) from exc

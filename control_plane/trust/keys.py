@@ -1,5 +1,7 @@
 """Ed25519 key files: the operator's offline root and release keys, and key-file helpers.
 
+Also the on-disk half of a release key rotation (new key pending, then committed).
+
 Private keys are PKCS#8 PEM (encrypted when a passphrase is given), written atomically
 with mode 0600 from creation. Signing rules live in `repository`; this module only
 stores and loads keys.
@@ -386,3 +388,173 @@ def load_operator_keyset(directory: Path, passphrase: bytes | None) -> OperatorK
         release_signer=release,
         root_public_keys=root_public,
     )
+
+
+# ------------------------------------------------------------ release key rotation
+#
+# A rotation is two steps around the server's decision, so that a crash never leaves
+# the operator without the key the fleet trusts:
+#
+#   rotate_release_key       writes release.key.new / release.pub.new (release.key
+#                            untouched: the server does not know the new key yet)
+#   (server accepts root N+1 naming the new key, see ReleaseClient.rotate_release_key)
+#   commit_release_rotation  archives the old key as release-<id>.revoked.key, updates
+#                            keyset.json, moves the new key into place
+
+PENDING_SUFFIX: Final = ".new"
+REVOKED_FIELD: Final = "revoked_release"
+
+
+def _release_paths(directory: Path) -> tuple[Path, Path, Path, Path]:
+    key = directory / f"{RELEASE_KEY_STEM}.key"
+    pub = directory / f"{RELEASE_KEY_STEM}.pub"
+    return key, pub, Path(f"{key}{PENDING_SUFFIX}"), Path(f"{pub}{PENDING_SUFFIX}")
+
+
+def revoked_key_stem(keyid: str) -> str:
+    """File stem under which a revoked release key is archived."""
+    return f"{RELEASE_KEY_STEM}-{keyid[:12]}.revoked"
+
+
+def _read_keyset(directory: Path) -> dict[str, Any]:
+    raw = _read_small(directory / KEYSET_FILE, "keyset")
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidInputError(f"{directory / KEYSET_FILE} is not JSON") from exc
+    if not isinstance(obj, dict):
+        raise InvalidInputError(f"{directory / KEYSET_FILE} is not a keyset")
+    release = _keyset_ids(obj, "release")
+    if len(release) != 1:
+        raise InvalidInputError(f"{KEYSET_FILE}: expected exactly one release key")
+    return obj
+
+
+def rotate_release_key(directory: Path, passphrase: bytes | None) -> tuple[str, CryptoSigner]:
+    """Step one of a release key rotation: a new key in `release.key.new` (+ `.pub.new`).
+
+    Returns the current (soon revoked) keyid and the new signer. Nothing that signs
+    today is touched: until `commit_release_rotation`, `release.key` stays the key the
+    fleet trusts. ConflictError when a rotation is already pending — resume it with
+    `pending_release_rotation` instead of starting another.
+    """
+    directory = Path(directory)
+    old_keyid = _keyset_ids(_read_keyset(directory), "release")[0]
+    _, _, key_new, pub_new = _release_paths(directory)
+    pending = ConflictError(
+        f"a release key rotation is already pending in {directory}; finish it "
+        "(`edgefleet keys rotate-release` resumes it) or abandon it (see "
+        "commit_release_rotation)",
+        path=str(key_new),
+    )
+    if pub_new.exists():
+        raise pending
+    signer = generate_signer()
+    try:
+        # The private key first and exclusively: two rotations never race to one file.
+        save_private_key(key_new, signer, passphrase, exclusive=True)
+    except FileExistsError as exc:
+        raise pending from exc
+    save_public_key(pub_new, signer.public_key)
+    return old_keyid, signer
+
+
+def keyset_release_keyid(directory: Path) -> str:
+    """The release keyid keyset.json names (no private key is read)."""
+    return _keyset_ids(_read_keyset(Path(directory)), "release")[0]
+
+
+def pending_release_rotation(directory: Path, passphrase: bytes | None) -> CryptoSigner | None:
+    """The new release key of a rotation started but not fully committed, or None.
+
+    Found in `release.key.new`, or already in `release.key` when a commit stopped
+    after moving it (then `release.pub.new` is still there). Rewrites
+    `release.pub.new` from the private key when a crash lost it.
+    """
+    directory = Path(directory)
+    key, _, key_new, pub_new = _release_paths(directory)
+    if key_new.exists():
+        signer = load_signer(key_new, passphrase)
+        try:
+            current: Key | None = load_public_key(pub_new)
+        except (NotFoundError, InvalidInputError):
+            current = None
+        if current != signer.public_key:
+            save_public_key(pub_new, signer.public_key)
+        return signer
+    if pub_new.exists():
+        signer = load_signer(key, passphrase)
+        if signer.public_key.keyid != load_public_key(pub_new).keyid:
+            raise InvalidInputError(
+                f"{pub_new.name} is left over but neither {key_new.name} nor {key.name} "
+                "holds its key; remove it if no rotation is in progress",
+                path=str(pub_new),
+            )
+        return signer
+    return None
+
+
+def commit_release_rotation(directory: Path) -> tuple[str, str]:
+    """Step two, once the server accepted the rotation: the new key becomes `release.key`.
+
+    Archives the old pair as `release-<keyid[:12]>.revoked.key/.pub`, names the new key
+    in keyset.json (the old one under "revoked_release"), then moves `release.key.new`
+    and, last, `release.pub.new` into place; returns (old keyid, new keyid). Every
+    write is atomic and the order makes it idempotent; after a crash:
+
+    - between `rotate_release_key` and the server's answer nothing is committed; run
+      the rotation again: `pending_release_rotation` finds the new key and the operator
+      side sees whether the server already accepted it (then it only commits). To
+      abandon a rotation the server never accepted, delete `release.key.new` and
+      `release.pub.new` — never once the fleet's root names the new key.
+    - during this function: keyset.json changes only after the server accepted, so
+      when it already names the pending key, run this again (`edgefleet keys
+      rotate-release` does): it only finishes the moves. Until then loading the
+      keyset fails with "release.key holds key X, keyset.json names Y".
+    """
+    directory = Path(directory)
+    key, pub, key_new, pub_new = _release_paths(directory)
+    if not pub_new.exists():
+        raise NotFoundError(f"no pending release key rotation in {directory}", path=str(pub_new))
+    new_keyid = load_public_key(pub_new).keyid
+    keyset = _read_keyset(directory)
+    named = _keyset_ids(keyset, "release")[0]
+    revoked = keyset.get(REVOKED_FIELD, [])
+    if not isinstance(revoked, list) or not all(isinstance(v, str) for v in revoked):
+        raise InvalidInputError(f"{KEYSET_FILE}: {REVOKED_FIELD} must be a list of keyids")
+
+    if named != new_keyid:
+        old_keyid = named
+        if not key_new.exists():
+            raise NotFoundError(
+                f"{key_new.name} is missing: the pending rotation cannot be committed",
+                path=str(key_new),
+            )
+        if load_public_key(pub).keyid != old_keyid:
+            raise InvalidInputError(
+                f"{pub.name} is not the release key keyset.json names ({old_keyid})",
+                path=str(pub),
+            )
+        check_private_key_mode(key)
+        stem = revoked_key_stem(old_keyid)
+        atomic_write(directory / f"{stem}.key", _read_small(key, "private key"), mode=PRIVATE_MODE)
+        atomic_write(directory / f"{stem}.pub", _read_small(pub, "public key"), mode=PUBLIC_MODE)
+        keyset["release"] = [new_keyid]
+        keyset[REVOKED_FIELD] = [*revoked, old_keyid]
+        # The point of no return: from here on the new key is this keyset's release key.
+        atomic_write(
+            directory / KEYSET_FILE,
+            json.dumps(keyset, indent=2).encode() + b"\n",
+            mode=PUBLIC_MODE,
+        )
+    elif revoked:
+        old_keyid = revoked[-1]
+    else:
+        raise InvalidInputError(
+            f"{KEYSET_FILE} already names {new_keyid} but records no revoked key"
+        )
+    if key_new.exists():
+        key_new.replace(key)
+    pub_new.replace(pub)  # last: its absence means no rotation is pending
+    _fsync_dir(directory)
+    return old_keyid, new_keyid

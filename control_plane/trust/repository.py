@@ -35,6 +35,7 @@ from tuf.api.serialization.json import JSONSerializer
 from control_plane.errors import (
     ArtifactIntegrityError,
     ConflictError,
+    EdgefleetError,
     InvalidInputError,
     PayloadTooLargeError,
     PolicyError,
@@ -135,7 +136,10 @@ def _signed_bytes(md: Metadata[Any]) -> bytes:
         ) from exc
 
 
-def _check_threshold(delegator: Root, role: str, md: Metadata[Any]) -> None:
+def _check_threshold(
+    delegator: Root, role: str, md: Metadata[Any], *, signer: str | None = None
+) -> None:
+    """`signer` names the delegating root in messages when more than one is in play."""
     result = delegator.get_verification_result(role, _signed_bytes(md), md.signatures)
     if result.verified:
         return
@@ -147,9 +151,10 @@ def _check_threshold(delegator: Root, role: str, md: Metadata[Any]) -> None:
         detail += f"; signed by keys not authorised for {role}: {', '.join(unknown)}"
     if invalid:
         detail += f"; signatures that do not verify: {', '.join(invalid)}"
+    by = f" by {signer}" if signer else ""
     raise SignatureError(
         f"{role} metadata has {len(result.signed)} valid signature(s), "
-        f"{result.threshold} required{detail}",
+        f"{result.threshold} required{by}{detail}",
         role=role,
         valid=len(result.signed),
         threshold=result.threshold,
@@ -227,6 +232,62 @@ def initial_targets(expires: datetime) -> Metadata[Targets]:
     return Metadata(Targets(version=1, expires=_utc(expires, "expires")))
 
 
+def build_next_root(
+    current: Metadata[Root],
+    *,
+    release_keys: list[Key],
+    expires: datetime,
+    root_keys: list[Key] | None = None,
+    root_threshold: int | None = None,
+    release_threshold: int = 1,
+) -> Metadata[Root]:
+    """Root version N+1 with `release_keys` as the only targets keys; unsigned.
+
+    Revokes every other release key. With `root_keys` the root role is replaced too
+    (`root_threshold` defaults to the current one); the snapshot and timestamp roles,
+    the control plane's online keys, are carried over unchanged. The caller signs with
+    the current root keys AND, when they change, the new ones (TUF §5.3.4).
+    """
+    if not release_keys:
+        raise InvalidInputError("the next root needs at least one release key")
+    if not 1 <= release_threshold <= len(release_keys):
+        raise InvalidInputError(
+            f"release threshold must be between 1 and {len(release_keys)}, got {release_threshold}"
+        )
+    # A copy through the wire form: the result shares nothing with `current`.
+    new = Metadata[Root].from_bytes(to_bytes(current))
+    new.signatures.clear()
+    root = new.signed
+    root.version = current.signed.version + 1
+    root.expires = _utc(expires, "expires")
+
+    replaced = {TARGETS: release_keys}
+    if root_keys is not None:
+        replaced[ROOT] = root_keys
+    threshold = root.roles[ROOT].threshold if root_threshold is None else root_threshold
+    size = len(root_keys) if root_keys is not None else len(root.roles[ROOT].keyids)
+    if not 1 <= threshold <= size:
+        raise InvalidInputError(f"root threshold must be between 1 and {size}, got {threshold}")
+    for role, keys in replaced.items():
+        for key in keys:
+            _check_key(key, key.keyid)
+        for keyid in list(root.roles[role].keyids):
+            root.revoke_key(keyid, role)
+        for key in keys:
+            root.add_key(key, role)
+    root.roles[ROOT].threshold = threshold
+    root.roles[TARGETS].threshold = release_threshold
+
+    snapshot_keyid, timestamp_keyid = _online_keyids(current.signed)
+    _check_root_content(
+        root,
+        snapshot_keyid=snapshot_keyid,
+        timestamp_keyid=timestamp_keyid,
+        refusal=InvalidInputError,
+    )
+    return new
+
+
 # --------------------------------------------------------------------- root (server)
 
 
@@ -239,7 +300,7 @@ def verify_new_root(
 ) -> Metadata[Root]:
     """Accept a fleet's first root, which must delegate snapshot/timestamp to our keys.
 
-    Root rotation (version > 1, signed by the previous root too) is not handled here.
+    Later roots go through `verify_root_update` (signed by the previous root too).
     """
     md = parse_metadata(root_bytes, Root, max_bytes=MAX_ROOT_BYTES)
     root = md.signed
@@ -247,6 +308,88 @@ def verify_new_root(
         raise InvalidInputError(
             f"a fleet's first root must be version 1, got {root.version}", version=root.version
         )
+    _check_root_content(
+        root,
+        snapshot_keyid=snapshot_keyid,
+        timestamp_keyid=timestamp_keyid,
+        refusal=InvalidInputError,
+    )
+    _check_threshold(root, ROOT, md)
+    _check_not_expired(md, now)
+    return md
+
+
+def verify_root_update(
+    *, current: Metadata[Root], new_bytes: bytes, now: datetime
+) -> Metadata[Root]:
+    """Accept root version N+1 of a fleet whose trusted root is `current` (version N).
+
+    The rules of a TUF client's root update (spec §5.3.4-5.3.5), checked before any
+    node sees the new root: signed to threshold by the current root's root role AND
+    by the new root's own root role, version exactly N+1, not expired. The new root
+    may change the root and targets roles (rotating or revoking offline keys); the
+    snapshot and timestamp roles must stay the control plane's online keys.
+
+    Refusals: malformed, skipped version, bad keys or roles → InvalidInputError; a
+    version not above N → ConflictError(reason="stale"); a threshold not met →
+    SignatureError; expired, or online roles changed → PolicyError.
+    """
+    md = parse_metadata(new_bytes, Root, max_bytes=MAX_ROOT_BYTES)
+    trusted, new = current.signed, md.signed
+    # Signed by the keys we already trust first: nothing else in it means anything yet.
+    _check_threshold(trusted, ROOT, md, signer=f"the current root (version {trusted.version})")
+    have, got = trusted.version, new.version
+    if got <= have:
+        raise ConflictError(
+            f"stale: root version {got} is not newer than the current version {have}; "
+            "re-read root and retry",
+            reason="stale",
+            current_version=have,
+            version=got,
+        )
+    if got != have + 1:
+        raise InvalidInputError(
+            f"root version {got} skips versions: the next version is {have + 1}",
+            current_version=have,
+            version=got,
+        )
+    _check_threshold(new, ROOT, md, signer=f"the new root (version {got})")
+    snapshot_keyid, timestamp_keyid = _online_keyids(trusted)
+    _check_root_content(
+        new,
+        snapshot_keyid=snapshot_keyid,
+        timestamp_keyid=timestamp_keyid,
+        refusal=PolicyError,
+    )
+    _check_not_expired(md, now)
+    return md
+
+
+def _online_keyids(root: Root) -> tuple[str, str]:
+    """The keyids of a trusted root's snapshot and timestamp roles (one key each)."""
+    found: list[str] = []
+    for name in ONLINE_ROLES:
+        keyids = root.roles[name].keyids
+        if len(keyids) != 1:
+            raise InvalidInputError(
+                f"trusted root delegates {name} to {len(keyids)} keys, expected one", role=name
+            )
+        found.append(keyids[0])
+    return found[0], found[1]
+
+
+def _check_root_content(
+    root: Root,
+    *,
+    snapshot_keyid: str,
+    timestamp_keyid: str,
+    refusal: type[EdgefleetError],
+) -> None:
+    """The rules every root of a fleet obeys, first or later; signatures aside.
+
+    `refusal` is raised when the online roles are not exactly the control plane's
+    keys: bad input in a first root, a refused attempt to take them over in a later one.
+    """
     if root.consistent_snapshot is not True:
         raise InvalidInputError("root must set consistent_snapshot: true")
     for keyid, key in root.keys.items():
@@ -269,7 +412,7 @@ def verify_new_root(
     for name, keyid in ((SNAPSHOT, snapshot_keyid), (TIMESTAMP, timestamp_keyid)):
         role = root.roles[name]
         if role.keyids != [keyid] or role.threshold != 1:
-            raise InvalidInputError(
+            raise refusal(
                 f"root must delegate {name} to exactly the control plane's {name} key "
                 f"{keyid} with threshold 1; it names {role.keyids} with threshold "
                 f"{role.threshold}",
@@ -281,14 +424,11 @@ def verify_new_root(
     for name in (ROOT, TARGETS):
         shared = online.intersection(root.roles[name].keyids)
         if shared:
-            raise InvalidInputError(
+            raise refusal(
                 f"root gives the control plane's online key(s) {sorted(shared)} the "
                 f"{name} role; {name} keys must be offline",
                 role=name,
             )
-    _check_threshold(root, ROOT, md)
-    _check_not_expired(md, now)
-    return md
 
 
 # ------------------------------------------------------------------ targets (server)
@@ -369,6 +509,49 @@ def verify_targets_update(
     missing → InvalidInputError, of another length → ArtifactIntegrityError; a release
     counter or floor going backwards → RollbackError.
     """
+    md = _verify_next_targets(root=root, current=current, new_bytes=new_bytes, now=now)
+    return _check_transition(current.signed, md, artifact_length)
+
+
+def verify_resigned_targets(
+    *,
+    root: Metadata[Root],
+    current: Metadata[Targets],
+    new_bytes: bytes,
+    now: datetime,
+) -> Metadata[Targets]:
+    """The targets that come with a root rotation: `current` re-signed, nothing else.
+
+    Signed to threshold by `root` (the new root, so by the new release keys), version
+    N+1, and listing exactly what `current` lists: only version, expiry and signatures
+    may differ. A rotation must not smuggle in a release (PolicyError); releases are
+    pushed, and checked, on their own.
+    """
+    md = _verify_next_targets(root=root, current=current, new_bytes=new_bytes, now=now)
+    probe = Metadata[Targets].from_bytes(to_bytes(md)).signed
+    probe.version, probe.expires = current.signed.version, current.signed.expires
+    if probe != current.signed:
+        added = sorted(set(md.signed.targets) - set(current.signed.targets))
+        removed = sorted(set(current.signed.targets) - set(md.signed.targets))
+        changed = sorted(
+            p
+            for p, t in md.signed.targets.items()
+            if p in current.signed.targets and current.signed.targets[p] != t
+        )
+        raise PolicyError(
+            "the targets that come with a root rotation must be the current targets "
+            "re-signed, with only version and expiry changed; push releases separately",
+            added=added,
+            removed=removed,
+            changed=changed,
+        )
+    return md
+
+
+def _verify_next_targets(
+    *, root: Metadata[Root], current: Metadata[Targets], new_bytes: bytes, now: datetime
+) -> Metadata[Targets]:
+    """Signed by `root`'s targets keys, version current + 1, expiry and shape."""
     md = _parse_targets(new_bytes, root)
     have, got = current.signed.version, md.signed.version
     if got <= have:
@@ -386,7 +569,7 @@ def verify_targets_update(
             version=got,
         )
     _check_targets_shape(md, now)
-    return _check_transition(current.signed, md, artifact_length)
+    return md
 
 
 def _sha256_of(target: TargetFile) -> str:
@@ -628,6 +811,14 @@ def _next_targets(current: Metadata[Targets], expires: datetime) -> Metadata[Tar
     new.signed.version = current.signed.version + 1
     new.signed.expires = _utc(expires, "expires")
     return new
+
+
+def resigned_targets(current: Metadata[Targets], expires: datetime) -> Metadata[Targets]:
+    """The next targets with the same content and a new expiry; unsigned.
+
+    What a release-key rotation re-signs with the new key (`verify_resigned_targets`).
+    """
+    return _next_targets(current, expires)
 
 
 def next_release_counter(current: Metadata[Targets], model: str) -> int:

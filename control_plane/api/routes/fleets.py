@@ -1,4 +1,4 @@
-"""Fleets: creation in two steps (online keys, then the operator-signed root)."""
+"""Fleets: creation in two steps (online keys, then the operator-signed root), root rotation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import json
 from fastapi import APIRouter, Request, status
 
 from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
-from control_plane.api.schemas import FleetCreate, FleetOut, FleetRootUpload, PushOut
+from control_plane.api.schemas import (
+    FleetCreate,
+    FleetOut,
+    FleetRootUpload,
+    PushOut,
+    RotationOut,
+)
 from control_plane.registry.service import FleetInfo
 
 router = APIRouter(prefix="/v1/fleets", tags=["fleets"])
@@ -37,6 +43,31 @@ def upload_root(
     root = json.dumps(body.root).encode()
     targets = json.dumps(body.targets).encode()
     return _out(services.registry.activate_fleet(ctx, fleet, root, targets))
+
+
+@router.post("/{fleet}/root")
+def rotate_root(
+    fleet: str, body: FleetRootUpload, ctx: ContextDep, services: ServicesDep
+) -> RotationOut:
+    """Install root N+1 (signed by the current and the new root keys) with the current
+    targets re-signed by the new release key(s): revokes every release key it drops.
+
+    409 when the root or targets moved on meanwhile: re-read, re-sign and retry.
+    """
+    root = json.dumps(body.root).encode()
+    targets = json.dumps(body.targets).encode()
+    result = services.registry.rotate_root(ctx, fleet, root, targets)
+    return RotationOut(
+        fleet=result.fleet,
+        root_version=result.root_version,
+        targets_version=result.targets_version,
+        snapshot_version=result.snapshot_version,
+        timestamp_version=result.timestamp_version,
+        root_keyids=result.root_keyids,
+        root_threshold=result.root_threshold,
+        release_keyids=result.release_keyids,
+        revoked_keyids=result.revoked_keyids,
+    )
 
 
 @router.get("")

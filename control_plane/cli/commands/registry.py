@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from control_plane.cli.context import cli_context
 from control_plane.cli.release import ReleaseClient, describe
-from control_plane.trust.keys import init_operator_keys, load_operator_keyset
+from control_plane.trust.keys import (
+    commit_release_rotation,
+    init_operator_keys,
+    keyset_release_keyid,
+    load_operator_keyset,
+    pending_release_rotation,
+    rotate_release_key,
+)
 
 keys_app = typer.Typer(help="Offline root keys and release keys.", no_args_is_help=True)
 fleet_app = typer.Typer(help="Fleets and their TUF trust roots.", no_args_is_help=True)
@@ -66,6 +73,40 @@ def keys_init(
     )
     if cli.output != "json":
         cli.console.print("Keep the root keys offline; the release key signs model pushes.")
+
+
+@keys_app.command("rotate-release")
+def keys_rotate_release(
+    ctx: typer.Context,
+    fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")],
+    keys: KeysDir,
+) -> None:
+    """Revoke the fleet's release key: sign root N+1 naming a new one (needs root keys).
+
+    The new key waits in release.key.new until the server accepts the new root; only
+    then is the old key archived as release-<keyid>.revoked.key. Interrupted? Run the
+    same command again: it resumes the pending rotation.
+    """
+    cli = cli_context(ctx)
+    secret = _passphrase()
+    new_signer = pending_release_rotation(keys, secret)
+    resumed = new_signer is not None
+    result: dict[str, Any] = {"fleet": fleet, "already_rotated": True}
+    if new_signer is None or keyset_release_keyid(keys) != new_signer.public_key.keyid:
+        keyset = load_operator_keyset(keys, secret)
+        with cli.client() as api:
+            if new_signer is None:
+                _, new_signer = rotate_release_key(keys, secret)
+            result = ReleaseClient(api, keyset).rotate_release_key(fleet, new_signer)
+    # else: keyset.json already names the new key, so the server had accepted it and
+    # only the local commit was interrupted.
+    old_keyid, new_keyid = commit_release_rotation(keys)
+    cli.emit({**result, "resumed": resumed, "old_keyid": old_keyid, "release_keyid": new_keyid})
+    if cli.output != "json":
+        cli.console.print(
+            f"Release key {old_keyid[:12]} is revoked; pushes are now signed with "
+            f"{new_keyid[:12]}. Nodes pick up the new root on their next refresh."
+        )
 
 
 @fleet_app.command("create")
