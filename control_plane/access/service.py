@@ -6,7 +6,6 @@ Mutations elsewhere record their audit row in their own transaction through
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from control_plane.errors import (
     InvalidInputError,
     NotFoundError,
 )
+from control_plane.fsutil import atomic_write
 from control_plane.storage.models import ApiTokenRow, AuditRow
 
 
@@ -155,11 +155,8 @@ class AccessService:
             return False
         token = self.create_token(SYSTEM, name="bootstrap-admin", role=Role.ADMIN)[0]
         token_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(token + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        # Replaces a file left from an earlier database: that token is useless now.
+        atomic_write(token_file, (token + "\n").encode(), mode=0o600)
         return True
 
     def authenticate(self, token: str | None) -> Principal:

@@ -6,6 +6,7 @@ import re
 import uuid
 from collections.abc import Sequence
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane.api.problems import problem
@@ -69,6 +70,8 @@ class BodyLimitMiddleware:
                 413,
                 "payload too large",
                 f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes",
+                type_="https://edgefleet.dev/problems/payload-too-large",
+                request=Request(scope),
                 extra={"limit": limit},
             )
             await response(scope, receive, send)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from control_plane.artifacts.base import DEFAULT_MAX_LENGTH, ArtifactStore, check_sha256
 from control_plane.errors import NotFoundError, StorageError
+from control_plane.fsutil import fsync_dir
 
 __all__ = ["LocalArtifactStore"]
 
@@ -41,14 +42,6 @@ def _os_errors_as_storage_errors(action: str, sha256: str | None = None) -> Iter
             sha256=sha256,
             operation=action,
         ) from exc
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_all(fd: int, chunk: bytes) -> None:
@@ -155,7 +148,7 @@ class LocalArtifactStore(ArtifactStore):
             with _os_errors_as_storage_errors("store", sha256):
                 self._make_dirs_durably(final.parent)
                 temp.replace(final)
-                _fsync_dir(final.parent)
+                fsync_dir(final.parent)
         except BaseException:
             if fd_open:
                 with contextlib.suppress(OSError):
@@ -206,7 +199,7 @@ class LocalArtifactStore(ArtifactStore):
                 path.unlink()
             except FileNotFoundError:
                 return
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
 
     def _download_url(self, sha256: str, expires_s: int) -> str | None:
         return None
@@ -220,7 +213,7 @@ class LocalArtifactStore(ArtifactStore):
             current = current.parent
         directory.mkdir(parents=True, exist_ok=True)
         for created in reversed(missing):
-            _fsync_dir(created.parent)
+            fsync_dir(created.parent)
 
     def __repr__(self) -> str:
         return f"LocalArtifactStore(root={str(self._root)!r}, max_length={self.max_length})"

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ import onnx.shape_inference
 from google.protobuf.message import DecodeError
 
 from control_plane.errors import InvalidInputError, InvalidModelError, PayloadTooLargeError
+from control_plane.fsutil import atomic_write
 
 __all__ = [
     "DEFAULT_MAX_MODEL_BYTES",
@@ -536,7 +535,7 @@ def save_reference(pair: ReferencePair, path: Path) -> tuple[str, int]:
             with zf.open(member, "w", force_zip64=True) as fid:
                 np.lib.format.write_array(fid, np.asanyarray(members[key]), allow_pickle=False)
     data = buffer.getvalue()
-    _atomic_write(path, data)
+    atomic_write(path, data, mode=0o644)
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
@@ -563,25 +562,6 @@ def load_reference(path: Path) -> ReferencePair:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise InvalidInputError(f"cannot read reference pair {where}: {exc}", path=where) from exc
     return ReferencePair(inputs=inputs, outputs=outputs)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    directory = path.parent
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        Path(tmp_name).replace(path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 # -------------------------------------------------------------------- comparison

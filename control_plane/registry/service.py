@@ -9,6 +9,7 @@ timestamp with its online keys.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from control_plane.errors import (
     NotFoundError,
     PolicyError,
     SignatureError,
+    UnavailableError,
 )
 from control_plane.storage.models import (
     ArtifactRow,
@@ -40,7 +42,9 @@ from control_plane.storage.models import (
     TufMetadataRow,
 )
 from control_plane.trust import repository as tufrepo
-from control_plane.trust.signer import FileOnlineKeyStore
+from control_plane.trust.signer import FileOnlineKeyStore, OnlineSigner
+
+log = logging.getLogger(__name__)
 
 FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _VERSIONED = re.compile(r"^(?P<version>[1-9][0-9]{0,9})\.(?P<role>root|snapshot|targets)\.json$")
@@ -451,33 +455,47 @@ class RegistryService:
     # --------------------------------------------------------------- freshness
 
     def refresh_expiring(self) -> list[str]:
-        """Re-sign snapshot/timestamp of every active fleet that nears expiry; returns fleets."""
+        """Re-sign what nears expiry in every active fleet; returns the fleets refreshed.
+
+        A timestamp alone is re-signed over the same snapshot; a snapshot that nears its
+        own expiry gets a new version (and a timestamp pointing at it). One fleet's
+        failure (say, its online keys are missing) is logged and does not stop the rest.
+        """
         now = self._clock.now()
         refreshed: list[str] = []
         with self._sessions() as session:
             names = list(session.scalars(select(FleetRow.name).where(FleetRow.state == "active")))
         for name in names:
-            with self._sessions() as session:
-                session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
-                row = self._fleet_row(session, name, lock=True)
-                snapshot = self._latest(session, row, "snapshot", Snapshot)
-                timestamp = self._latest(session, row, "timestamp", Timestamp)
-                fraction = self._config.refresh_margin_fraction
-                if tufrepo.needs_refresh(
-                    snapshot, now, self._config.snapshot_ttl * fraction
-                ) or tufrepo.needs_refresh(timestamp, now, self._config.timestamp_ttl * fraction):
-                    targets = self._latest(session, row, "targets", Targets)
-                    self._publish_snapshot(
-                        session, row, targets, previous_snapshot=snapshot, now=now
-                    )
-                    try:
-                        session.commit()
-                    except IntegrityError:
-                        # Another replica refreshed the same fleet first: that is fine.
-                        session.rollback()
-                        continue
+            try:
+                if self._refresh_fleet(name, now):
                     refreshed.append(name)
+            except EdgefleetError as exc:
+                log.error("cannot re-sign the repository of fleet %s: %s", name, exc.message)
         return refreshed
+
+    def _refresh_fleet(self, name: str, now: datetime) -> bool:
+        fraction = self._config.refresh_margin_fraction
+        with self._sessions() as session:
+            session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
+            row = self._fleet_row(session, name, lock=True)
+            snapshot = self._latest(session, row, "snapshot", Snapshot)
+            timestamp = self._latest(session, row, "timestamp", Timestamp)
+            if tufrepo.needs_refresh(snapshot, now, self._config.snapshot_ttl * fraction):
+                targets = self._latest(session, row, "targets", Targets)
+                self._publish_snapshot(session, row, targets, previous_snapshot=snapshot, now=now)
+            elif tufrepo.needs_refresh(timestamp, now, self._config.timestamp_ttl * fraction):
+                self._publish_timestamp(
+                    session, row, snapshot.signed.version, previous=timestamp, now=now
+                )
+            else:
+                return False
+            try:
+                session.commit()
+            except IntegrityError:
+                # Another replica refreshed the same fleet first: that is fine.
+                session.rollback()
+                return False
+            return True
 
     # ---------------------------------------------------------------- helpers
 
@@ -490,25 +508,37 @@ class RegistryService:
         previous_snapshot: Metadata[Snapshot] | None,
         now: datetime,
     ) -> tuple[Metadata[Snapshot], Metadata[Timestamp]]:
-        signer = self._keys.signer_for(row.name)
+        signer = self._online_signer(row)
         snapshot = tufrepo.make_snapshot(
             targets, previous=previous_snapshot, expires=now + self._config.snapshot_ttl
         )
         signer.sign("snapshot", snapshot)
+        self._put_metadata(session, row, snapshot)
         previous_timestamp = (
             self._latest(session, row, "timestamp", Timestamp)
             if previous_snapshot is not None
             else None
         )
-        timestamp = tufrepo.make_timestamp(
-            snapshot.signed.version,
-            previous=previous_timestamp,
-            expires=now + self._config.timestamp_ttl,
+        timestamp = self._publish_timestamp(
+            session, row, snapshot.signed.version, previous=previous_timestamp, now=now
         )
-        signer.sign("timestamp", timestamp)
-        self._put_metadata(session, row, snapshot)
-        self._put_metadata(session, row, timestamp)
         return snapshot, timestamp
+
+    def _publish_timestamp(
+        self,
+        session: Session,
+        row: FleetRow,
+        snapshot_version: int,
+        *,
+        previous: Metadata[Timestamp] | None,
+        now: datetime,
+    ) -> Metadata[Timestamp]:
+        timestamp = tufrepo.make_timestamp(
+            snapshot_version, previous=previous, expires=now + self._config.timestamp_ttl
+        )
+        self._online_signer(row).sign("timestamp", timestamp)
+        self._put_metadata(session, row, timestamp)
+        return timestamp
 
     def _put_metadata(self, session: Session, row: FleetRow, md: Metadata[Any]) -> None:
         session.add(
@@ -568,7 +598,16 @@ class RegistryService:
             )
             if version is not None:
                 versions[role] = version
-        keys = self._keys.ensure_keys(row.name)
+        if row.state == "pending":
+            keys = self._keys.ensure_keys(row.name)
+        else:
+            # A live fleet's online keys are the ones its root names: read them there,
+            # never (re)create them as a side effect of a read.
+            root = self._latest(session, row, "root", Root)
+            keys = {
+                role: root.signed.get_key(root.signed.roles[role].keyids[0])
+                for role in tufrepo.ONLINE_ROLES
+            }
         return FleetInfo(
             name=row.name,
             state=row.state,
@@ -576,6 +615,20 @@ class RegistryService:
             online_keys={role: {"keyid": key.keyid, **key.to_dict()} for role, key in keys.items()},
             versions=versions,
         )
+
+    def _online_signer(self, row: FleetRow) -> OnlineSigner:
+        """The fleet's online signer, checked against the keyids recorded at creation."""
+        signer = self._keys.signer_for(row.name)
+        expected = {"snapshot": row.snapshot_keyid, "timestamp": row.timestamp_keyid}
+        for role, keyid in expected.items():
+            if signer.public_key(role).keyid != keyid:
+                raise UnavailableError(
+                    f"the online {role} key of fleet {row.name!r} on this server does not "
+                    "match the fleet's root; restore the data dir's online-keys from backup",
+                    fleet=row.name,
+                    role=role,
+                )
+        return signer
 
 
 def _version_info(fleet: str, row: ModelVersionRow, floor: int) -> ModelVersionInfo:

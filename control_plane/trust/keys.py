@@ -9,10 +9,7 @@ stores and loads keys.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
 import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,6 +42,7 @@ from control_plane.errors import (
     PolicyError,
     SignatureError,
 )
+from control_plane.fsutil import atomic_write, fsync_dir
 from control_plane.trust.repository import canonical_keyid
 
 KEYSET_FILE: Final = "keyset.json"
@@ -60,48 +58,6 @@ def generate_signer() -> CryptoSigner:
 
 
 # ------------------------------------------------------------------------ writing
-
-
-def atomic_write(path: Path, data: bytes, *, mode: int, exclusive: bool = False) -> None:
-    """Write `data` to `path` so a crash leaves either the old file or the new one.
-
-    The temp file is created with `mode` (never wider), fsynced, moved into place and
-    the directory fsynced. With `exclusive`, an existing `path` is never replaced:
-    FileExistsError is raised instead (used when two processes may race to create).
-    """
-    directory = path.parent
-    tmp = directory / f".{path.name}.{secrets.token_hex(8)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
-    try:
-        try:
-            # umask may have narrowed the mode; it never widens it, so this only restores it.
-            os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if exclusive:
-            # link() fails if the name exists, unlike rename(): first writer wins.
-            os.link(tmp, path)
-            tmp.unlink()
-        else:
-            tmp.replace(path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def private_key_pem(signer: CryptoSigner, passphrase: bytes | None) -> bytes:
@@ -556,5 +512,5 @@ def commit_release_rotation(directory: Path) -> tuple[str, str]:
     if key_new.exists():
         key_new.replace(key)
     pub_new.replace(pub)  # last: its absence means no rotation is pending
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return old_keyid, new_keyid

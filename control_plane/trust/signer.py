@@ -19,7 +19,7 @@ from securesystemslib.signer import (
 )
 from tuf.api.metadata import Metadata
 
-from control_plane.errors import InvalidInputError
+from control_plane.errors import InvalidInputError, UnavailableError
 from control_plane.trust.keys import generate_signer, load_signer, save_private_key
 from control_plane.trust.repository import ONLINE_ROLES
 
@@ -80,24 +80,37 @@ class FileOnlineKeyStore:
         return {role: signer.public_key for role, signer in self._signers(fleet).items()}
 
     def signer_for(self, fleet: str) -> OnlineSigner:
-        return _KeyFileSigner(self._signers(fleet))
+        """The signer of an existing fleet; never creates keys.
 
-    def _signers(self, fleet: str) -> dict[str, CryptoSigner]:
+        A live repository whose keys vanished must fail loudly: fresh keys would sign
+        metadata that every node rejects (their root names the old keys).
+        """
+        return _KeyFileSigner(self._signers(fleet, create=False))
+
+    def _signers(self, fleet: str, *, create: bool = True) -> dict[str, CryptoSigner]:
         if not isinstance(fleet, str) or not FLEET_DIR_PATTERN.fullmatch(fleet):
             raise InvalidInputError(f"{fleet!r} is not a fleet name", fleet=fleet)
         with self._lock:
             cached = self._cache.get(fleet)
             if cached is None:
-                cached = {role: self._load_or_create(fleet, role) for role in ONLINE_ROLES}
+                cached = {role: self._load_or_create(fleet, role, create) for role in ONLINE_ROLES}
                 self._cache[fleet] = cached
             return dict(cached)
 
-    def _load_or_create(self, fleet: str, role: str) -> CryptoSigner:
+    def _load_or_create(self, fleet: str, role: str, create: bool) -> CryptoSigner:
         fleet_dir = self._dir / fleet
-        fleet_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = fleet_dir / f"{role}.key"
         if path.exists():
             return load_signer(path, None)
+        if not create:
+            raise UnavailableError(
+                f"the online {role} key of fleet {fleet!r} is missing from {fleet_dir}; "
+                "restore the data dir's online-keys from backup (new keys would not match "
+                "the fleet's root)",
+                fleet=fleet,
+                role=role,
+            )
+        fleet_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         signer = generate_signer()
         try:
             save_private_key(path, signer, None, exclusive=True)

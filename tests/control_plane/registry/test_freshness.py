@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 from securesystemslib.signer import Key
-from tuf.api.metadata import Metadata, Timestamp
+from tuf.api.metadata import Metadata, Targets, Timestamp
 
 from control_plane.access.service import SYSTEM
 from control_plane.clock import ManualClock
+from control_plane.errors import UnavailableError
 from control_plane.services import ServiceConfig, Services, build_services
 from control_plane.trust import repository as tufrepo
-from control_plane.trust.keys import init_operator_keys
+from control_plane.trust.keys import OperatorKeyset, init_operator_keys
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def services(tmp_path: Path, database_url: str, clock: ManualClock) -> Iterator[
     built.close()
 
 
-def make_fleet(services: Services, clock: ManualClock, tmp_path: Path) -> None:
+def make_fleet(services: Services, clock: ManualClock, tmp_path: Path) -> OperatorKeyset:
     keyset = init_operator_keys(tmp_path / "keys", root_keys=1, root_threshold=1, passphrase=None)
     registry = services.registry
     info = registry.create_fleet(SYSTEM, "parks")
@@ -56,6 +57,7 @@ def make_fleet(services: Services, clock: ManualClock, tmp_path: Path) -> None:
     targets = tufrepo.initial_targets(expires=clock.now() + timedelta(days=90))
     keyset.sign_targets(targets)
     registry.activate_fleet(SYSTEM, "parks", tufrepo.to_bytes(root), tufrepo.to_bytes(targets))
+    return keyset
 
 
 def timestamp(services: Services) -> Metadata[Timestamp]:
@@ -83,7 +85,8 @@ def test_timestamp_is_resigned_at_half_its_lifetime(
     after = timestamp(services)
     assert after.signed.version == before.signed.version + 1
     assert after.signed.expires == clock.now() + timedelta(days=1)
-    assert after.signed.snapshot_meta.version == 2
+    # only the timestamp was due: it points at the same snapshot
+    assert after.signed.snapshot_meta.version == before.signed.snapshot_meta.version
     # and it is idempotent within the window
     assert services.registry.refresh_expiring() == []
 
@@ -96,3 +99,40 @@ def test_refresh_keeps_going_day_after_day(
         clock.advance(timedelta(hours=13))
         services.registry.refresh_expiring()
         assert timestamp(services).signed.expires > clock.now()
+
+
+def test_snapshot_gets_a_new_version_near_its_own_expiry(
+    services: Services, clock: ManualClock, tmp_path: Path
+) -> None:
+    make_fleet(services, clock, tmp_path)
+    clock.advance(timedelta(days=3, hours=13))
+    services.registry.refresh_expiring()
+    assert timestamp(services).signed.snapshot_meta.version == 2
+
+
+def test_missing_online_keys_fail_loudly_and_are_never_replaced(
+    services: Services, clock: ManualClock, tmp_path: Path, database_url: str
+) -> None:
+    keyset = make_fleet(services, clock, tmp_path)
+    current = tufrepo.parse_metadata(
+        services.registry.metadata_file("parks", "targets.json"), Targets
+    )
+    next_targets = tufrepo.resigned_targets(current, clock.now() + timedelta(days=90))
+    keyset.sign_targets(next_targets)
+    keys_dir = services.config.data_dir / "online-keys" / "parks"
+    for key in keys_dir.iterdir():
+        key.unlink()
+    restarted = build_services(services.config, clock=clock)
+    try:
+        clock.advance(timedelta(hours=13))
+        assert restarted.registry.refresh_expiring() == []
+        assert list(keys_dir.iterdir()) == []
+        with pytest.raises(UnavailableError, match="restore"):
+            restarted.registry.push_targets(SYSTEM, "parks", tufrepo.to_bytes(next_targets))
+        assert restarted.registry.get_fleet("parks").versions["targets"] == 1
+        # reads still work and show the keys the root names
+        info = restarted.registry.get_fleet("parks")
+        assert set(info.online_keys) == {"snapshot", "timestamp"}
+        assert list(keys_dir.iterdir()) == []
+    finally:
+        restarted.close()

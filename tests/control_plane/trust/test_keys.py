@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import Metadata, Root
 
+from control_plane import fsutil
 from control_plane.errors import (
     ConflictError,
     InvalidInputError,
@@ -157,17 +158,17 @@ def test_public_key_garbage_refused(tmp_path: Path) -> None:
 
 def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
     target = tmp_path / "f"
-    keys.atomic_write(target, b"one", mode=0o600)
-    keys.atomic_write(target, b"two", mode=0o600)
+    fsutil.atomic_write(target, b"one", mode=0o600)
+    fsutil.atomic_write(target, b"two", mode=0o600)
     assert target.read_bytes() == b"two"
     assert [p.name for p in tmp_path.iterdir()] == ["f"]
 
 
 def test_exclusive_write_never_replaces(tmp_path: Path) -> None:
     target = tmp_path / "f"
-    keys.atomic_write(target, b"first", mode=0o600, exclusive=True)
+    fsutil.atomic_write(target, b"first", mode=0o600, exclusive=True)
     with pytest.raises(FileExistsError):
-        keys.atomic_write(target, b"second", mode=0o600, exclusive=True)
+        fsutil.atomic_write(target, b"second", mode=0o600, exclusive=True)
     assert target.read_bytes() == b"first"
     assert [p.name for p in tmp_path.iterdir()] == ["f"]
 

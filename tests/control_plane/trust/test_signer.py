@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tuf.api.metadata import Metadata, Snapshot, Targets
 
-from control_plane.errors import InvalidInputError
+from control_plane.errors import InvalidInputError, UnavailableError
 from control_plane.trust import repository as repo
 from control_plane.trust.signer import FileOnlineKeyStore, OnlineSigner
 from tests.control_plane.trust.helpers import MONTH, NOW, YEAR, Fleet
@@ -86,7 +86,9 @@ def test_signatures_verify_against_the_fleet_root(tmp_path: Path) -> None:
 
 
 def test_only_online_roles_are_signed(tmp_path: Path) -> None:
-    signer = FileOnlineKeyStore(tmp_path).signer_for("plant-a")
+    store = FileOnlineKeyStore(tmp_path)
+    store.ensure_keys("plant-a")
+    signer = store.signer_for("plant-a")
     targets: Metadata[Targets] = repo.initial_targets(NOW + MONTH)
     with pytest.raises(ValueError, match="not an online role"):
         signer.sign("targets", targets)
@@ -95,3 +97,9 @@ def test_only_online_roles_are_signed(tmp_path: Path) -> None:
     snapshot: Metadata[Snapshot] = repo.make_snapshot(targets, previous=None, expires=NOW)
     with pytest.raises(ValueError, match="as timestamp"):
         signer.sign("timestamp", snapshot)
+
+
+def test_signer_for_never_creates_missing_keys(tmp_path: Path) -> None:
+    with pytest.raises(UnavailableError, match="restore"):
+        FileOnlineKeyStore(tmp_path).signer_for("plant-a")
+    assert not (tmp_path / "plant-a" / "snapshot.key").exists()
