@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
@@ -16,25 +17,68 @@ from control_plane.errors import InvalidInputError
 T = TypeVar("T")
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+READ_AHEAD_BATCHES = 4
+BATCH_BYTES = 1 << 20
 
 
 async def consume_in_thread(
     stream: AsyncIterator[bytes], consumer: Callable[[Iterator[bytes]], T]
 ) -> T:
-    """Run `consumer` in a worker thread, feeding it the async byte stream chunk by chunk."""
+    """Run `consumer` in a worker thread, feeding it the async byte stream.
 
-    async def next_chunk() -> bytes | None:
-        try:
-            return await anext(stream)
-        except StopAsyncIteration:
-            return None
+    A reader task stays a few batches ahead (bounded: READ_AHEAD_BATCHES x BATCH_BYTES),
+    so receiving on the event loop overlaps with hashing and writing in the thread, and
+    the thread crosses back to the loop once per ~1 MiB rather than once per chunk.
+    An error while reading (client gone, body over the limit) is raised in the consumer.
+    """
+    send, receive = anyio.create_memory_object_stream[list[bytes] | Exception](READ_AHEAD_BATCHES)
+
+    async def read_ahead() -> None:
+        async with send:
+            batch: list[bytes] = []
+            size = 0
+            try:
+                async for chunk in stream:
+                    if not chunk:
+                        continue
+                    batch.append(chunk)
+                    size += len(chunk)
+                    if size >= BATCH_BYTES:
+                        await send.send(batch)
+                        batch, size = [], 0
+                if batch:
+                    await send.send(batch)
+            except Exception as exc:
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await send.send(exc)
 
     def chunks() -> Iterator[bytes]:
-        while (chunk := anyio.from_thread.run(next_chunk)) is not None:
-            if chunk:
-                yield chunk
+        while True:
+            try:
+                item = anyio.from_thread.run(receive.receive)
+            except anyio.EndOfStream:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield from item
 
-    return await anyio.to_thread.run_sync(consumer, chunks())
+    results: list[T] = []
+    failure: Exception | None = None
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(read_ahead)
+        try:
+            results.append(await anyio.to_thread.run_sync(consumer, chunks()))
+        except Exception as exc:
+            # Raised below, outside the task group, so callers see the domain error
+            # itself rather than an ExceptionGroup.
+            failure = exc
+        finally:
+            # The consumer may stop early (a hash mismatch): stop reading too.
+            tasks.cancel_scope.cancel()
+            receive.close()
+    if failure is not None:
+        raise failure
+    return results[0]
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
