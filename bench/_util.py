@@ -1,0 +1,255 @@
+"""Helpers the benchmarks share: free ports, child processes that always end, RSS watching.
+
+Measurement plumbing only; nothing here knows about edgefleet's domain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+MB = 1_000_000
+"""Benchmarks report decimal megabytes (10**6 bytes), as disk and network vendors do."""
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = REPO_ROOT / ".bench"
+"""Scratch space (gitignored, removed by ``make clean``)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` until it answers 2xx; fail early if ``proc`` exits, late after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if 200 <= response.status < 300:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s (last error: {last})")
+
+
+class ChildProcess:
+    """A ``Popen`` whose output goes to a log file and which is always ended on exit."""
+
+    def __init__(
+        self, args: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path | None = None
+    ) -> None:
+        self.args = list(args)
+        self.log = log
+        self.env = dict(env)
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def __enter__(self) -> ChildProcess:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                self.args, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd
+            )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=grace_s)
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One child process run to completion: exit code, wall time, its own peak RSS."""
+
+    returncode: int
+    wall_s: float
+    max_rss_bytes: int
+    output: str
+
+
+def run_measured(
+    args: Sequence[str], *, env: Mapping[str, str], timeout_s: float, log: Path
+) -> Measured:
+    """Run ``args`` and return its wall time and *its own* peak RSS.
+
+    The peak is the kernel's high-water mark (``VmHWM``) of the child, read every few
+    milliseconds while it runs; the mark only rises, so a late read loses nothing but the
+    last few milliseconds. ``ru_maxrss`` from ``wait4``/``RUSAGE_CHILDREN`` is no good
+    here: Linux seeds it at ``exec`` with the memory of the process that forked, so a
+    large benchmark process would appear as the child's peak.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    peak = 0
+    with log.open("wb") as out:
+        started = time.perf_counter()
+        # Popen returns once the child has exec'd, so every read below is of the new image.
+        proc = subprocess.Popen(list(args), stdout=out, stderr=subprocess.STDOUT, env=dict(env))
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                peak = max(peak, _read_hwm(proc.pid) or 0)
+                pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    wall = time.perf_counter() - started
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{args!r} ran past {timeout_s} s")
+                time.sleep(0.005)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    return Measured(
+        returncode=proc.returncode,
+        wall_s=wall,
+        max_rss_bytes=peak,
+        output=log.read_text(errors="replace"),
+    )
+
+
+class RssWatcher:
+    """Samples a process's RSS every ``interval_s`` in a thread and keeps the peak.
+
+    ``reset()`` takes a baseline and, where Linux allows (``/proc/PID/clear_refs``),
+    also resets the kernel's high-water mark (``VmHWM``), so a spike shorter than the
+    sampling interval still counts: the peak is the larger of the sampled and the kernel's.
+    """
+
+    def __init__(self, pid: int, interval_s: float = 0.02) -> None:
+        self._process = psutil.Process(pid)
+        self._pid = pid
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._baseline = 0
+        self._peak = 0
+        self._hwm_reset = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rss-{pid}", daemon=True)
+
+    def __enter__(self) -> RssWatcher:
+        self.reset()
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def current(self) -> int:
+        try:
+            return int(self._process.memory_info().rss)
+        except psutil.Error:
+            return 0
+
+    def reset(self) -> int:
+        """Take the current RSS as the baseline (and the peak so far); return it."""
+        self._hwm_reset = _clear_hwm(self._pid)
+        rss = self.current()
+        with self._lock:
+            self._baseline = rss
+            self._peak = rss
+        return rss
+
+    @property
+    def baseline(self) -> int:
+        with self._lock:
+            return self._baseline
+
+    def peak(self) -> int:
+        with self._lock:
+            sampled = self._peak
+        hwm = _read_hwm(self._pid) if self._hwm_reset else None
+        return max(sampled, hwm or 0, self.current())
+
+    def growth(self) -> int:
+        return self.peak() - self.baseline
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            rss = self.current()
+            with self._lock:
+                self._peak = max(self._peak, rss)
+
+
+def _clear_hwm(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    return False
+
+
+def _read_hwm(pid: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[list[float]]:
+    """``with timed() as t: ...`` then ``t[0]`` holds the elapsed seconds."""
+    box: list[float] = []
+    started = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box.append(time.perf_counter() - started)
