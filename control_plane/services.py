@@ -5,7 +5,7 @@ Called by `server.main()` and by tests; nothing here runs at import time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,6 +15,8 @@ from control_plane.access.service import AccessService
 from control_plane.artifacts.base import ArtifactStore
 from control_plane.artifacts.factory import artifact_store_from_url
 from control_plane.clock import Clock, SystemClock
+from control_plane.identity.ca import CertificateAuthority
+from control_plane.nodes.service import NodeConfig, NodeService
 from control_plane.registry.service import RegistryConfig, RegistryService
 from control_plane.storage.db import create_engine_for, migrate, session_factory
 from control_plane.trust.signer import FileOnlineKeyStore
@@ -30,6 +32,7 @@ class ServiceConfig:
     snapshot_ttl: timedelta = timedelta(days=7)
     timestamp_ttl: timedelta = timedelta(days=1)
     refresh_interval_s: float = 300.0
+    nodes: NodeConfig = field(default_factory=NodeConfig)
 
 
 @dataclass
@@ -40,6 +43,8 @@ class Services:
     access: AccessService
     registry: RegistryService
     clock: Clock
+    ca: CertificateAuthority
+    nodes: NodeService
 
     @property
     def admin_token_file(self) -> Path:
@@ -67,11 +72,12 @@ class Services:
 
 def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Services:
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    # Validate the cheap settings before touching the database.
+    store = artifact_store_from_url(config.artifacts_url, max_length=config.max_artifact_bytes)
     engine = create_engine_for(config.database_url)
     migrate(engine)
     sessions = session_factory(engine)
     clock = clock or SystemClock()
-    store = artifact_store_from_url(config.artifacts_url, max_length=config.max_artifact_bytes)
     keys = FileOnlineKeyStore(config.data_dir / "online-keys")
     registry = RegistryService(
         sessions,
@@ -82,6 +88,15 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     )
     access = AccessService(sessions, clock)
     access.bootstrap_admin(config.data_dir / "admin-token")
+    ca = CertificateAuthority.load_or_create(config.data_dir / "ca", now=clock.now())
+    nodes = NodeService(sessions, ca, clock, config.nodes)
     return Services(
-        config=config, engine=engine, store=store, access=access, registry=registry, clock=clock
+        config=config,
+        engine=engine,
+        store=store,
+        access=access,
+        registry=registry,
+        clock=clock,
+        ca=ca,
+        nodes=nodes,
     )

@@ -16,12 +16,14 @@ from fastapi import FastAPI
 
 from control_plane.api import problems
 from control_plane.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
-from control_plane.api.routes import access, artifacts, fleets, health, models, tuf
+from control_plane.api.routes import access, artifacts, fleets, health, models, nodes, tuf
 from control_plane.services import Services
 
 log = logging.getLogger(__name__)
 
 TARGETS_BODY_LIMIT = 16 << 20
+# A rotation carries a root and the whole re-signed targets metadata in one JSON body.
+ROTATION_BODY_LIMIT = TARGETS_BODY_LIMIT + (1 << 20)
 
 
 async def _freshness_loop(services: Services) -> None:
@@ -30,7 +32,7 @@ async def _freshness_loop(services: Services) -> None:
         try:
             refreshed = await anyio.to_thread.run_sync(services.registry.refresh_expiring)
             if refreshed:
-                log.info("re-signed snapshot/timestamp", extra={"fleets": refreshed})
+                log.info("re-signed snapshot/timestamp of fleets %s", ", ".join(refreshed))
         except Exception:
             log.exception("freshness refresh failed; retrying next interval")
         await anyio.sleep(services.config.refresh_interval_s)
@@ -53,7 +55,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     )
     app.state.services = services
     problems.install(app)
-    for router in (health, fleets, artifacts, models, tuf, access):
+    for router in (health, fleets, artifacts, models, tuf, access, nodes):
         app.include_router(router.router)
     app.add_middleware(
         BodyLimitMiddleware,
@@ -61,6 +63,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         large=[
             ("PUT", r"/v1/artifacts/[^/]+", services.config.max_artifact_bytes),
             ("POST", r"/v1/fleets/[^/]+/targets", TARGETS_BODY_LIMIT),
+            ("POST", r"/v1/fleets/[^/]+/root", ROTATION_BODY_LIMIT),
         ],
     )
     app.add_middleware(RequestIdMiddleware)

@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from control_plane.cli.commands.access import audit_app, token_app
+from control_plane.cli.commands.nodes import node_app, nodes_app
 from control_plane.cli.commands.registry import fleet_app, keys_app, model_app
 from control_plane.cli.context import CliContext
-from control_plane.errors import EdgefleetError
+from control_plane.errors import EdgefleetError, InvalidInputError
 
 app = typer.Typer(
     name="edgefleet",
@@ -26,6 +28,8 @@ app.add_typer(fleet_app, name="fleet")
 app.add_typer(model_app, name="model")
 app.add_typer(token_app, name="token")
 app.add_typer(audit_app, name="audit")
+app.add_typer(node_app, name="node")
+app.add_typer(nodes_app, name="nodes")
 
 
 @app.callback()
@@ -57,7 +61,10 @@ def server(
     from control_plane.server import serve
     from control_plane.settings import ServerSettings
 
-    settings = ServerSettings()
+    try:
+        settings = ServerSettings()
+    except ValidationError as exc:
+        raise InvalidInputError(f"invalid EDGEFLEET_* environment: {exc}") from exc
     updates: dict[str, object] = {
         "data_dir": data_dir,
         "database_url": database_url,
@@ -65,7 +72,14 @@ def server(
         "http": http,
     }
     merged = settings.model_dump() | {k: v for k, v in updates.items() if v is not None}
-    serve(ServerSettings.model_validate(merged))
+    try:
+        validated = ServerSettings.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise InvalidInputError(f"invalid server settings: {problems}") from exc
+    serve(validated)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,9 +37,11 @@ __all__ = [
     "ArtifactRow",
     "AuditRow",
     "Base",
+    "BootstrapTokenRow",
     "FleetRow",
     "ModelFloorRow",
     "ModelVersionRow",
+    "NodeRow",
     "TufMetadataRow",
 ]
 
@@ -193,3 +195,48 @@ class AuditRow(Base):
     request_id: Mapped[str] = mapped_column(String(64))
     outcome: Mapped[str] = mapped_column(String(16))
     details: Mapped[dict[str, Any]] = mapped_column(default_factory=dict)
+
+
+class NodeRow(Base):
+    """An enrolled edge node: identity (certificate), labels and last reported state.
+
+    The node id is chosen by the control plane at enrollment. The previous certificate
+    stays valid until it expires, so a node that renewed keeps its open connection.
+    """
+
+    __tablename__ = "nodes"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fleet_id: Mapped[int] = mapped_column(ForeignKey("fleets.id", ondelete="CASCADE"), index=True)
+    labels: Mapped[dict[str, Any]]
+    public_key_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    reported_state: Mapped[dict[str, Any]] = mapped_column(default_factory=dict)
+    agent_version: Mapped[str | None] = mapped_column(String(64), default=None)
+    transport: Mapped[str | None] = mapped_column(String(16), default=None)
+    last_seen: Mapped[datetime | None] = mapped_column(default=None)
+    online: Mapped[bool] = mapped_column(default=False)
+    cert_serial: Mapped[str | None] = mapped_column(String(40), default=None)
+    cert_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    previous_cert_serial: Mapped[str | None] = mapped_column(String(40), default=None)
+    previous_cert_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class BootstrapTokenRow(Base):
+    """A single-use, expiring enrollment token for one fleet; only its hash is kept."""
+
+    __tablename__ = "bootstrap_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    fleet_id: Mapped[int] = mapped_column(ForeignKey("fleets.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, repr=False)
+    labels: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None] = mapped_column(default=None)
+    node_id: Mapped[str | None] = mapped_column(
+        String(64), ForeignKey("nodes.id", ondelete="SET NULL"), default=None
+    )
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)

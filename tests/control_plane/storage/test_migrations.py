@@ -34,6 +34,8 @@ TABLES = {
     "artifacts",
     "api_tokens",
     "audit_log",
+    "nodes",
+    "bootstrap_tokens",
 }
 
 

@@ -1,0 +1,197 @@
+"""Nodes: bootstrap tokens, enrollment (REST fallback for MQTT-only links), inventory.
+
+`POST /v1/enroll` is the one route here without an API token: the bootstrap token in
+the body is the credential.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter, Request, status
+from pydantic import BaseModel, Field
+
+from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
+from control_plane.identity.bootstrap import parse_selector
+from control_plane.nodes.service import BootstrapTokenInfo, Node
+
+router = APIRouter(prefix="/v1", tags=["nodes"])
+
+
+class NodeTokenCreate(BaseModel):
+    labels: dict[str, str] = Field(default_factory=dict)
+    # Wide schema bounds against overflow; the service enforces the real limits.
+    ttl_s: int = Field(default=3600, ge=1, le=10**8, description="lifetime in seconds")
+
+
+class NodeTokenOut(BaseModel):
+    id: str
+    fleet: str
+    labels: dict[str, str]
+    created_at: datetime
+    created_by: str
+    expires_at: datetime
+    used_at: datetime | None
+    node_id: str | None
+    revoked_at: datetime | None
+    state: str
+
+
+class NodeTokenCreated(NodeTokenOut):
+    token: str = Field(description="shown once; hand it to the node")
+
+
+class EnrollRequest(BaseModel):
+    token: str = Field(max_length=256)
+    csr_pem: str = Field(max_length=16 * 1024, description="PKCS#10 CSR, PEM")
+    agent_version: str | None = Field(default=None, max_length=64)
+    transport: str | None = Field(default=None, max_length=16)
+
+
+class EnrollmentOut(BaseModel):
+    node_id: str
+    fleet: str
+    labels: dict[str, str]
+    certificate_pem: str
+    ca_pem: str
+    cert_serial: str
+    not_after: datetime
+
+
+class NodeOut(BaseModel):
+    id: str
+    fleet: str
+    labels: dict[str, str]
+    agent_version: str | None
+    transport: str | None
+    reported_state: dict[str, Any]
+    created_at: datetime
+    last_seen: datetime | None
+    online: bool
+    cert_serial: str | None
+    cert_expires_at: datetime | None
+    revoked: bool
+    revoked_at: datetime | None
+
+
+class NodeLabelsPatch(BaseModel):
+    """JSON merge-patch of the labels (null removes a label), or all of them with `replace`."""
+
+    labels: dict[str, str | None]
+    replace: bool = False
+
+
+def _node_out(node: Node) -> NodeOut:
+    return NodeOut(
+        id=node.id,
+        fleet=node.fleet,
+        labels=node.labels,
+        agent_version=node.agent_version,
+        transport=node.transport,
+        reported_state=node.reported_state,
+        created_at=node.created_at,
+        last_seen=node.last_seen,
+        online=node.online,
+        cert_serial=node.cert_serial,
+        cert_expires_at=node.cert_expires_at,
+        revoked=node.revoked,
+        revoked_at=node.revoked_at,
+    )
+
+
+def _token_out(info: BootstrapTokenInfo, now: datetime) -> NodeTokenOut:
+    return NodeTokenOut(
+        id=info.id,
+        fleet=info.fleet,
+        labels=info.labels,
+        created_at=info.created_at,
+        created_by=info.created_by,
+        expires_at=info.expires_at,
+        used_at=info.used_at,
+        node_id=info.node_id,
+        revoked_at=info.revoked_at,
+        state=info.state(now),
+    )
+
+
+@router.post("/fleets/{fleet}/node-tokens", status_code=status.HTTP_201_CREATED)
+def create_node_token(
+    fleet: str, body: NodeTokenCreate, ctx: ContextDep, services: ServicesDep
+) -> NodeTokenCreated:
+    """A single-use bootstrap token that enrolls one node into the fleet; shown once."""
+    token, info = services.nodes.create_bootstrap_token(
+        ctx, fleet, body.labels, timedelta(seconds=body.ttl_s)
+    )
+    out = _token_out(info, services.clock.now())
+    return NodeTokenCreated(token=token, **out.model_dump())
+
+
+@router.get("/node-tokens")
+def list_node_tokens(
+    ctx: ContextDep, services: ServicesDep, fleet: str | None = None
+) -> list[NodeTokenOut]:
+    now = services.clock.now()
+    return [_token_out(t, now) for t in services.nodes.list_bootstrap_tokens(ctx, fleet)]
+
+
+@router.post("/node-tokens/{token_id}/revoke")
+def revoke_node_token(token_id: str, ctx: ContextDep, services: ServicesDep) -> NodeTokenOut:
+    info = services.nodes.revoke_bootstrap_token(ctx, token_id)
+    return _token_out(info, services.clock.now())
+
+
+@router.post("/enroll", status_code=status.HTTP_201_CREATED)
+def enroll(body: EnrollRequest, request: Request, services: ServicesDep) -> EnrollmentOut:
+    """Trade a bootstrap token and a CSR for a node id and a client certificate."""
+    enrollment = services.nodes.enroll(
+        body.token,
+        body.csr_pem.encode("utf-8"),
+        agent_version=body.agent_version,
+        transport=body.transport,
+        request_id=request.state.request_id,
+    )
+    return EnrollmentOut(
+        node_id=enrollment.node_id,
+        fleet=enrollment.fleet,
+        labels=enrollment.labels,
+        certificate_pem=enrollment.certificate_pem.decode("ascii"),
+        ca_pem=enrollment.ca_pem.decode("ascii"),
+        cert_serial=enrollment.cert_serial,
+        not_after=enrollment.not_after,
+    )
+
+
+@router.get("/nodes")
+def list_nodes(
+    _: PrincipalDep,
+    services: ServicesDep,
+    selector: str | None = None,
+    fleet: str | None = None,
+) -> list[NodeOut]:
+    """Nodes, optionally of one fleet and matching a label selector (`site=a,role!=gate`)."""
+    parsed = parse_selector(selector) if selector else None
+    return [_node_out(n) for n in services.nodes.list_nodes(parsed, fleet)]
+
+
+@router.get("/nodes/{node_id}")
+def get_node(node_id: str, _: PrincipalDep, services: ServicesDep) -> NodeOut:
+    return _node_out(services.nodes.get_node(node_id))
+
+
+@router.patch("/nodes/{node_id}")
+def patch_node(
+    node_id: str, body: NodeLabelsPatch, ctx: ContextDep, services: ServicesDep
+) -> NodeOut:
+    """Change a node's labels (audited)."""
+    if body.replace:
+        # Replacing: a label given as null is simply not among the new ones.
+        labels = {k: v for k, v in body.labels.items() if v is not None}
+        return _node_out(services.nodes.set_labels(ctx, node_id, labels))
+    return _node_out(services.nodes.update_labels(ctx, node_id, body.labels))
+
+
+@router.post("/nodes/{node_id}/revoke")
+def revoke_node(node_id: str, ctx: ContextDep, services: ServicesDep) -> NodeOut:
+    """The node is refused from its next message on."""
+    return _node_out(services.nodes.revoke(ctx, node_id))

@@ -1,0 +1,200 @@
+"""`edgefleet node ...` (bootstrap tokens, revocation) and `edgefleet nodes ...` (inventory)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from control_plane.cli.context import CliContext, cli_context
+from control_plane.identity.bootstrap import parse_label_changes, parse_labels, parse_selector
+
+node_app = typer.Typer(
+    help="Enroll nodes (bootstrap tokens) and revoke them.", no_args_is_help=True
+)
+node_token_app = typer.Typer(help="Single-use bootstrap tokens.", no_args_is_help=True)
+node_app.add_typer(node_token_app, name="token")
+nodes_app = typer.Typer(help="The node inventory.", no_args_is_help=True)
+
+NODE_COLUMNS = [
+    "id",
+    "fleet",
+    "labels",
+    "agent_version",
+    "transport",
+    "online",
+    "last_seen",
+    "cert_expires_at",
+    "revoked",
+]
+NODE_DETAIL_COLUMNS = [
+    *NODE_COLUMNS[:-1],
+    "created_at",
+    "cert_serial",
+    "revoked_at",
+    "reported_state",
+]
+TOKEN_COLUMNS = ["id", "fleet", "labels", "state", "expires_at", "created_by", "node_id"]
+
+_DURATION = re.compile(r"(\d+)([smhdw])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """`90s`, `30m`, `1h`, `7d`, `2w`, or combined like `1h30m`."""
+    cleaned = text.strip().lower()
+    if not cleaned or _DURATION.sub("", cleaned):
+        raise typer.BadParameter(f"{text!r} is not a duration like 30m, 1h or 7d")
+    seconds = sum(int(n) * _UNITS[unit] for n, unit in _DURATION.findall(cleaned))
+    return timedelta(seconds=seconds)
+
+
+def _labels_text(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+
+
+def _time_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return value
+
+
+def _table_row(item: dict[str, Any]) -> dict[str, Any]:
+    """Labels as `k=v,...` and times to the second in tables; JSON output stays untouched."""
+    row = {k: _time_text(v) if k.endswith(("_at", "_seen")) else v for k, v in item.items()}
+    row["labels"] = _labels_text(item.get("labels") or {})
+    return row
+
+
+def _emit(cli: CliContext, data: Any, columns: list[str]) -> None:
+    if cli.output == "json":
+        cli.emit(data)
+    elif isinstance(data, list):
+        _table(cli, [_table_row(d) for d in data], columns)
+    else:
+        cli.emit(_table_row(data), columns)
+
+
+def _table(cli: CliContext, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """Like `CliContext.emit`, but ids are never cut short on a narrow terminal."""
+    table = Table()
+    for col in columns:
+        header = col.replace("_", " ")  # lets rich wrap headers between words
+        if col in {"id", "node_id"}:
+            table.add_column(header, no_wrap=True, min_width=14)
+        else:
+            table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*["-" if row.get(c) is None else str(row.get(c)) for c in columns])
+    cli.console.print(table)
+
+
+# ------------------------------------------------------------- node token
+
+
+@node_token_app.command("create")
+def token_create(
+    ctx: typer.Context,
+    fleet: Annotated[str, typer.Option(help="fleet the node joins")],
+    labels: Annotated[str, typer.Option(help="labels the node gets, e.g. site=a,role=gate")] = "",
+    ttl: Annotated[str, typer.Option(help="lifetime: 30m, 1h, 7d (1 minute to 30 days)")] = "1h",
+) -> None:
+    """Create a single-use, expiring bootstrap token; it is shown once."""
+    cli = cli_context(ctx)
+    body = {"labels": parse_labels(labels), "ttl_s": int(parse_duration(ttl).total_seconds())}
+    with cli.client() as api:
+        created = api.json("POST", f"/v1/fleets/{fleet}/node-tokens", json=body)
+    if cli.output == "json":
+        cli.emit(created)
+        return
+    _emit(cli, created, ["id", "fleet", "labels", "expires_at"])
+    cli.console.print(f"bootstrap token (shown once): [bold]{created['token']}[/bold]")
+
+
+@node_token_app.command("list")
+def token_list(
+    ctx: typer.Context,
+    fleet: Annotated[str | None, typer.Option(help="only this fleet's tokens")] = None,
+) -> None:
+    """Bootstrap tokens, newest first (never their secrets)."""
+    cli = cli_context(ctx)
+    params = {"fleet": fleet} if fleet else {}
+    with cli.client() as api:
+        _emit(cli, api.json("GET", "/v1/node-tokens", params=params), TOKEN_COLUMNS)
+
+
+@node_token_app.command("revoke")
+def token_revoke(ctx: typer.Context, token_id: str) -> None:
+    """Revoke an unused bootstrap token by id."""
+    cli = cli_context(ctx)
+    with cli.client() as api:
+        _emit(cli, api.json("POST", f"/v1/node-tokens/{token_id}/revoke"), TOKEN_COLUMNS)
+
+
+# ------------------------------------------------------------------ node
+
+
+@node_app.command("revoke")
+def node_revoke(ctx: typer.Context, node_id: str) -> None:
+    """Revoke a node: the control plane refuses it from its next message on."""
+    cli = cli_context(ctx)
+    with cli.client() as api:
+        _emit(cli, api.json("POST", f"/v1/nodes/{node_id}/revoke"), NODE_COLUMNS)
+
+
+# ----------------------------------------------------------------- nodes
+
+
+@nodes_app.command("list")
+def nodes_list(
+    ctx: typer.Context,
+    selector: Annotated[
+        str | None, typer.Option(help="labels, e.g. site=a,role!=gate,gpu,!legacy")
+    ] = None,
+    fleet: Annotated[str | None, typer.Option(help="only this fleet's nodes")] = None,
+) -> None:
+    """Enrolled nodes with their liveness and certificate expiry."""
+    cli = cli_context(ctx)
+    params: dict[str, str] = {}
+    if selector:
+        parse_selector(selector)  # a typo is reported here, before any request
+        params["selector"] = selector
+    if fleet:
+        params["fleet"] = fleet
+    with cli.client() as api:
+        _emit(cli, api.json("GET", "/v1/nodes", params=params), NODE_COLUMNS)
+
+
+@nodes_app.command("show")
+def nodes_show(ctx: typer.Context, node_id: str) -> None:
+    """One node in detail, with its last reported state."""
+    cli = cli_context(ctx)
+    with cli.client() as api:
+        _emit(cli, api.json("GET", f"/v1/nodes/{node_id}"), NODE_DETAIL_COLUMNS)
+
+
+@nodes_app.command("label")
+def nodes_label(
+    ctx: typer.Context,
+    node_id: str,
+    changes: Annotated[str, typer.Argument(help="site=b,role=gate sets; old- removes")],
+    replace: Annotated[
+        bool, typer.Option(help="the given labels become all of the node's labels")
+    ] = False,
+) -> None:
+    """Change a node's labels (audited)."""
+    cli = cli_context(ctx)
+    parsed = parse_label_changes(changes)
+    if replace and any(v is None for v in parsed.values()):
+        raise typer.BadParameter("`key-` removals make no sense with --replace")
+    with cli.client() as api:
+        node = api.json(
+            "PATCH", f"/v1/nodes/{node_id}", json={"labels": parsed, "replace": replace}
+        )
+    _emit(cli, node, NODE_COLUMNS)

@@ -1,0 +1,1 @@
+"""Node inventory and enrollment over the relational store (see `service.NodeService`)."""
