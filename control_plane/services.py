@@ -16,6 +16,7 @@ from control_plane.artifacts.base import ArtifactStore
 from control_plane.artifacts.factory import artifact_store_from_url
 from control_plane.clock import Clock, SystemClock
 from control_plane.identity.ca import CertificateAuthority
+from control_plane.link.ingest import RecordIngest
 from control_plane.nodes.service import NodeConfig, NodeService
 from control_plane.registry.service import RegistryConfig, RegistryService
 from control_plane.storage.db import create_engine_for, migrate, session_factory
@@ -45,6 +46,7 @@ class Services:
     clock: Clock
     ca: CertificateAuthority
     nodes: NodeService
+    records: RecordIngest
 
     @property
     def admin_token_file(self) -> Path:
@@ -99,4 +101,5 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         clock=clock,
         ca=ca,
         nodes=nodes,
+        records=RecordIngest(sessions, clock),
     )

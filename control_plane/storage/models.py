@@ -19,6 +19,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -38,6 +39,7 @@ __all__ = [
     "AuditRow",
     "Base",
     "BootstrapTokenRow",
+    "NodeRecordRow",
     "FleetRow",
     "ModelFloorRow",
     "ModelVersionRow",
@@ -240,3 +242,29 @@ class BootstrapTokenRow(Base):
         String(64), ForeignKey("nodes.id", ondelete="SET NULL"), default=None
     )
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class NodeRecordRow(Base):
+    """An event or health report from a node's outbox, stored at most once per (node, id).
+
+    Nodes resend until acked, so inserts use ON CONFLICT DO NOTHING on the primary key;
+    the ack goes out only after the commit.
+    """
+
+    __tablename__ = "node_records"
+
+    node_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    record_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    received_at: Mapped[datetime] = mapped_column(index=True)
+    content_type: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[bytes] = mapped_column(LargeBinary, repr=False)
+
+    __table_args__ = (
+        CheckConstraint("kind IN ('event', 'health')", name="kind"),
+        Index("ix_node_records_node_id_kind_seq", "node_id", "kind", "seq"),
+    )

@@ -36,6 +36,7 @@ TABLES = {
     "audit_log",
     "nodes",
     "bootstrap_tokens",
+    "node_records",
 }
 
 
