@@ -1,0 +1,196 @@
+"""The uplink: drains the outbox through a `NodeLink` and deletes what the control plane acked.
+
+Stop-and-wait per batch: one `RecordBatch` in flight, resent when the link drops or no
+ack arrives within `ack_timeout_s`. Resends are safe (the control plane stores each
+record id once) and the outbox keeps everything until it is acked, so neither a broker
+crash, a control-plane restart nor a node restart loses or duplicates a record.
+Batches are large (hundreds of records), so one round trip per batch costs little.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.to_thread
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from edge_node.clock import Clock
+from edge_node.link.base import (
+    Backoff,
+    LinkRefusedError,
+    LinkUnavailableError,
+    NodeLink,
+    node_message,
+)
+from edge_node.outbox import Outbox, Record
+from protos.edgefleet.fleet.v1 import link_pb2
+
+log = logging.getLogger(__name__)
+
+_KINDS = {"event": link_pb2.RECORD_KIND_EVENT, "health": link_pb2.RECORD_KIND_HEALTH}
+
+ControlHandler = Callable[[link_pb2.ControlMessage], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class UplinkConfig:
+    batch_records: int = 500
+    batch_bytes: int = 1 << 20
+    idle_poll_s: float = 0.2
+    heartbeat_s: float = 10.0
+    ack_timeout_s: float = 30.0
+    content_type: str = "application/json"
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+@dataclass
+class UplinkStats:
+    connects: int = 0
+    disconnects: int = 0
+    batches_sent: int = 0
+    records_sent: int = 0
+    records_acked: int = 0
+    ack_timeouts: int = 0
+
+
+def to_wire(record: Record, content_type: str) -> link_pb2.Record:
+    created = Timestamp()
+    created.FromDatetime(record.created_at)
+    return link_pb2.Record(
+        id=record.id,
+        seq=record.seq,
+        kind=_KINDS[record.kind],
+        created_at=created,
+        content_type=content_type,
+        payload=record.payload,
+    )
+
+
+class Uplink:
+    def __init__(
+        self,
+        outbox: Outbox,
+        link: NodeLink,
+        *,
+        clock: Clock,
+        config: UplinkConfig | None = None,
+        on_control: ControlHandler | None = None,
+    ) -> None:
+        self._outbox = outbox
+        self._link = link
+        self._clock = clock
+        self._config = config or UplinkConfig()
+        self._on_control = on_control
+        self.stats = UplinkStats()
+        self._acked = anyio.Event()
+        self._in_flight: set[str] = set()
+
+    async def run(self, hello: Callable[[], link_pb2.Hello], stop: anyio.Event) -> None:
+        """Connect, drain, reconnect with backoff, until `stop` is set.
+
+        `LinkRefusedError` (revoked, unknown node) propagates: retrying cannot help.
+        """
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await self._link.connect(hello())
+                self.stats.connects += 1
+                attempt = 0
+                await self._session(stop)
+            except LinkUnavailableError as exc:
+                self.stats.disconnects += 1
+                delay = self._config.backoff.delay(attempt)
+                attempt += 1
+                log.info("link unavailable (%s); retrying in %.1fs", exc.message, delay)
+                with anyio.move_on_after(delay):
+                    await stop.wait()
+            finally:
+                self._in_flight.clear()
+
+    async def _session(self, stop: anyio.Event) -> None:
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._receive)
+                tasks.start_soon(self._heartbeat)
+                tasks.start_soon(self._cancel_on, stop, tasks.cancel_scope)
+                await self._send_batches(stop)
+                tasks.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise _link_error_in(group) from group
+
+    @staticmethod
+    async def _cancel_on(stop: anyio.Event, scope: anyio.CancelScope) -> None:
+        await stop.wait()
+        scope.cancel()
+
+    async def _send_batches(self, stop: anyio.Event) -> None:
+        config = self._config
+        while not stop.is_set():
+            batch = await anyio.to_thread.run_sync(
+                self._outbox.pending, config.batch_records, config.batch_bytes
+            )
+            if not batch:
+                with anyio.move_on_after(config.idle_poll_s):
+                    await stop.wait()
+                continue
+            ids = [r.id for r in batch]
+            self._in_flight = set(ids)
+            self._acked = anyio.Event()
+            await anyio.to_thread.run_sync(self._outbox.mark_attempt, ids)
+            message = node_message(
+                records=link_pb2.RecordBatch(
+                    records=[to_wire(r, config.content_type) for r in batch]
+                )
+            )
+            await self._link.send(message)
+            self.stats.batches_sent += 1
+            self.stats.records_sent += len(batch)
+            with anyio.move_on_after(config.ack_timeout_s) as waited:
+                await self._acked.wait()
+            if waited.cancelled_caught:
+                self.stats.ack_timeouts += 1
+                log.warning(
+                    "no ack for %d records within %.0fs; resending", len(ids), config.ack_timeout_s
+                )
+
+    async def _receive(self) -> None:
+        async for message in self._link.incoming():
+            kind = message.WhichOneof("body")
+            if kind == "ack":
+                ids = list(message.ack.record_ids)
+                deleted = await anyio.to_thread.run_sync(self._outbox.ack, ids)
+                self.stats.records_acked += deleted
+                self._in_flight.difference_update(ids)
+                if not self._in_flight:
+                    self._acked.set()
+            elif self._on_control is not None:
+                await self._on_control(message)
+        raise LinkUnavailableError("the control plane closed the link")
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await anyio.sleep(self._config.heartbeat_s)
+            sent = Timestamp()
+            sent.FromDatetime(self._clock.now())
+            await self._link.send(node_message(heartbeat=link_pb2.Heartbeat(sent_at=sent)))
+
+
+def _link_error_in(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error that decides what happens next: a refusal wins over an outage."""
+    refused = group.subgroup(LinkRefusedError)
+    if refused is not None:
+        return _first(refused)
+    unavailable = group.subgroup(LinkUnavailableError)
+    if unavailable is not None and group.split(LinkUnavailableError)[1] is None:
+        return _first(unavailable)
+    return group
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    leaf: BaseException = group
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf

@@ -1,0 +1,128 @@
+"""The uplink drains the outbox through any NodeLink and survives drops and resends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from edge_node.clock import SystemClock
+from edge_node.link.base import Backoff, LinkRefusedError
+from edge_node.link.memory import MemoryLinkPeer, MemoryNodeLink
+from edge_node.link.uplink import Uplink, UplinkConfig
+from edge_node.outbox import Outbox
+from protos.edgefleet.fleet.v1 import link_pb2
+
+pytestmark = pytest.mark.anyio
+
+FAST = UplinkConfig(
+    batch_records=7,
+    idle_poll_s=0.01,
+    heartbeat_s=0.05,
+    ack_timeout_s=0.3,
+    backoff=Backoff(initial_s=0.01, cap_s=0.05),
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> Iterator[Outbox]:
+    box = Outbox.open(
+        tmp_path / "outbox.db", node_id="n-1", budget_bytes=8 << 20, clock=SystemClock()
+    )
+    yield box
+    box.close()
+
+
+def hello() -> link_pb2.Hello:
+    return link_pb2.Hello(agent_version="0.1.0")
+
+
+async def control_plane(
+    peer: MemoryLinkPeer, stored: set[str], acking: dict[str, bool] | None = None
+) -> None:
+    """Stores every record it sees and acks the batch, like the real one."""
+    seen = 0
+    while True:
+        await peer.received.wait()
+        for message in peer.sent[seen:]:
+            seen += 1
+            if message.WhichOneof("body") != "records":
+                continue
+            ids = [r.id for r in message.records.records]
+            stored.update(ids)
+            if acking is None or acking["on"]:
+                await peer.reply(link_pb2.ControlMessage(ack=link_pb2.Ack(record_ids=ids)))
+
+
+async def until(condition: object, timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():  # type: ignore[operator]
+            await anyio.sleep(0.01)
+
+
+async def test_everything_is_delivered_once_acked_and_removed(outbox: Outbox) -> None:
+    sent = {outbox.append("event", b'{"n": %d}' % i).id for i in range(30)}
+    peer = MemoryLinkPeer()
+    stored: set[str] = set()
+    uplink = Uplink(outbox, MemoryNodeLink(peer), clock=SystemClock(), config=FAST)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(control_plane, peer, stored)
+        tasks.start_soon(uplink.run, hello, stop)
+        await until(lambda: outbox.stats().pending_events == 0)
+        stop.set()
+        tasks.cancel_scope.cancel()
+    assert stored == sent
+    assert uplink.stats.records_acked == 30
+    assert peer.hellos[0].agent_version == "0.1.0"
+
+
+async def test_a_dropped_link_is_resumed_and_unacked_records_resent(outbox: Outbox) -> None:
+    first = {outbox.append("event", b"x").id for _ in range(5)}
+    peer = MemoryLinkPeer()
+    stored: set[str] = set()
+    uplink = Uplink(outbox, MemoryNodeLink(peer), clock=SystemClock(), config=FAST)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tasks:
+        # a control plane that stores but never acks: the batch stays pending
+        acking = {"on": False}
+        tasks.start_soon(control_plane, peer, stored, acking)
+        tasks.start_soon(uplink.run, hello, stop)
+        await until(lambda: stored == first)
+        assert outbox.stats().pending_events == 5
+        peer.up = False
+        await peer.drop()
+        await anyio.sleep(0.1)
+        acking["on"] = True
+        peer.up = True
+        await until(lambda: outbox.stats().pending_events == 0)
+        stop.set()
+        tasks.cancel_scope.cancel()
+    assert stored == first
+    assert uplink.stats.connects >= 2
+    assert len(peer.hellos) >= 2
+
+
+async def test_a_refused_node_stops_instead_of_spinning(outbox: Outbox) -> None:
+    peer = MemoryLinkPeer()
+    peer.refuse = True
+    uplink = Uplink(outbox, MemoryNodeLink(peer), clock=SystemClock(), config=FAST)
+    with pytest.raises(LinkRefusedError):
+        await uplink.run(hello, anyio.Event())
+
+
+async def test_heartbeats_flow_while_idle(outbox: Outbox) -> None:
+    peer = MemoryLinkPeer()
+    uplink = Uplink(outbox, MemoryNodeLink(peer), clock=SystemClock(), config=FAST)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(uplink.run, hello, stop)
+        await until(lambda: sum(m.WhichOneof("body") == "heartbeat" for m in peer.sent) >= 2)
+        stop.set()
