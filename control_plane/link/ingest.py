@@ -128,5 +128,7 @@ def _insert_ignoring_duplicates(session: Session) -> Insert:
             index_elements=["node_id", "record_id"]
         )
     if dialect == "sqlite":
-        return sqlite_insert(NodeRecordRow).on_conflict_do_nothing(index_elements=["node_id", "record_id"])
+        return sqlite_insert(NodeRecordRow).on_conflict_do_nothing(
+            index_elements=["node_id", "record_id"]
+        )
     raise InvalidInputError(f"record ingestion does not support the {dialect} dialect")
