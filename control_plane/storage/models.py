@@ -39,10 +39,10 @@ __all__ = [
     "AuditRow",
     "Base",
     "BootstrapTokenRow",
-    "NodeRecordRow",
     "FleetRow",
     "ModelFloorRow",
     "ModelVersionRow",
+    "NodeRecordRow",
     "NodeRow",
     "TufMetadataRow",
 ]
