@@ -70,6 +70,11 @@ class ReleaseClient:
 
     def create_fleet(self, name: str) -> dict[str, Any]:
         """Ask for online keys, then sign root (k-of-n) and empty targets and install them."""
+        if len(self.keyset.root_signers) < self.keyset.root_threshold:
+            raise SignatureError(
+                f"creating a fleet needs {self.keyset.root_threshold} root keys; "
+                f"only {len(self.keyset.root_signers)} are in this keyset",
+            )
         fleet = self.api.create_fleet(name)
         online = fleet["online_keys"]
         now = self.clock.now()
@@ -239,8 +244,12 @@ class ReleaseClient:
         tufcustom.model_target_path(name, version)  # validates name and version early
         info = onnx_inspect.inspect_model(model_path)
         pair = onnx_inspect.make_reference(model_path, info, reference_input=reference_input)
-        # Before any upload: a revoked release key, or another fleet's keys, stop here.
-        self.trusted_metadata(fleet)
+        # Before any upload: a revoked release key, another fleet's keys or an already
+        # published version stop here, leaving nothing behind on the server.
+        _, current, _ = self.trusted_metadata(fleet)
+        _refuse_republishing(
+            current, tufcustom.model_target_path(name, version), info.sha256, name, version
+        )
         with tempfile.TemporaryDirectory(prefix="edgefleet-push-") as tmp:
             reference = Path(tmp) / "reference.npz"
             ref_sha, ref_len = onnx_inspect.save_reference(pair, reference)
@@ -281,18 +290,7 @@ class ReleaseClient:
                     },
                 }
             )
-            existing = current.signed.targets.get(model_target)
-            if existing is not None:
-                if existing.hashes.get("sha256") == info.sha256:
-                    raise ConflictError(
-                        f"{name} {version} is already published with this digest", model=name
-                    )
-                raise ConflictError(
-                    f"{name} {version} is already published with another digest; "
-                    "versions are immutable, push a new version",
-                    model=name,
-                    version=version,
-                )
+            _refuse_republishing(current, model_target, info.sha256, name, version)
             new = tufrepo.add_model_to_targets(
                 current,
                 model_file=TargetFile(info.length, {"sha256": info.sha256}, model_target),
@@ -407,3 +405,20 @@ def _progress_for(progress: Progress, label: str, total: int) -> Callable[[int],
 def describe(result: ReleaseResult) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(json.dumps(asdict(result), default=str))
     return out
+
+
+def _refuse_republishing(
+    current: Metadata[Targets], target: str, sha256: str, name: str, version: str
+) -> None:
+    """Versions are immutable: refuse one that the fleet already lists."""
+    existing = current.signed.targets.get(target)
+    if existing is None:
+        return
+    if existing.hashes.get("sha256") == sha256:
+        raise ConflictError(f"{name} {version} is already published with this digest", model=name)
+    raise ConflictError(
+        f"{name} {version} is already published with another digest; "
+        "versions are immutable, push a new version",
+        model=name,
+        version=version,
+    )

@@ -204,6 +204,8 @@ def test_existing_version_with_another_digest_is_refused(
     other = sample_models.tiny_detector(tmp_path / "other.onnx", seed=3)
     with pytest.raises(ConflictError, match="another digest"):
         ReleaseClient(api, keyset).push_model(fleet, other, name="det", version="1.0.0")
+    # refused before anything was uploaded
+    assert not api.artifact_exists(_digest(other)[0])
     # and the server refuses it too when a client skips that check
     current = current_targets(api, fleet)
     changed = copy.deepcopy(current)
