@@ -1,0 +1,137 @@
+"""Signing director assignments, and the control plane's one director key on disk.
+
+`sign_assignment` turns plain values into a `SignedDirectorAssignment`: it serializes
+the protobuf once and signs those exact bytes (protobuf serialization is not canonical,
+so the node verifies the bytes before it parses them). It takes data and a signer and
+returns bytes; it decides nothing about which node runs what (that is `DirectorService`).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from securesystemslib.signer import ED25519, KEY_TYPE_ED25519, CryptoSigner, Key, Signer
+
+from control_plane.errors import InvalidInputError
+from control_plane.trust.custom import SHA256_PATTERN, parse_target_path
+from control_plane.trust.keys import generate_signer, load_signer, save_private_key
+from control_plane.trust.repository import canonical_keyid
+from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
+
+__all__ = [
+    "DIRECTOR_KEY_FILE",
+    "FORMAT_VERSION",
+    "MAX_ASSIGNMENT_BYTES",
+    "load_or_create_director_key",
+    "sign_assignment",
+]
+
+FORMAT_VERSION: Final = 1
+"""`DirectorAssignment.format_version` this build writes."""
+
+DIRECTOR_KEY_FILE: Final = "director.key"
+
+MAX_ASSIGNMENT_BYTES: Final = 4096
+"""An assignment is a few hundred bytes; the node refuses anything above this bound."""
+
+_MAX_UINT64: Final = 2**64 - 1
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def sign_assignment(
+    signer: Signer,
+    *,
+    fleet: str,
+    node_id: str,
+    sequence: int,
+    target_path: str,
+    sha256: str,
+    length: int,
+    issued_at: datetime,
+    expires_at: datetime,
+) -> SignedDirectorAssignment:
+    """Build and sign "node `node_id` of `fleet` shall run `target_path`".
+
+    The signer must hold an Ed25519 key; `keyid` is the canonical TUF keyid of its
+    public key. Values are checked here (InvalidInputError) so that nothing a node
+    would refuse for its shape is ever signed.
+    """
+    key = signer.public_key
+    _require_ed25519(key)
+    if not _NAME.fullmatch(fleet):
+        raise InvalidInputError(f"{fleet!r} is not a fleet name", field="fleet")
+    if not _NAME.fullmatch(node_id):
+        raise InvalidInputError(f"{node_id!r} is not a node id", field="node_id")
+    if isinstance(sequence, bool) or not 1 <= sequence <= _MAX_UINT64:
+        raise InvalidInputError(f"sequence must be 1..2^64-1, got {sequence}", field="sequence")
+    parsed = parse_target_path(target_path)
+    if parsed is None or parsed.kind != "model":
+        raise InvalidInputError(
+            f"{target_path!r} is not a model target (models/<model>/<version>/model.onnx)",
+            field="target_path",
+        )
+    if not SHA256_PATTERN.fullmatch(sha256):
+        raise InvalidInputError("sha256 must be 64 lowercase hex digits", field="sha256")
+    if isinstance(length, bool) or not 0 <= length <= _MAX_UINT64:
+        raise InvalidInputError(f"length must be 0..2^64-1, got {length}", field="length")
+    issued = _utc(issued_at, "issued_at")
+    expires = _utc(expires_at, "expires_at")
+    if expires <= issued:
+        raise InvalidInputError("expires_at must be after issued_at", field="expires_at")
+
+    assignment = DirectorAssignment(
+        fleet=fleet,
+        node_id=node_id,
+        sequence=sequence,
+        target_path=target_path,
+        sha256=sha256,
+        length=length,
+        format_version=FORMAT_VERSION,
+    )
+    assignment.issued_at.FromDatetime(issued)
+    assignment.expires_at.FromDatetime(expires)
+    payload = assignment.SerializeToString(deterministic=True)
+    signature = signer.sign(payload)
+    return SignedDirectorAssignment(
+        assignment=payload,
+        keyid=canonical_keyid(key),
+        signature=bytes.fromhex(signature.signature),
+    )
+
+
+def load_or_create_director_key(directory: Path) -> CryptoSigner:
+    """The control plane's director key in `directory/director.key`, created on first use.
+
+    One key per control plane (all replicas share the data dir or a copy of it), stored
+    unencrypted with mode 0600 because the server signs unattended; a KMS/HSM-backed
+    securesystemslib signer can replace it. Creation is race-safe: the file is linked
+    into place exclusively, and a replica that loses the race loads the winner's key.
+    """
+    directory = Path(directory)
+    path = directory / DIRECTOR_KEY_FILE
+    if path.exists():
+        return load_signer(path, None)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    signer = generate_signer()
+    try:
+        save_private_key(path, signer, None, exclusive=True)
+    except FileExistsError:
+        return load_signer(path, None)
+    return signer
+
+
+def _require_ed25519(key: Key) -> None:
+    if key.keytype != KEY_TYPE_ED25519 or key.scheme != ED25519:
+        raise InvalidInputError(
+            f"the director key is {key.keytype}/{key.scheme}; assignments are signed with "
+            "Ed25519 only"
+        )
+
+
+def _utc(value: datetime, name: str) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInputError(f"{name} must be timezone-aware", field=name)
+    return value.astimezone(UTC)

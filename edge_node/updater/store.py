@@ -1,0 +1,259 @@
+"""The node's content-addressed model store: `root/sha256/<hex>/model.onnx` (+ reference.npz).
+
+A file enters only through `install`, which re-hashes it (never trust a file on disk,
+even one verified while it downloaded), fsyncs it and renames it into place, then
+fsyncs the directory. Downloads go to `staging_dir` (same filesystem, so the rename is
+atomic). `gc(keep)` removes every entry not in `keep` — the journal's active, previous
+and trial. `check_space` refuses a download that would leave less than a margin free.
+Not here: downloading, TUF verification, deciding what to keep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final, NamedTuple
+
+from edge_node.errors import CapacityError, InvalidInputError, StorageError
+from edge_node.fsutil import fsync_dir, fsync_file
+
+__all__ = [
+    "MODEL_FILE",
+    "REFERENCE_FILE",
+    "DiskFullError",
+    "DiskUsage",
+    "ModelStore",
+    "StoreIntegrityError",
+]
+
+MODEL_FILE: Final = "model.onnx"
+REFERENCE_FILE: Final = "reference.npz"
+_CHUNK: Final = 1 << 20
+_SHA256: Final = re.compile(r"[0-9a-f]{64}")
+_READ_ONLY: Final = 0o444
+
+
+class DiskUsage(NamedTuple):
+    """What `shutil.disk_usage` returns (injected so tests fake a full disk)."""
+
+    total: int
+    used: int
+    free: int
+
+
+class DiskFullError(CapacityError):
+    """Not enough free space for the download plus the safety margin; nothing was written."""
+
+    title = "disk full"
+
+
+class StoreIntegrityError(StorageError):
+    """A file about to be installed does not have the expected hash or length."""
+
+    title = "model file integrity check failed"
+
+
+class ModelStore:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        disk_usage: Callable[[Path], DiskUsage] | None = None,
+    ) -> None:
+        self._root = Path(root)
+        self._objects = self._root / "sha256"
+        self._staging = self._root / "staging"
+        self._disk_usage = disk_usage or _disk_usage
+        self._lock = threading.Lock()
+        self.disk_full_refusals = 0
+        """How often `check_space` refused: the bound is counted where it is hit."""
+        for directory in (self._root, self._objects, self._staging):
+            directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    @property
+    def staging_dir(self) -> Path:
+        """Where downloads go before `install`: on the store's filesystem."""
+        return self._staging
+
+    # ------------------------------------------------------------------ paths
+
+    def entry_dir(self, sha256: str) -> Path:
+        return self._objects / _checked_sha256(sha256)
+
+    def path_of(self, sha256: str) -> Path:
+        """Where the model with this hash lives (whether or not it is installed)."""
+        return self.entry_dir(sha256) / MODEL_FILE
+
+    def reference_path_of(self, sha256: str) -> Path:
+        """Where the model's self-test reference pair lives (whether or not installed)."""
+        return self.entry_dir(sha256) / REFERENCE_FILE
+
+    def exists(self, sha256: str) -> bool:
+        return self.path_of(sha256).is_file()
+
+    def installed(self) -> set[str]:
+        """The hashes of every installed model."""
+        return {
+            entry.name
+            for entry in self._objects.iterdir()
+            if _SHA256.fullmatch(entry.name) and (entry / MODEL_FILE).is_file()
+        }
+
+    # ---------------------------------------------------------------- install
+
+    def install(self, temp_file: Path, sha256: str, length: int) -> Path:
+        """Move a downloaded model into the store after hashing it once more.
+
+        The temp file must be on the store's filesystem (use `staging_dir`). A mismatch
+        raises `StoreIntegrityError` and leaves the temp file for the caller to delete.
+        Installing a hash that is already there only deletes the temp file.
+        """
+        return self._install(temp_file, sha256, length, self.path_of(sha256))
+
+    def install_reference(
+        self, model_sha256: str, temp_file: Path, sha256: str, length: int
+    ) -> Path:
+        """Install the self-test reference pair beside an installed model."""
+        if not self.exists(model_sha256):
+            raise InvalidInputError(
+                f"model {model_sha256} is not installed; install it before its reference",
+                sha256=model_sha256,
+            )
+        return self._install(temp_file, sha256, length, self.reference_path_of(model_sha256))
+
+    def _install(self, temp_file: Path, sha256: str, length: int, dest: Path) -> Path:
+        _checked_sha256(sha256)
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise InvalidInputError(f"length must be an integer >= 0, got {length!r}")
+        temp_file = Path(temp_file)
+        with _storage_errors(f"reading {temp_file.name}"):
+            _verify_file(temp_file, sha256, length)
+        with self._lock, _storage_errors(f"installing {sha256}"):
+            if dest.is_file() and _matches(dest, sha256, length):
+                temp_file.unlink()
+                return dest
+            entry = dest.parent
+            if not entry.is_dir():
+                entry.mkdir(mode=0o755)
+                fsync_dir(self._objects)
+            temp_file.chmod(_READ_ONLY)
+            fsync_file(temp_file)
+            temp_file.replace(dest)  # os.replace: atomic within one filesystem
+            fsync_dir(entry)
+            if temp_file.parent != entry:
+                fsync_dir(temp_file.parent)
+        return dest
+
+    def verify(self, sha256: str) -> bool:
+        """Re-hash an installed model (e.g. at start-up); False if missing or altered."""
+        path = self.path_of(sha256)
+        return path.is_file() and _matches(path, sha256, None)
+
+    # --------------------------------------------------------------------- gc
+
+    def gc(self, keep: Iterable[str]) -> list[str]:
+        """Delete every entry not in `keep` (the journal's active, previous and trial).
+
+        Returns the removed hashes (and names of stray entries), sorted. The staging
+        directory is not touched: a download may be in progress there.
+        """
+        kept = {_checked_sha256(sha) for sha in keep}
+        removed: list[str] = []
+        with self._lock, _storage_errors("garbage-collecting the model store"):
+            for entry in sorted(self._objects.iterdir()):
+                if entry.name in kept:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+                removed.append(entry.name)
+            if removed:
+                fsync_dir(self._objects)
+        return removed
+
+    # ------------------------------------------------------------------ space
+
+    def free_bytes(self) -> int:
+        return int(self._disk_usage(self._root).free)
+
+    def check_space(self, needed: int, margin: int) -> None:
+        """Refuse (DiskFullError) unless `needed` bytes fit with `margin` bytes left free."""
+        if needed < 0 or margin < 0:
+            raise InvalidInputError("needed and margin must be >= 0", needed=needed, margin=margin)
+        free = self.free_bytes()
+        if free - needed < margin:
+            self.disk_full_refusals += 1
+            raise DiskFullError(
+                f"{needed} bytes needed, {free} free, {margin} must stay free",
+                needed=needed,
+                free=free,
+                margin=margin,
+            )
+
+
+@contextmanager
+def _storage_errors(action: str) -> Iterator[None]:
+    """OS errors leave the store as StorageError, with the cause chained."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageError(f"model store: {action} failed: {exc}", action=action) from exc
+
+
+def _disk_usage(path: Path) -> DiskUsage:
+    usage = shutil.disk_usage(path)
+    return DiskUsage(usage.total, usage.used, usage.free)
+
+
+def _checked_sha256(sha256: str) -> str:
+    if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        raise InvalidInputError("sha256 must be 64 lowercase hex digits")
+    return sha256
+
+
+def _hash(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _matches(path: Path, sha256: str, length: int | None) -> bool:
+    digest, size = _hash(path)
+    return digest == sha256 and (length is None or size == length)
+
+
+def _verify_file(path: Path, sha256: str, length: int) -> None:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError as exc:
+        raise InvalidInputError(f"{path} does not exist", path=str(path)) from exc
+    # The size first: cheap, and a wrong length is never hashed.
+    if size != length:
+        raise StoreIntegrityError(
+            f"{path.name} is {size} bytes, expected {length}",
+            path=str(path),
+            expected_length=length,
+            length=size,
+        )
+    digest, hashed = _hash(path)
+    if digest != sha256 or hashed != length:
+        raise StoreIntegrityError(
+            f"{path.name} has sha256 {digest}, expected {sha256}",
+            path=str(path),
+            expected_sha256=sha256,
+            sha256=digest,
+        )

@@ -1,0 +1,168 @@
+"""A DirectorService over a real database (both backends), real nodes and a registry whose
+model versions are written as rows (the push path has its own tests; here only the
+director's reading of them matters)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from securesystemslib.signer import CryptoSigner
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from control_plane.artifacts.local import LocalArtifactStore
+from control_plane.clock import ManualClock
+from control_plane.director.service import DirectorService
+from control_plane.identity.ca import CertificateAuthority
+from control_plane.nodes.service import NodeService
+from control_plane.registry.service import RegistryService
+from control_plane.storage import create_engine_for, migrate, session_factory
+from control_plane.storage.models import FleetRow, ModelFloorRow, ModelVersionRow
+from control_plane.trust.keys import generate_signer
+from control_plane.trust.signer import FileOnlineKeyStore
+from tests.control_plane.identity.helpers import make_csr
+from tests.control_plane.nodes.conftest import OPERATOR, START
+
+TTL = timedelta(days=1)
+
+
+# The node service's fixtures, as tests/control_plane/nodes/conftest.py builds them.
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = create_engine_for(database_url)
+    migrate(engine)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+@pytest.fixture
+def fleets(sessions: sessionmaker[Session]) -> list[str]:
+    with sessions() as session:
+        for name in ("gates", "yards"):
+            session.add(FleetRow(name=name, state="active", created_at=START))
+        session.commit()
+    return ["gates", "yards"]
+
+
+@pytest.fixture
+def nodes(
+    sessions: sessionmaker[Session], clock: ManualClock, fleets: list[str], tmp_path: Path
+) -> NodeService:
+    return NodeService(
+        sessions, CertificateAuthority.load_or_create(tmp_path / "ca", now=START), clock
+    )
+
+
+@dataclass(frozen=True)
+class Version:
+    fleet: str
+    model: str
+    version: str
+    release_counter: int
+    target_path: str
+    sha256: str
+    length: int
+
+
+def add_version(
+    sessions: sessionmaker[Session], fleet: str, model: str, version: str, counter: int
+) -> Version:
+    data = f"{fleet}/{model}/{version}".encode()
+    row = Version(
+        fleet=fleet,
+        model=model,
+        version=version,
+        release_counter=counter,
+        target_path=f"models/{model}/{version}/model.onnx",
+        sha256=hashlib.sha256(data).hexdigest(),
+        length=len(data),
+    )
+    with sessions() as session:
+        fleet_id = session.scalars(select(FleetRow.id).where(FleetRow.name == fleet)).one()
+        session.add(
+            ModelVersionRow(
+                fleet_id=fleet_id,
+                model=model,
+                version=version,
+                release_counter=counter,
+                target_path=row.target_path,
+                sha256=row.sha256,
+                length=row.length,
+                custom={"edgefleet": 1, "kind": "model", "release_counter": counter},
+                targets_version=counter + 1,
+                created_at=START,
+                created_by="rita",
+            )
+        )
+        session.commit()
+    return row
+
+
+def set_floor(sessions: sessionmaker[Session], fleet: str, model: str, floor: int) -> None:
+    with sessions() as session:
+        fleet_id = session.scalars(select(FleetRow.id).where(FleetRow.name == fleet)).one()
+        session.merge(
+            ModelFloorRow(
+                fleet_id=fleet_id, model=model, floor=floor, targets_version=9, updated_at=START
+            )
+        )
+        session.commit()
+
+
+def enroll(nodes: NodeService, fleet: str = "gates") -> str:
+    token, _ = nodes.create_bootstrap_token(OPERATOR, fleet, {}, timedelta(hours=1))
+    return nodes.enroll(token, make_csr(), transport="grpc").node_id
+
+
+@pytest.fixture
+def director_signer() -> CryptoSigner:
+    return generate_signer()
+
+
+@pytest.fixture
+def registry(
+    sessions: sessionmaker[Session],
+    clock: ManualClock,
+    tmp_path: Path,
+) -> RegistryService:
+    store = LocalArtifactStore(tmp_path / "artifacts")
+    return RegistryService(sessions, store, FileOnlineKeyStore(tmp_path / "online-keys"), clock)
+
+
+@pytest.fixture
+def director(
+    sessions: sessionmaker[Session],
+    registry: RegistryService,
+    nodes: NodeService,
+    director_signer: CryptoSigner,
+    clock: ManualClock,
+) -> DirectorService:
+    return DirectorService(sessions, registry, nodes, director_signer, clock, TTL)
+
+
+@pytest.fixture
+def versions(sessions: sessionmaker[Session], fleets: list[str]) -> dict[str, Version]:
+    return {
+        "1.0.0": add_version(sessions, "gates", "det", "1.0.0", 1),
+        "1.1.0": add_version(sessions, "gates", "det", "1.1.0", 2),
+        "yards": add_version(sessions, "yards", "cls", "2.0.0", 1),
+    }

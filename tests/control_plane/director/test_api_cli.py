@@ -1,0 +1,217 @@
+"""Pinning end to end on a live control plane: a real push, REST and CLI, and a node-side
+check whose TUF view comes from an unmodified python-tuf client."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from securesystemslib.signer import SSlibKey
+from tuf.ngclient import Updater
+
+from control_plane.access.roles import Role
+from control_plane.access.service import SYSTEM
+from control_plane.cli.client import ApiError
+from control_plane.cli.main import main
+from control_plane.cli.release import ReleaseClient
+from control_plane.registry import sample_models
+from control_plane.trust.keys import OperatorKeyset, init_operator_keys
+from edge_node.updater.director import (
+    AssignmentReplayError,
+    BelowFloorError,
+    TargetInfo,
+    VerifiedAssignment,
+    verify_assignment,
+)
+from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
+from tests.control_plane.conftest import LiveServer
+from tests.control_plane.identity.helpers import make_csr
+
+FLEET = "parks"
+
+
+class Cli:
+    def __init__(self, server: LiveServer, capsys: pytest.CaptureFixture[str]) -> None:
+        self.server = server
+        self.capsys = capsys
+
+    def run(self, *args: str, token: str | None = None) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        token = self.server.admin_token if token is None else token
+        code = main(["--server", self.server.url, "--token", token, *args])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def json(self, *args: str) -> Any:
+        code, out, err = self.run("--output", "json", *args)
+        assert code == 0, err
+        return json.loads(out)
+
+
+@pytest.fixture
+def cli(
+    live_server: LiveServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Cli:
+    monkeypatch.setenv("COLUMNS", "200")
+    return Cli(live_server, capsys)
+
+
+@pytest.fixture
+def keyset(tmp_path: Path) -> OperatorKeyset:
+    return init_operator_keys(tmp_path / "keys", root_keys=1, root_threshold=1, passphrase=None)
+
+
+@pytest.fixture
+def release(
+    live_server: LiveServer, keyset: OperatorKeyset, tmp_path: Path
+) -> Iterator[ReleaseClient]:
+    api = live_server.api()
+    client = ReleaseClient(api, keyset)
+    client.create_fleet(FLEET)
+    for seed, version in enumerate(("1.0.0", "1.1.0")):
+        model = sample_models.tiny_detector(tmp_path / f"det-{version}.onnx", seed=seed)
+        client.push_model(FLEET, model, name="det", version=version)
+    yield client
+    api.close()
+
+
+def enroll_node(server: LiveServer) -> str:
+    with server.api() as api:
+        token = api.json("POST", f"/v1/fleets/{FLEET}/node-tokens", json={})["token"]
+    with server.api(token="") as anonymous:
+        enrolled = anonymous.json(
+            "POST", "/v1/enroll", json={"token": token, "csr_pem": make_csr().decode()}
+        )
+    node_id: str = enrolled["node_id"]
+    return node_id
+
+
+def node_view(server: LiveServer, tmp: Path) -> Updater:
+    """What the node trusts: TUF metadata refreshed from the fleet's first root."""
+    (tmp / "meta").mkdir(parents=True)
+    (tmp / "targets").mkdir()
+    with server.api() as api:
+        root = api.metadata(FLEET, "1.root.json")
+    base = f"{server.url}/v1/fleets/{FLEET}/tuf"
+    updater = Updater(
+        metadata_dir=str(tmp / "meta"),
+        metadata_base_url=f"{base}/metadata/",
+        target_base_url=f"{base}/targets/",
+        target_dir=str(tmp / "targets"),
+        bootstrap=root,
+    )
+    updater.refresh()
+    return updater
+
+
+def node_verifies(
+    server: LiveServer, node_id: str, tmp: Path, *, last_sequence: int = 0
+) -> VerifiedAssignment:
+    with server.api() as api:
+        published = api.json("GET", "/v1/director/key")
+        got = api.json("GET", f"/v1/nodes/{node_id}/assignment")
+    keyid = published.pop("keyid")
+    director_key = SSlibKey.from_dict(keyid, published)
+    signed = SignedDirectorAssignment.FromString(base64.b64decode(got["signed"]))
+    updater = node_view(server, tmp)
+
+    def target(path: str) -> TargetInfo | None:
+        info = updater.get_targetinfo(path)
+        if info is None:
+            return None
+        return TargetInfo(info.path, info.hashes["sha256"], info.length, info.custom)
+
+    def floor(model: str) -> int:
+        info = updater.get_targetinfo(f"floors/{model}.json")
+        return 0 if info is None else int(info.custom["floor"])
+
+    return verify_assignment(
+        signed,
+        director_key=director_key,
+        node_id=node_id,
+        fleet=FLEET,
+        last_sequence=last_sequence,
+        now=server.services.clock.now(),
+        target_lookup=target,
+        floor_lookup=floor,
+    )
+
+
+def test_pin_through_the_cli_and_the_node_accepts_it(
+    cli: Cli, release: ReleaseClient, tmp_path: Path
+) -> None:
+    node_id = enroll_node(cli.server)
+    pinned = cli.json("nodes", "pin", node_id, "--model", "det", "--version", "1.1.0")
+    assert (pinned["node_id"], pinned["fleet"], pinned["sequence"]) == (node_id, FLEET, 1)
+    assert pinned["target_path"] == "models/det/1.1.0/model.onnx"
+    assert pinned["expired"] is False
+
+    verified = node_verifies(cli.server, node_id, tmp_path / "a")
+    assert (verified.sequence, verified.model, verified.release_counter) == (1, "det", 2)
+    assert verified.sha256 == pinned["sha256"]
+
+    # Roll back to 1.0.0: a fresh assignment, accepted above the last sequence.
+    code, table, _ = cli.run("nodes", "pin", node_id, "--model", "det", "--version", "1.0.0")
+    assert code == 0
+    assert "models/det/1.0.0/model.onnx" in table
+    assert node_verifies(cli.server, node_id, tmp_path / "b", last_sequence=1).sequence == 2
+    shown = cli.json("nodes", "assignment", node_id)
+    assert (shown["sequence"], shown["version"]) == (2, "1.0.0")
+    with pytest.raises(AssignmentReplayError):
+        node_verifies(cli.server, node_id, tmp_path / "c", last_sequence=2)
+
+
+def test_a_revoked_version_cannot_be_pinned_and_an_old_assignment_is_refused(
+    cli: Cli, release: ReleaseClient, tmp_path: Path
+) -> None:
+    node_id = enroll_node(cli.server)
+    cli.json("nodes", "pin", node_id, "--model", "det", "--version", "1.0.0")
+    release.revoke(FLEET, "det", "1.0.0")
+
+    code, _, err = cli.run("nodes", "pin", node_id, "--model", "det", "--version", "1.0.0")
+    assert code == 1
+    assert "below the fleet's floor" in err
+    # The assignment signed before the floor rose: the node's signed floor refuses it.
+    with pytest.raises(BelowFloorError):
+        node_verifies(cli.server, node_id, tmp_path / "node")
+
+    entries = cli.json("audit", "list", "--action", "node.pin")
+    assert [e["outcome"] for e in reversed(entries)] == ["ok", "refused"]
+    assert {e["target"] for e in entries} == {f"node:{node_id}"}
+
+
+def test_rest_refusals(cli: Cli, release: ReleaseClient) -> None:
+    node_id = enroll_node(cli.server)
+    with cli.server.api() as api:
+        with pytest.raises(ApiError) as none_yet:
+            api.json("GET", f"/v1/nodes/{node_id}/assignment")
+        assert none_yet.value.status == 404
+        with pytest.raises(ApiError) as unknown:
+            api.json(
+                "POST", "/v1/nodes/n-000000000000/pin", json={"model": "det", "version": "1.1.0"}
+            )
+        assert unknown.value.status == 404
+        with pytest.raises(ApiError) as missing:
+            api.json("POST", f"/v1/nodes/{node_id}/pin", json={"model": "det", "version": "3"})
+        assert missing.value.status == 404
+        with pytest.raises(ApiError) as bad:
+            api.json("POST", f"/v1/nodes/{node_id}/pin", json={"model": "det"})
+        assert bad.value.status == 422
+    viewer, _ = cli.server.services.access.create_token(SYSTEM, name="dash", role=Role.VIEWER)
+    with cli.server.api(token=viewer) as as_viewer:
+        with pytest.raises(ApiError) as denied:
+            as_viewer.json(
+                "POST", f"/v1/nodes/{node_id}/pin", json={"model": "det", "version": "1.1.0"}
+            )
+        assert denied.value.status == 403
+        # the public key is public; reading an assignment needs any valid token
+        assert as_viewer.json("GET", "/v1/director/key")["keytype"] == "ed25519"
+    with cli.server.api(token="") as anonymous:
+        assert anonymous.json("GET", "/v1/director/key")["scheme"] == "ed25519"
+        with pytest.raises(ApiError) as anonymous_read:
+            anonymous.json("GET", f"/v1/nodes/{node_id}/assignment")
+        assert anonymous_read.value.status == 401
