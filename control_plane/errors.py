@@ -4,7 +4,8 @@
     ├── InvalidInputError           the caller sent something malformed      (400)
     │   ├── InvalidModelError       not an ONNX model / fails the checker    (400)
     │   ├── ArtifactIntegrityError  hash or length differs from the claim    (400)
-    │   └── PayloadTooLargeError    body or artifact over the limit          (413)
+    │   ├── PayloadTooLargeError    body or artifact over the limit          (413)
+    │   └── RangeNotSatisfiableError a byte range or offset past the end      (416)
     ├── NotFoundError               no such fleet / model / version          (404)
     ├── ConflictError               lost a race or clashes with state        (409)
     ├── PolicyError                 well-formed but refused by policy         (403/422)
@@ -47,6 +48,10 @@ class ArtifactIntegrityError(InvalidInputError):
 
 class PayloadTooLargeError(InvalidInputError):
     title = "payload too large"
+
+
+class RangeNotSatisfiableError(InvalidInputError):
+    title = "range not satisfiable"
 
 
 class NotFoundError(EdgefleetError):

@@ -1,12 +1,20 @@
-"""`edgefleet server`: build the services from settings and serve the REST API."""
+"""`edgefleet server`: build the services from settings; serve the REST API and, when
+configured, the gRPC node link, in one asyncio loop that stops both on SIGTERM.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import signal
+from collections.abc import Iterator
+from typing import Final
 
 import uvicorn
 
 from control_plane.api.app import create_app
+from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
 from control_plane.services import ServiceConfig, Services, build_services
 from control_plane.settings import ServerSettings
 
@@ -23,7 +31,102 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         snapshot_ttl=settings.snapshot_ttl,
         timestamp_ttl=settings.timestamp_ttl,
         refresh_interval_s=settings.refresh_interval_s,
+        mqtt=settings.mqtt_bridge_config(),
     )
+
+
+HTTP_SHUTDOWN_S: Final = 10.0
+GRPC_GRACE_S: Final = 5.0
+STOP_DEADLINE_S: Final = 15.0
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: `serve()` owns the signals and stops
+    the REST API and the gRPC link together.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class ControlPlane:
+    """The REST API (uvicorn) and the gRPC node link in the running event loop.
+
+    `start()` fails fast if either cannot listen; `stop()` stops both at once, within
+    `STOP_DEADLINE_S`, and is safe to call twice. Tests run it to restart a control
+    plane on the same ports and data.
+    """
+
+    def __init__(
+        self,
+        services: Services,
+        *,
+        host: str,
+        port: int,
+        grpc: GrpcLinkConfig | None = None,
+        log_level: str = "info",
+        run_background: bool = True,
+    ) -> None:
+        self.services = services
+        self.link = GrpcLinkServer(services, grpc) if grpc is not None else None
+        self._http = _Uvicorn(
+            uvicorn.Config(
+                create_app(services, run_background=run_background),
+                host=host,
+                port=port,
+                log_level=log_level.lower(),
+                timeout_graceful_shutdown=int(HTTP_SHUTDOWN_S),
+                lifespan="on",
+            )
+        )
+        self._http_task: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Task[None] | None = None
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        if self.link is not None:
+            await self.link.start()
+        self._http_task = asyncio.create_task(self._http.serve(), name="uvicorn")
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not self._http.started:
+                    if self._http_task.done():
+                        self._http_task.result()  # raises what stopped it
+                        raise RuntimeError("the REST API stopped while starting")
+                    await asyncio.sleep(0.01)  # uvicorn offers no event to await
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def wait(self) -> None:
+        """Until the REST API stops by itself (it exits on a fatal startup error)."""
+        if self._http_task is not None:
+            await asyncio.shield(self._http_task)
+
+    async def stop(self) -> None:
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
+        self._http.should_exit = True
+        stops: list[asyncio.Future[None]] = []
+        if self.link is not None:
+            stops.append(asyncio.ensure_future(self.link.stop(GRPC_GRACE_S)))
+        if self._http_task is not None:
+            stops.append(self._http_task)
+        if not stops:
+            return
+        done, pending = await asyncio.wait(stops, timeout=STOP_DEADLINE_S)
+        if pending:
+            log.warning("the control plane did not stop within %.0fs; forcing", STOP_DEADLINE_S)
+            self._http.force_exit = True
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("stopping failed", exc_info=task.exception())
 
 
 def serve(settings: ServerSettings) -> None:
@@ -35,12 +138,31 @@ def serve(settings: ServerSettings) -> None:
     if services.admin_token_file.exists():
         log.info("admin token file: %s", services.admin_token_file)
     try:
-        uvicorn.run(
-            create_app(services),
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level.lower(),
-            timeout_graceful_shutdown=10,
-        )
+        asyncio.run(_serve(settings, services))
     finally:
         services.close()
+
+
+async def _serve(settings: ServerSettings, services: Services) -> None:
+    plane = ControlPlane(
+        services,
+        host=settings.host,
+        port=settings.port,
+        grpc=settings.grpc_link_config(),
+        log_level=settings.log_level,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await plane.start()
+        stopped = asyncio.ensure_future(stop.wait())
+        running = asyncio.ensure_future(plane.wait())
+        await asyncio.wait((stopped, running), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        log.info("stopping the control plane")
+        await plane.stop()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -15,6 +15,7 @@ PROBLEM_JSON = "application/problem+json"
 
 _STATUS: list[tuple[type[errors.EdgefleetError], int]] = [
     (errors.PayloadTooLargeError, 413),
+    (errors.RangeNotSatisfiableError, 416),
     (errors.InvalidInputError, 400),
     (errors.NotFoundError, 404),
     (errors.ConflictError, 409),

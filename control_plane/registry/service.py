@@ -398,13 +398,30 @@ class RegistryService:
         if not dot or not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise NotFoundError(f"no target {hashed_path!r}", fleet=fleet)
         path = f"{directory}/{name}" if directory else name
+        try:
+            sha256, length = self.target_artifact(fleet, path)
+        except NotFoundError:
+            raise NotFoundError(f"no target {hashed_path!r}", fleet=fleet) from None
+        if sha256 != digest:
+            raise NotFoundError(f"no target {hashed_path!r}", fleet=fleet)
+        return sha256, length
+
+    def target_artifact(self, fleet: str, target_path: str) -> tuple[str, int]:
+        """(sha256, length) of a target path the fleet's current targets metadata lists.
+
+        For nodes fetching by target path over their link; like `resolve_target`, a path
+        that only another fleet lists is not found here.
+        """
         with self._sessions() as session:
             row = self._fleet_row(session, fleet)
             self._require_active(row)
             targets = self._latest(session, row, "targets", Targets)
-        target = targets.signed.targets.get(path)
-        if target is None or target.hashes.get("sha256") != digest:
-            raise NotFoundError(f"no target {hashed_path!r}", fleet=fleet)
+        target = targets.signed.targets.get(target_path)
+        digest = target.hashes.get("sha256") if target is not None else None
+        if target is None or digest is None:
+            raise NotFoundError(
+                f"no target {target_path!r} in fleet {fleet!r}", fleet=fleet, target=target_path
+            )
         return digest, target.length
 
     # ----------------------------------------------------------------- models

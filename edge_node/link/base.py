@@ -13,6 +13,9 @@ Semantics every adapter keeps:
   arriving on `incoming()`, never by `send()` returning.
 - `incoming()` yields control messages until the link drops, then raises
   `LinkUnavailableError`.
+- `fetch_metadata()` / `fetch_artifact()` raise `LinkNotFoundError` for a file the
+  control plane does not have (TUF clients rely on "not found" for the next root) and
+  `LinkRequestError` for a request it refuses; both leave the link as it was.
 - `close()` is idempotent.
 """
 
@@ -43,6 +46,20 @@ class LinkRefusedError(LinkError):
     """The other side refused this node (revoked, unknown, bad credentials); do not spin."""
 
     title = "link refused"
+
+
+class LinkRequestError(LinkError):
+    """The control plane refused this one request (bad argument, offset past the end);
+    the link itself is fine, and sending the same request again will not help.
+    """
+
+    title = "request refused"
+
+
+class LinkNotFoundError(LinkRequestError):
+    """No such metadata file or target (a TUF fetcher reports it as HTTP 404 does)."""
+
+    title = "not found"
 
 
 class NodeLink(abc.ABC):

@@ -11,7 +11,12 @@ from collections.abc import AsyncIterator
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from edge_node.link.base import LinkRefusedError, LinkUnavailableError, NodeLink
+from edge_node.link.base import (
+    LinkNotFoundError,
+    LinkRefusedError,
+    LinkUnavailableError,
+    NodeLink,
+)
 from protos.edgefleet.fleet.v1 import link_pb2
 
 
@@ -78,7 +83,7 @@ class MemoryNodeLink(NodeLink):
 
     async def fetch_metadata(self, filename: str) -> bytes:
         if filename not in self.peer.metadata:
-            raise LinkUnavailableError(f"no metadata {filename}")
+            raise LinkNotFoundError(f"no metadata {filename}")
         return self.peer.metadata[filename]
 
     async def fetch_artifact(

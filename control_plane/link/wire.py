@@ -1,0 +1,100 @@
+"""Protobuf link messages to the control plane's plain values, for every transport.
+
+Pure: the gRPC servicer and the MQTT bridge both decode `NodeMessage` bodies with these
+functions, so a record or a Hello means the same thing whichever way it came. Checks
+that need the database (is this node known?) stay in the services.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any, Final
+
+from control_plane.errors import InvalidInputError
+from control_plane.link.ingest import IncomingRecord
+from protos.edgefleet.fleet.v1 import link_pb2
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "ack",
+    "control_message",
+    "hello_state",
+    "incoming_records",
+    "update_status",
+]
+
+PROTOCOL_VERSION: Final = 1
+
+_KINDS: Final = {link_pb2.RECORD_KIND_EVENT: "event", link_pb2.RECORD_KIND_HEALTH: "health"}
+
+
+def control_message(**body: Any) -> link_pb2.ControlMessage:
+    """A ControlMessage with the current protocol version and one body field set."""
+    return link_pb2.ControlMessage(protocol_version=PROTOCOL_VERSION, **body)
+
+
+def ack(record_ids: list[str]) -> link_pb2.ControlMessage:
+    return control_message(ack=link_pb2.Ack(record_ids=record_ids))
+
+
+def incoming_records(batch: link_pb2.RecordBatch) -> list[IncomingRecord]:
+    """The batch's records; `RecordIngest.store` validates ids, kinds and sizes.
+
+    An unknown kind is passed through under a name `validate_batch` refuses, so the
+    whole batch is refused with the index of the bad record.
+    """
+    records: list[IncomingRecord] = []
+    for index, record in enumerate(batch.records):
+        if not record.HasField("created_at"):
+            raise InvalidInputError(f"record {index}: created_at is missing", index=index)
+        try:
+            created_at = record.created_at.ToDatetime(tzinfo=UTC)
+        except (ValueError, OverflowError) as exc:
+            raise InvalidInputError(
+                f"record {index}: created_at is out of range", index=index
+            ) from exc
+        records.append(
+            IncomingRecord(
+                id=record.id,
+                seq=record.seq,
+                kind=_KINDS.get(record.kind, f"unknown-{int(record.kind)}"),
+                created_at=created_at,
+                content_type=record.content_type,
+                payload=record.payload,
+            )
+        )
+    return records
+
+
+def hello_state(message: link_pb2.NodeMessage) -> dict[str, Any]:
+    """The reported state a Hello carries, as plain JSON for `NodeService.record_hello`.
+
+    The node's own labels are kept apart from the operator's inventory labels: a node
+    reports them, it does not set them.
+    """
+    hello = message.hello
+    return {
+        "protocol_version": message.protocol_version,
+        "labels": dict(hello.labels),
+        "installed_targets": list(hello.installed_targets),
+        "active_target": hello.active_target,
+        "capabilities": list(hello.capabilities),
+        "director_sequence": hello.director_sequence,
+    }
+
+
+def update_status(status: link_pb2.UpdateStatus) -> dict[str, Any]:
+    """An UpdateStatus as plain JSON for `NodeService.record_update_status`."""
+    at = None
+    if status.HasField("at"):
+        try:
+            at = status.at.ToDatetime(tzinfo=UTC).isoformat()
+        except (ValueError, OverflowError) as exc:
+            raise InvalidInputError("update status: `at` is out of range") from exc
+    return {
+        "target_path": status.target_path,
+        "phase": status.phase,
+        "detail": status.detail,
+        "director_sequence": status.director_sequence,
+        "at": at,
+    }
