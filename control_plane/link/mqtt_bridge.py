@@ -1,0 +1,637 @@
+"""The control plane's MQTT 5 side: nodes' uplink in, acks and doorbells out.
+
+`MqttBridge` is one paho client per replica. It holds a persistent session
+(``clean_start=False`` plus a session expiry, a stable client id per replica) and reads
+``status``/``health``/``events`` of every node through shared subscriptions
+(``$share/edgefleet-cp/...``), so replicas split the nodes' messages between them.
+
+Ack flow (QoS 1 both ways, manual PUBACK): a RecordBatch is stored with
+`RecordIngest.store`; once that returned (committed) the bridge publishes an ``Ack`` on
+the node's ``ack`` topic and only then PUBACKs the node's message to the broker. A
+crash before the PUBACK makes the broker redeliver the message to this session when it
+reconnects, and ingestion ignores what it already stored; a lost Ack makes the node
+resend. Neither loses nor duplicates a record.
+
+Bad input is refused, counted by reason in `refusals`, logged, and PUBACKed anyway:
+a malformed or oversized payload, a topic outside the tree, an unknown, revoked or
+other-fleet node would be redelivered forever otherwise. A database outage is not
+bad input: the message is retried with backoff and PUBACKed only once it is stored.
+Which node may publish on which topic is the broker's ACL (`mqtt_acl`); MQTT does not
+tell a subscriber who published.
+
+Last Will: a node's will is a body-less NodeMessage on its ``status`` topic carrying the
+MQTT user property ``edgefleet-presence: offline``; the bridge marks the node offline.
+
+Messages are handled off paho's network thread by `workers` threads, each owning the
+nodes that hash to it, so one node's messages keep their order (a will is not
+overtaken by the Hello that follows it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import socket
+import threading
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+import anyio
+import anyio.to_thread
+import paho.mqtt.client as mqtt
+from google.protobuf.message import DecodeError
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
+from sqlalchemy.exc import DBAPIError
+
+from control_plane.errors import (
+    EdgefleetError,
+    InvalidInputError,
+    NotFoundError,
+    PayloadTooLargeError,
+    UnavailableError,
+)
+from control_plane.link import wire
+from control_plane.link.mqtt_acl import (
+    CONTROL_PLANE_MQTT_USER,
+    MqttAccount,
+    load_or_create_password,
+    mosquitto_password_hash,
+)
+from control_plane.link.mqtt_topics import (
+    SHARE_GROUP,
+    Leaf,
+    NodeTopic,
+    TopicError,
+    node_topic,
+    parse_topic,
+    shared_filters,
+)
+from control_plane.nodes.service import Node, RefusalCounter
+from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
+
+if TYPE_CHECKING:
+    from control_plane.services import Services
+
+__all__ = [
+    "CONTROL_PLANE_PASSWORD_FILE",
+    "OFFLINE",
+    "PRESENCE_PROPERTY",
+    "PULL_DESIRED",
+    "Counters",
+    "MqttBridge",
+    "MqttBridgeConfig",
+    "bridge_running",
+    "control_plane_account",
+    "control_plane_password",
+]
+
+log = logging.getLogger(__name__)
+
+PRESENCE_PROPERTY: Final = "edgefleet-presence"
+OFFLINE: Final = "offline"
+PULL_DESIRED: Final = "pull-desired"
+# Relative to the data dir: the control plane's own broker password, made on first use.
+CONTROL_PLANE_PASSWORD_FILE: Final = Path("mqtt") / "control-plane-password"
+
+
+@dataclass(frozen=True, slots=True)
+class MqttBridgeConfig:
+    """Where the broker is and how the bridge behaves; every bound is explicit."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str | None = CONTROL_PLANE_MQTT_USER
+    # None: the password kept in <data dir>/mqtt/control-plane-password (made on first use).
+    password: str | None = field(default=None, repr=False)
+    # Stable per replica, so a restarted replica resumes its session. None: the host name.
+    client_id: str | None = None
+    share_group: str = SHARE_GROUP
+    session_expiry_s: int = 24 * 3600
+    keepalive_s: int = 30
+    connect_timeout_s: float = 10.0
+    reconnect_min_s: int = 1
+    reconnect_max_s: int = 30
+    # Unacked deliveries the broker may have in flight to this replica (MQTT 5).
+    receive_maximum: int = 64
+    workers: int = 4
+    max_message_bytes: int = 4 << 20
+    # An Ack or command waiting in an offline node's session expires after this.
+    downlink_expiry_s: int = 3600
+    retry_initial_s: float = 0.2
+    retry_cap_s: float = 5.0
+
+    def resolved_client_id(self) -> str:
+        return self.client_id or f"edgefleet-cp-{socket.gethostname()}"[:64]
+
+
+def control_plane_password(data_dir: Path, config: MqttBridgeConfig | None) -> str:
+    """The control plane's broker password: configured, or kept in the data dir."""
+    if config is not None and config.password:
+        return config.password
+    return load_or_create_password(data_dir / CONTROL_PLANE_PASSWORD_FILE)
+
+
+def control_plane_account(data_dir: Path, config: MqttBridgeConfig | None) -> MqttAccount:
+    """The control plane's own line for the broker's password file."""
+    username = (config.username if config is not None else None) or CONTROL_PLANE_MQTT_USER
+    password = control_plane_password(data_dir, config)
+    return MqttAccount(username=username, password_hash=mosquitto_password_hash(password))
+
+
+class Counters:
+    """What the bridge did, by name (connects, messages, records, ...); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + amount
+
+    def __getitem__(self, name: str) -> int:
+        with self._lock:
+            return self._counts.get(name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class _Refusal(Exception):
+    """A message refused as bad input: count it, log it, PUBACK it."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class _Inbound(NamedTuple):
+    message: mqtt.MQTTMessage
+    generation: int
+
+
+class MqttBridge:
+    """Start with `start()`, stop with `stop()` (idempotent). Thread-safe."""
+
+    def __init__(self, services: Services, config: MqttBridgeConfig) -> None:
+        if config.workers < 1 or config.receive_maximum < 1:
+            raise InvalidInputError("an MQTT bridge needs at least one worker and in-flight slot")
+        self._services = services
+        self._config = config
+        self.client_id = config.resolved_client_id()
+        self.refusals = RefusalCounter()
+        self.counts = Counters()
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._sessions = 0
+        self._connected = threading.Event()
+        self._stopping = threading.Event()
+        self._started = False
+        self._client: mqtt.Client | None = None
+        depth = max(4, 2 * config.receive_maximum)
+        self._queues: list[queue.Queue[_Inbound | None]] = [
+            queue.Queue(maxsize=depth) for _ in range(config.workers)
+        ]
+        self._workers: list[threading.Thread] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Connect in the background (paho reconnects by itself); returns at once."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        config = self._config
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=mqtt.MQTTv5,
+            manual_ack=True,
+        )
+        if config.username:
+            password = control_plane_password(self._services.config.data_dir, config)
+            client.username_pw_set(config.username, password)
+        client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)
+        client.connect_timeout = config.connect_timeout_s
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
+        client.on_publish = self._on_publish
+        self._client = client
+        for index, inbox in enumerate(self._queues):
+            worker = threading.Thread(
+                target=self._work, args=(inbox,), name=f"mqtt-bridge-{index}", daemon=True
+            )
+            worker.start()
+            self._workers.append(worker)
+        properties = _properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = config.session_expiry_s
+        properties.ReceiveMaximum = config.receive_maximum
+        client.connect_async(
+            config.host,
+            config.port,
+            keepalive=config.keepalive_s,
+            clean_start=False,
+            properties=properties,
+        )
+        client.loop_start()
+        log.info(
+            "MQTT bridge connecting to %s:%d as %s",
+            config.host,
+            config.port,
+            self.client_id,
+            extra={"client_id": self.client_id},
+        )
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Whether the bridge holds a session with its subscriptions within `timeout`."""
+        return self._connected.wait(timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the messages being handled, leave the rest unacked, disconnect.
+
+        Unacked messages stay in this replica's session and come back when it
+        reconnects (or expire with the session; the nodes resend them anyway).
+        """
+        with self._lock:
+            if not self._started or self._stopping.is_set():
+                return
+            self._stopping.set()
+        for inbox in self._queues:
+            _drain(inbox)
+            inbox.put(None)
+        for worker in self._workers:
+            worker.join(timeout)
+        client = self._client
+        if client is not None:
+            # A normal DISCONNECT: the session, and its unacked messages, are kept.
+            client.disconnect()
+            client.loop_stop()
+        self._connected.clear()
+        log.info("MQTT bridge stopped", extra={"client_id": self.client_id})
+
+    # ------------------------------------------------------------ downlink
+
+    def publish_desired(
+        self,
+        fleet: str,
+        node_id: str,
+        assignment: director_pb2.SignedDirectorAssignment | None = None,
+        *,
+        timeout_s: float = 10.0,
+    ) -> None:
+        """Ring a node's doorbell: a retained ControlMessage on its ``desired`` topic.
+
+        With `assignment` the message carries it (`desired`); without, it is the command
+        ``pull-desired``. Either way the node verifies and pulls signed state itself.
+        Raises UnavailableError when the broker did not confirm within `timeout_s` (the
+        message stays queued and goes out on reconnect; ringing again is harmless).
+        """
+        if assignment is not None:
+            message = wire.control_message(desired=link_pb2.DesiredState(assignment=assignment))
+        else:
+            message = wire.control_message(command=link_pb2.Command(name=PULL_DESIRED))
+        topic = node_topic(fleet, node_id, Leaf.DESIRED)
+        self._publish_and_wait(topic, message.SerializeToString(), True, None, timeout_s)
+
+    def clear_desired(self, fleet: str, node_id: str, *, timeout_s: float = 10.0) -> None:
+        """Remove the retained doorbell (an empty retained message), e.g. after revocation."""
+        topic = node_topic(fleet, node_id, Leaf.DESIRED)
+        self._publish_and_wait(topic, b"", True, None, timeout_s)
+
+    def publish_command(
+        self, fleet: str, node_id: str, command: link_pb2.Command, *, timeout_s: float = 10.0
+    ) -> None:
+        """An operator command on the node's ``cmd`` topic (QoS 1, not retained)."""
+        topic = node_topic(fleet, node_id, Leaf.CMD)
+        payload = wire.control_message(command=command).SerializeToString()
+        self._publish_and_wait(topic, payload, False, self._config.downlink_expiry_s, timeout_s)
+
+    def _publish_and_wait(
+        self, topic: str, payload: bytes, retain: bool, expiry_s: int | None, timeout_s: float
+    ) -> None:
+        info = self._publish(topic, payload, retain=retain, expiry_s=expiry_s)
+        try:
+            info.wait_for_publish(timeout_s)
+        except (RuntimeError, ValueError) as exc:
+            raise UnavailableError(f"MQTT publish to {topic} failed: {exc}") from exc
+        if not info.is_published():
+            raise UnavailableError(
+                f"the broker did not confirm {topic} within {timeout_s:.0f}s; it stays queued"
+            )
+
+    def _publish(
+        self, topic: str, payload: bytes, *, retain: bool, expiry_s: int | None
+    ) -> mqtt.MQTTMessageInfo:
+        client = self._client
+        if client is None:
+            raise UnavailableError("the MQTT bridge is not started")
+        properties = None
+        if expiry_s is not None:
+            properties = _properties(PacketTypes.PUBLISH)
+            properties.MessageExpiryInterval = expiry_s
+        # Not connected: paho keeps QoS 1 messages and sends them on reconnect.
+        return client.publish(topic, payload, qos=1, retain=retain, properties=properties)
+
+    # ------------------------------------------------- paho callbacks (network thread)
+
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if reason_code.is_failure:
+            self.counts.add("connect-refused")
+            log.error(
+                "the MQTT broker refused the bridge: %s (is %s in its password file? run "
+                "`edgefleet mqtt acl` and reload the broker); retrying",
+                reason_code,
+                self._config.username,
+            )
+            return
+        with self._lock:
+            self._generation += 1
+            self._sessions += 1
+            first = self._sessions == 1
+        self.counts.add("connects")
+        if flags.session_present:
+            self.counts.add("sessions-resumed")
+            log.info("MQTT bridge connected; session resumed", extra={"client_id": self.client_id})
+        elif first:
+            log.info("MQTT bridge connected; new session", extra={"client_id": self.client_id})
+        else:
+            self.counts.add("sessions-lost")
+            log.warning(
+                "the broker had no session for %s (expired or broker state lost); "
+                "messages queued meanwhile come back as node resends",
+                self.client_id,
+            )
+        # Subscribe even into a resumed session: it is idempotent, and Mosquitto 2.0 does
+        # not restore shared subscriptions from its persistence file after a restart, while
+        # it does restore the session (session_present=1) - a "present" session can be deaf.
+        options = SubscribeOptions(qos=1)
+        client.subscribe([(f, options) for f in shared_filters(self._config.share_group)])
+
+    def _on_subscribe(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
+        refused = [str(code) for code in reason_codes if code.is_failure]
+        if refused:
+            self.counts.add("subscribe-refused")
+            log.error("the broker refused the bridge's subscriptions: %s", ", ".join(refused))
+            return
+        self._connected.set()
+
+    def _on_disconnect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.DisconnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self._connected.clear()
+        if not self._stopping.is_set():
+            self.counts.add("disconnects")
+            log.warning("MQTT bridge disconnected (%s); reconnecting", reason_code)
+
+    def _on_publish(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if reason_code.is_failure:
+            self.counts.add("publish-refused")
+            log.error("the broker refused a bridge publish (mid %d): %s", mid, reason_code)
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if self._stopping.is_set():
+            return  # left unacked: it comes back to this session after a restart
+        shard = zlib.crc32(_node_segment(message.topic)) % len(self._queues)
+        # Blocks paho's thread when the workers are behind: backpressure on the broker.
+        self._queues[shard].put(_Inbound(message, self._generation))
+
+    # ---------------------------------------------------------------- workers
+
+    def _work(self, inbox: queue.Queue[_Inbound | None]) -> None:
+        while (item := inbox.get()) is not None:
+            try:
+                self._process(item)
+            except Exception:  # a worker must not die; _process already counted it
+                log.exception("MQTT bridge worker failed on %s", item.message.topic)
+
+    def _process(self, item: _Inbound) -> None:
+        message = item.message
+        delay = self._config.retry_initial_s
+        while True:
+            try:
+                self._handle(message)
+                break
+            except _Refusal as refusal:
+                self._refuse(refusal.reason, refusal.detail, message.topic)
+                break
+            except (UnavailableError, DBAPIError) as exc:
+                # The database is down or busy: not the node's fault, so not acked yet.
+                if self._stopping.is_set() or item.generation != self._generation:
+                    return  # the broker redelivers it
+                self.counts.add("retries")
+                log.warning(
+                    "storing %s failed (%s); retrying in %.1fs",
+                    message.topic,
+                    type(exc).__name__,
+                    delay,
+                )
+                if self._stopping.wait(delay):
+                    return
+                delay = min(delay * 2, self._config.retry_cap_s)
+            except EdgefleetError as exc:
+                reason = str(exc.fields.get("reason") or _reason_of(exc))
+                self._refuse(reason, exc.message, message.topic)
+                break
+            except Exception:
+                self.refusals.add("internal-error")
+                log.exception("MQTT bridge could not handle %s; dropping it", message.topic)
+                break
+        self._puback(message, item.generation)
+
+    def _puback(self, message: mqtt.MQTTMessage, generation: int) -> None:
+        client = self._client
+        # After a reconnect the broker redelivers with the same packet id; acking the old
+        # delivery could then ack a different message, so leave it to the redelivery.
+        if client is None or generation != self._generation or message.qos == 0:
+            return
+        client.ack(message.mid, message.qos)
+
+    def _handle(self, message: mqtt.MQTTMessage) -> None:
+        self.counts.add("messages")
+        limit = self._config.max_message_bytes
+        if len(message.payload) > limit:
+            raise _Refusal("oversized", f"{len(message.payload)} bytes is over {limit}")
+        try:
+            where = parse_topic(message.topic)
+        except TopicError as exc:
+            raise _Refusal("bad-topic", exc.message) from exc
+        if where.leaf not in (Leaf.STATUS, Leaf.HEALTH, Leaf.EVENTS):
+            raise _Refusal("wrong-leaf", f"nodes do not publish on {where.leaf.value}")
+        try:
+            body = link_pb2.NodeMessage.FromString(bytes(message.payload))
+        except DecodeError as exc:
+            raise _Refusal("malformed-message", f"not a NodeMessage: {exc}") from exc
+        if body.protocol_version < wire.PROTOCOL_VERSION:
+            # Newer versions only add fields and bodies, which this reader ignores.
+            raise _Refusal("protocol-version", f"protocol version {body.protocol_version}")
+        node = self._authorized(where)
+        kind = body.WhichOneof("body")
+        if where.leaf is Leaf.STATUS:
+            self._status(node, body, kind, message)
+        else:
+            self._records(node, where, body, kind)
+
+    def _authorized(self, where: NodeTopic) -> Node:
+        try:
+            node = self._services.nodes.get_node(where.node_id)
+        except NotFoundError:
+            raise _Refusal("node-unknown", f"unknown node {where.node_id!r}") from None
+        if node.revoked:
+            raise _Refusal("node-revoked", f"node {node.id!r} is revoked")
+        if node.fleet != where.fleet:
+            raise _Refusal("wrong-fleet", f"node {node.id!r} is not in fleet {where.fleet!r}")
+        return node
+
+    def _status(
+        self,
+        node: Node,
+        body: link_pb2.NodeMessage,
+        kind: str | None,
+        message: mqtt.MQTTMessage,
+    ) -> None:
+        nodes = self._services.nodes
+        if kind is None and _is_offline(message):
+            nodes.set_online(node.id, False)
+            self.counts.add("offline")
+            log.info("node went offline (Last Will)", extra={"node_id": node.id})
+        elif kind == "hello":
+            nodes.record_hello(node.id, body.hello.agent_version, "mqtt", wire.hello_state(body))
+            self.counts.add("hellos")
+        elif kind == "heartbeat":
+            nodes.touch(node.id)
+            self.counts.add("heartbeats")
+        elif kind == "update_status":
+            nodes.record_update_status(node.id, wire.update_status(body.update_status))
+        elif kind is None:
+            raise _Refusal("unknown-message", "a status message with a body this bridge lacks")
+        else:
+            raise _Refusal("wrong-leaf", f"a status message cannot carry {kind}")
+
+    def _records(
+        self, node: Node, where: NodeTopic, body: link_pb2.NodeMessage, kind: str | None
+    ) -> None:
+        if kind is None:
+            raise _Refusal("unknown-message", "a message with a body this bridge lacks")
+        if kind != "records":
+            raise _Refusal("wrong-leaf", f"{where.leaf.value} carries records, not {kind}")
+        try:
+            records = wire.incoming_records(body.records)
+            expected, other = (
+                ("event", "health") if where.leaf is Leaf.EVENTS else ("health", "event")
+            )
+            if any(r.kind == other for r in records):
+                raise _Refusal("wrong-leaf", f"{where.leaf.value} carries {expected} records only")
+            # Refused whole and not acked: the node keeps the batch, so the problem stays
+            # visible in its backlog (as over gRPC).
+            ids = self._services.records.store(node.id, records)
+        except InvalidInputError as exc:
+            raise _Refusal("bad-batch", exc.message) from exc
+        self.counts.add("records", len(ids))
+        if ids:
+            self._publish(
+                node_topic(where.fleet, node.id, Leaf.ACK),
+                wire.ack(ids).SerializeToString(),
+                retain=False,
+                expiry_s=self._config.downlink_expiry_s,
+            )
+        self.counts.add("batches")
+
+    def _refuse(self, reason: str, detail: str, topic: str) -> None:
+        self.refusals.add(reason)
+        log.warning(
+            "refused MQTT message on %s: %s (%s)",
+            topic[:200],
+            reason,
+            detail,
+            extra={"reason": reason, "topic": topic[:200]},
+        )
+
+
+def _properties(packet_type: int) -> Properties:
+    return Properties(packet_type)  # type: ignore[no-untyped-call]  # paho leaves it untyped
+
+
+def _is_offline(message: mqtt.MQTTMessage) -> bool:
+    props = getattr(message, "properties", None)
+    pairs = getattr(props, "UserProperty", None) or []
+    return (PRESENCE_PROPERTY, OFFLINE) in [tuple(p) for p in pairs]
+
+
+def _node_segment(topic: str) -> bytes:
+    parts = topic.split("/")
+    return (parts[3] if len(parts) > 3 else topic).encode("utf-8", "replace")
+
+
+def _reason_of(exc: EdgefleetError) -> str:
+    if isinstance(exc, PayloadTooLargeError):
+        return "oversized"
+    if isinstance(exc, InvalidInputError):
+        return "invalid-input"
+    return type(exc).__name__
+
+
+def _drain(inbox: queue.Queue[_Inbound | None]) -> None:
+    while True:
+        try:
+            inbox.get_nowait()
+        except queue.Empty:
+            return
+
+
+@contextlib.asynccontextmanager
+async def bridge_running(services: Services) -> AsyncIterator[MqttBridge | None]:
+    """Run the bridge while the block runs when `services.config.mqtt` is set (else None)."""
+    if services.config.mqtt is None:
+        yield None
+        return
+    bridge = MqttBridge(services, services.config.mqtt)
+    bridge.start()
+    try:
+        yield bridge
+    finally:
+        # Shielded: the lifespan's task group is usually cancelled by the time we get here.
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(bridge.stop)
