@@ -1,0 +1,448 @@
+"""The runtime's configuration: frozen dataclasses, checked when built, and parsers from dicts.
+
+What it is for: every knob of the inference runtime (ONNX Runtime session options, the
+preprocessing a model expects, the camera streams and the scheduler's shedding rules) is
+written out here, so nothing depends on a library default that can change under us. The
+``parse_*`` functions take plain dicts (what a YAML or JSON file gives) and reject unknown
+keys: a misspelt ``meen`` must fail loudly, not silently fall back to a default mean, because
+a normalisation mismatch is the classic silent accuracy bug.
+
+What it is not for: checking a config against a model. Only the loaded model knows its input
+signature; :meth:`edge_node.runtime.session.ModelSession.load` does that.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeVar, get_args
+
+from edge_node.runtime.errors import RuntimeConfigError
+
+__all__ = [
+    "ChannelOrder",
+    "ElementType",
+    "ExecutionMode",
+    "GraphOptimization",
+    "Layout",
+    "PreprocessConfig",
+    "ResizeMode",
+    "RuntimeConfig",
+    "SchedulerConfig",
+    "SessionConfig",
+    "StreamConfig",
+    "parse_preprocess_config",
+    "parse_runtime_config",
+    "parse_scheduler_config",
+    "parse_session_config",
+    "parse_stream_config",
+    "parse_streams",
+]
+
+GraphOptimization = Literal["disable", "basic", "extended", "all"]
+ExecutionMode = Literal["sequential", "parallel"]
+Layout = Literal["NCHW", "NHWC"]
+ResizeMode = Literal["bilinear", "nearest"]
+ElementType = Literal["float32", "float16", "uint8"]
+ChannelOrder = Literal["RGB", "BGR"]
+
+MAX_THREADS: Final = 256
+MAX_SIDE: Final = 8192
+MAX_FPS: Final = 1000.0
+MAX_QUEUE_SIZE: Final = 1024
+MAX_PRIORITY: Final = 1000
+MAX_STREAMS: Final = 256
+_STREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+T = TypeVar("T")
+
+
+def _fail(field_name: str, message: str, value: object) -> RuntimeConfigError:
+    return RuntimeConfigError(f"{field_name}: {message} (got {value!r})", field=field_name)
+
+
+def _check_choice(field_name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise _fail(field_name, f"must be one of {', '.join(choices)}", value)
+
+
+def _check_int(field_name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _fail(field_name, f"must be an integer in [{low}, {high}]", value)
+
+
+def _check_positive(field_name: str, value: object, high: float = math.inf) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= high
+    ):
+        raise _fail(field_name, f"must be a finite number in (0, {high}]", value)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """ONNX Runtime session options, all set explicitly on every session we create.
+
+    Thread counts are never left to ONNX Runtime's default (one thread per core), which on a
+    shared edge box fights the camera and aggregation threads for the same cores.
+    ``allow_spinning`` is off by default, unlike ONNX Runtime's: spinning intra-op threads
+    busy-wait between and after runs, and on a 2-core box running cameras and aggregation
+    too, that stolen core cost the pipeline up to a third of its throughput in
+    ``bench.runtime_overhead`` (docs/benchmarks.md). Turn it on for a dedicated box.
+    """
+
+    intra_op_threads: int = 1
+    inter_op_threads: int = 1
+    graph_optimization: GraphOptimization = "all"
+    execution_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    execution_mode: ExecutionMode = "sequential"
+    allow_spinning: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("session.intra_op_threads", self.intra_op_threads, 1, MAX_THREADS)
+        _check_int("session.inter_op_threads", self.inter_op_threads, 1, MAX_THREADS)
+        _check_choice(
+            "session.graph_optimization", self.graph_optimization, get_args(GraphOptimization)
+        )
+        _check_choice("session.execution_mode", self.execution_mode, get_args(ExecutionMode))
+        providers = self.execution_providers
+        if (
+            not isinstance(providers, tuple)
+            or not providers
+            or not all(isinstance(p, str) and p.endswith("ExecutionProvider") for p in providers)
+            or len(set(providers)) != len(providers)
+        ):
+            raise _fail(
+                "session.execution_providers",
+                "must be a non-empty list of distinct names like 'CPUExecutionProvider'",
+                providers,
+            )
+        if not isinstance(self.allow_spinning, bool):
+            raise _fail("session.allow_spinning", "must be true or false", self.allow_spinning)
+
+
+@dataclass(frozen=True, slots=True)
+class PreprocessConfig:
+    """How a decoded HxWx3 uint8 RGB frame becomes the model's input tensor.
+
+    Per channel, in the model's ``channel_order``: ``(pixel * scale - mean) / std``, then cast
+    to ``dtype`` and laid out as ``layout`` with a batch of one. ``mean`` and ``std`` hold one
+    value (applied to every channel) or one per channel. A ``uint8`` input takes raw pixels,
+    so it must say ``scale 1, mean 0, std 1``: a normalisation cannot be silently dropped.
+    ``size`` is ``(height, width)``; ``None`` takes the model's fixed spatial size at load.
+    """
+
+    layout: Layout = "NCHW"
+    size: tuple[int, int] | None = None
+    resize: ResizeMode = "bilinear"
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    scale: float = 1.0 / 255.0
+    dtype: ElementType = "float32"
+    channel_order: ChannelOrder = "RGB"
+
+    def __post_init__(self) -> None:
+        _check_choice("preprocess.layout", self.layout, get_args(Layout))
+        _check_choice("preprocess.resize", self.resize, get_args(ResizeMode))
+        _check_choice("preprocess.dtype", self.dtype, get_args(ElementType))
+        _check_choice("preprocess.channel_order", self.channel_order, get_args(ChannelOrder))
+        if self.size is not None:
+            if not isinstance(self.size, tuple) or len(self.size) != 2:
+                raise _fail("preprocess.size", "must be [height, width] or null", self.size)
+            for side in self.size:
+                _check_int("preprocess.size", side, 1, MAX_SIDE)
+        _check_positive("preprocess.scale", self.scale)
+        for name, values in (("preprocess.mean", self.mean), ("preprocess.std", self.std)):
+            if (
+                not isinstance(values, tuple)
+                or len(values) not in (1, 3)
+                or not all(
+                    isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                    for v in values
+                )
+            ):
+                raise _fail(name, "must be 1 or 3 finite numbers (one per channel)", values)
+        if any(v <= 0 for v in self.std):
+            raise _fail("preprocess.std", "every value must be > 0", self.std)
+        if self.dtype == "uint8" and (
+            self.scale != 1 or any(v != 0 for v in self.mean) or any(v != 1 for v in self.std)
+        ):
+            raise _fail(
+                "preprocess.dtype",
+                "a uint8 input takes raw pixels: set scale 1, mean [0], std [1]",
+                {"scale": self.scale, "mean": self.mean, "std": self.std},
+            )
+
+    @property
+    def channels_in_config(self) -> int:
+        """How many channels mean/std describe (1 means: the same for every channel)."""
+        return max(len(self.mean), len(self.std))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """One camera stream: its rate cap, priority (higher is served first) and queue bound.
+
+    ``target_fps=None`` admits every frame; ``motion_threshold`` (mean absolute difference of
+    a downscaled grey frame, in grey levels 0-255) skips frames that did not change.
+    """
+
+    name: str
+    target_fps: float | None = None
+    priority: int = 0
+    queue_size: int = 2
+    motion_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _STREAM_NAME.match(self.name):
+            raise _fail(
+                "stream.name", "must be 1-128 characters of letters, digits and _.:-", self.name
+            )
+        if self.target_fps is not None:
+            _check_positive(f"streams.{self.name}.target_fps", self.target_fps, MAX_FPS)
+        _check_int(f"streams.{self.name}.priority", self.priority, -MAX_PRIORITY, MAX_PRIORITY)
+        _check_int(f"streams.{self.name}.queue_size", self.queue_size, 1, MAX_QUEUE_SIZE)
+        if self.motion_threshold is not None:
+            _check_positive(f"streams.{self.name}.motion_threshold", self.motion_threshold, 255.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """How the scheduler sheds load when the box cannot keep up.
+
+    ``max_backlog_frames`` bounds the frames queued across all streams (memory: a 1080p frame
+    is 6 MB); when a new frame would exceed it, the oldest frame of the lowest-priority
+    stream holding frames is dropped (``shed``). ``shed_after_s``: a queued frame that has
+    waited this long while a higher-priority frame is being served is dropped (``shed``) —
+    it would only be served stale. ``None`` disables either rule.
+    """
+
+    max_backlog_frames: int | None = None
+    shed_after_s: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_backlog_frames is not None:
+            _check_int(
+                "scheduler.max_backlog_frames",
+                self.max_backlog_frames,
+                1,
+                MAX_QUEUE_SIZE * MAX_STREAMS,
+            )
+        if self.shed_after_s is not None:
+            _check_positive("scheduler.shed_after_s", self.shed_after_s, 3600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """Everything the runtime section of a node's config file holds."""
+
+    session: SessionConfig = field(default_factory=SessionConfig)
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    streams: tuple[StreamConfig, ...] = ()
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+class _Reader:
+    """Takes typed values out of one dict and, at the end, rejects what nobody took."""
+
+    def __init__(self, where: str, raw: object) -> None:
+        if not isinstance(raw, Mapping):
+            raise _fail(where, "must be a mapping", raw)
+        for key in raw:
+            if not isinstance(key, str):
+                raise _fail(where, "keys must be strings", key)
+        self._where = where
+        self._raw: Mapping[str, Any] = raw
+        self._taken: set[str] = set()
+
+    def take(self, key: str, convert: Callable[[str, Any], T], default: T) -> T:
+        self._taken.add(key)
+        if key not in self._raw:
+            return default
+        return convert(f"{self._where}.{key}", self._raw[key])
+
+    def require(self, key: str, convert: Callable[[str, Any], T]) -> T:
+        self._taken.add(key)
+        if key not in self._raw:
+            raise _fail(f"{self._where}.{key}", "is required", None)
+        return convert(f"{self._where}.{key}", self._raw[key])
+
+    def finish(self) -> None:
+        unknown = sorted(set(self._raw) - self._taken)
+        if unknown:
+            raise RuntimeConfigError(
+                f"{self._where}: unknown key(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(self._taken))}",
+                field=f"{self._where}.{unknown[0]}",
+            )
+
+
+def _int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(name, "must be an integer", value)
+    return value
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(name, "must be a number", value)
+    return float(value)
+
+
+def _optional(convert: Callable[[str, Any], T]) -> Callable[[str, Any], T | None]:
+    def inner(name: str, value: Any) -> T | None:
+        return None if value is None else convert(name, value)
+
+    return inner
+
+
+def _str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _fail(name, "must be a string", value)
+    return value
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(name, "must be true or false", value)
+    return value
+
+
+def _numbers(name: str, value: Any) -> tuple[float, ...]:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (float(value),)
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise _fail(name, "must be a number or a list of numbers", value)
+    return tuple(_number(name, v) for v in value)
+
+
+def _strings(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise _fail(name, "must be a list of strings", value)
+    return tuple(_str(name, v) for v in value)
+
+
+def _size(name: str, value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or len(value) != 2:
+        raise _fail(name, "must be [height, width] or null", value)
+    return (_int(name, value[0]), _int(name, value[1]))
+
+
+def _choice(literal: Any) -> Callable[[str, Any], Any]:
+    """A converter for one of a ``Literal``'s values (typed ``Any``: mypy cannot narrow it)."""
+    choices: tuple[str, ...] = get_args(literal)
+
+    def inner(name: str, value: Any) -> Any:
+        _check_choice(name, value, choices)
+        return value
+
+    return inner
+
+
+def parse_session_config(raw: object) -> SessionConfig:
+    reader = _Reader("session", raw)
+    default = SessionConfig()
+    config = SessionConfig(
+        intra_op_threads=reader.take("intra_op_threads", _int, default.intra_op_threads),
+        inter_op_threads=reader.take("inter_op_threads", _int, default.inter_op_threads),
+        graph_optimization=reader.take(
+            "graph_optimization", _choice(GraphOptimization), default.graph_optimization
+        ),
+        execution_providers=reader.take(
+            "execution_providers", _strings, default.execution_providers
+        ),
+        execution_mode=reader.take(
+            "execution_mode", _choice(ExecutionMode), default.execution_mode
+        ),
+        allow_spinning=reader.take("allow_spinning", _bool, default.allow_spinning),
+    )
+    reader.finish()
+    return config
+
+
+def parse_preprocess_config(raw: object) -> PreprocessConfig:
+    reader = _Reader("preprocess", raw)
+    default = PreprocessConfig()
+    config = PreprocessConfig(
+        layout=reader.take("layout", _choice(Layout), default.layout),
+        size=reader.take("size", _size, default.size),
+        resize=reader.take("resize", _choice(ResizeMode), default.resize),
+        mean=reader.take("mean", _numbers, default.mean),
+        std=reader.take("std", _numbers, default.std),
+        scale=reader.take("scale", _number, default.scale),
+        dtype=reader.take("dtype", _choice(ElementType), default.dtype),
+        channel_order=reader.take("channel_order", _choice(ChannelOrder), default.channel_order),
+    )
+    reader.finish()
+    return config
+
+
+def parse_stream_config(raw: object) -> StreamConfig:
+    reader = _Reader("stream", raw)
+    name = reader.require("name", _str)
+    reader = _Reader(f"streams.{name}", raw)
+    reader.take("name", _str, name)
+    default = StreamConfig(name=name)
+    config = StreamConfig(
+        name=name,
+        target_fps=reader.take("target_fps", _optional(_number), default.target_fps),
+        priority=reader.take("priority", _int, default.priority),
+        queue_size=reader.take("queue_size", _int, default.queue_size),
+        motion_threshold=reader.take(
+            "motion_threshold", _optional(_number), default.motion_threshold
+        ),
+    )
+    reader.finish()
+    return config
+
+
+def parse_streams(raw: object) -> tuple[StreamConfig, ...]:
+    if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
+        raise _fail("streams", "must be a list of streams", raw)
+    if len(raw) > MAX_STREAMS:
+        raise _fail("streams", f"at most {MAX_STREAMS} streams", len(raw))
+    streams = tuple(parse_stream_config(item) for item in raw)
+    names = [s.name for s in streams]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise _fail("streams", "stream names must be unique", duplicates)
+    return streams
+
+
+def parse_scheduler_config(raw: object) -> SchedulerConfig:
+    reader = _Reader("scheduler", raw)
+    default = SchedulerConfig()
+    config = SchedulerConfig(
+        max_backlog_frames=reader.take(
+            "max_backlog_frames", _optional(_int), default.max_backlog_frames
+        ),
+        shed_after_s=reader.take("shed_after_s", _optional(_number), default.shed_after_s),
+    )
+    reader.finish()
+    return config
+
+
+def parse_runtime_config(raw: object) -> RuntimeConfig:
+    """The whole runtime section: ``{session, preprocess, streams, scheduler}``."""
+    reader = _Reader("runtime", raw)
+    config = RuntimeConfig(
+        session=reader.take("session", lambda _, v: parse_session_config(v), SessionConfig()),
+        preprocess=reader.take(
+            "preprocess", lambda _, v: parse_preprocess_config(v), PreprocessConfig()
+        ),
+        streams=reader.take("streams", lambda _, v: parse_streams(v), ()),
+        scheduler=reader.take(
+            "scheduler", lambda _, v: parse_scheduler_config(v), SchedulerConfig()
+        ),
+    )
+    reader.finish()
+    return config

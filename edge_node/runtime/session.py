@@ -1,0 +1,336 @@
+"""One loaded model: an ONNX Runtime session built from explicit options, checked at load.
+
+What it is for: :meth:`ModelSession.load` creates the ``InferenceSession`` with every
+option set from :class:`~edge_node.runtime.config.SessionConfig` (threads, graph
+optimisation, execution mode, spinning), picks the configured execution providers that this
+build of ONNX Runtime has (always ending with the CPU provider), and checks the
+:class:`~edge_node.runtime.config.PreprocessConfig` against the model's single image input
+before a frame is run: rank, channel axis, spatial size, element type and, where the model
+carries it in its metadata (``edgefleet.preprocess``), the normalisation. A mismatch raises
+:class:`~edge_node.runtime.errors.ModelSignatureError` naming both sides.
+
+What it is not for: scheduling frames or swapping versions (``pipeline``), or deciding
+whether a model may run (the updater's trust checks come first). One session per model
+version, reused for every frame, thread-safe for concurrent ``run`` calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Final
+
+import numpy.typing as npt
+import onnxruntime as ort
+
+from edge_node.errors import ClosedError
+from edge_node.runtime.config import ElementType, PreprocessConfig, SessionConfig
+from edge_node.runtime.errors import InferenceError, ModelLoadError, ModelSignatureError
+from edge_node.runtime.preprocess import Preprocessor
+
+__all__ = ["CPU_PROVIDER", "PREPROCESS_METADATA_KEY", "ModelSession", "choose_providers"]
+
+_log = logging.getLogger(__name__)
+
+CPU_PROVIDER: Final = "CPUExecutionProvider"
+PREPROCESS_METADATA_KEY: Final = "edgefleet.preprocess"
+"""Optional model metadata: JSON with any of layout, mean, std, scale, channel_order, dtype.
+
+When a model carries it, the config must agree, so normalisation is checked, not trusted."""
+
+_GRAPH_LEVELS: Final = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+_EXECUTION_MODES: Final = {
+    "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
+    "parallel": ort.ExecutionMode.ORT_PARALLEL,
+}
+_ELEMENT_TYPES: Final[dict[str, ElementType]] = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(uint8)": "uint8",
+}
+_ORT_WARNING_LEVEL: Final = 2  # ONNX Runtime's own log: warnings and errors only
+
+
+def choose_providers(
+    requested: Sequence[str], available: Sequence[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(use, unavailable)``: the requested providers this build has, in order, then CPU."""
+    use = [p for p in requested if p in available]
+    unavailable = tuple(p for p in requested if p not in available)
+    if CPU_PROVIDER not in use:
+        use.append(CPU_PROVIDER)
+    return tuple(use), unavailable
+
+
+def session_options(config: SessionConfig) -> ort.SessionOptions:
+    """Every option we rely on, set explicitly rather than left to ONNX Runtime's defaults."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = config.intra_op_threads
+    options.inter_op_num_threads = config.inter_op_threads
+    options.graph_optimization_level = _GRAPH_LEVELS[config.graph_optimization]
+    options.execution_mode = _EXECUTION_MODES[config.execution_mode]
+    options.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if config.allow_spinning else "0"
+    )
+    options.add_session_config_entry(
+        "session.inter_op.allow_spinning", "1" if config.allow_spinning else "0"
+    )
+    options.log_severity_level = _ORT_WARNING_LEVEL
+    return options
+
+
+class ModelSession:
+    """A loaded, validated model. Build with :meth:`load`; ``close`` when retired."""
+
+    def __init__(
+        self,
+        session: Any,
+        *,
+        path: Path,
+        label: str,
+        config: SessionConfig,
+        preprocess: PreprocessConfig,
+        channels: int,
+        unavailable_providers: tuple[str, ...],
+    ) -> None:
+        self._session: Any = session
+        self._closed = False
+        self._lock = threading.Lock()
+        self.path = path
+        self.label = label
+        self.config = config
+        self.preprocess = preprocess
+        """The preprocess config resolved against the model (``size`` is always set)."""
+        self.preprocessor = Preprocessor(preprocess, channels)
+        self.providers: tuple[str, ...] = tuple(session.get_providers())
+        self.unavailable_providers = unavailable_providers
+        model_input = session.get_inputs()[0]
+        self.input_name: str = model_input.name
+        self.input_shape: tuple[int | str | None, ...] = tuple(model_input.shape)
+        self.output_names: tuple[str, ...] = tuple(o.name for o in session.get_outputs())
+
+    @classmethod
+    def load(
+        cls,
+        path: Path | str,
+        session_config: SessionConfig,
+        preprocess_config: PreprocessConfig,
+        *,
+        label: str | None = None,
+        available_providers: Sequence[str] | None = None,
+    ) -> ModelSession:
+        """Create the session and check ``preprocess_config`` against the model's input.
+
+        ``available_providers`` defaults to ``onnxruntime.get_available_providers()``;
+        requested providers missing from it are logged and skipped, CPU is always last.
+        """
+        path = Path(path)
+        available = (
+            ort.get_available_providers() if available_providers is None else available_providers
+        )
+        providers, unavailable = choose_providers(session_config.execution_providers, available)
+        if unavailable:
+            _log.warning(
+                "execution providers %s are not available in this ONNX Runtime build "
+                "(available: %s); using %s for %s",
+                ", ".join(unavailable),
+                ", ".join(available),
+                ", ".join(providers),
+                path.name,
+            )
+        try:
+            session = ort.InferenceSession(
+                str(path), sess_options=session_options(session_config), providers=list(providers)
+            )
+        except Exception as exc:  # ONNX Runtime raises its own pybind types for every failure
+            raise ModelLoadError(
+                f"ONNX Runtime cannot load {path}: {type(exc).__name__}: {exc}", path=str(path)
+            ) from exc
+        resolved, channels = resolve_preprocess(session, preprocess_config, path)
+        model = cls(
+            session,
+            path=path,
+            label=label or path.name,
+            config=session_config,
+            preprocess=resolved,
+            channels=channels,
+            unavailable_providers=unavailable,
+        )
+        _log.info(
+            "loaded model %s: input %s %s, providers %s, threads intra=%d inter=%d, opt=%s",
+            model.label,
+            model.input_name,
+            list(model.input_shape),
+            ", ".join(model.providers),
+            session_config.intra_op_threads,
+            session_config.inter_op_threads,
+            session_config.graph_optimization,
+        )
+        return model
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(self, batch: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
+        """Run one input batch; outputs by name. Safe from several threads at once."""
+        session = self._session
+        if session is None:
+            raise ClosedError(f"model session {self.label} is closed", label=self.label)
+        try:
+            outputs = session.run(None, {self.input_name: batch})
+        except Exception as exc:  # ONNX Runtime's pybind errors share no useful base class
+            raise InferenceError(
+                f"{self.label}: inference failed: {type(exc).__name__}: {exc}",
+                label=self.label,
+                shape=tuple(batch.shape),
+                dtype=str(batch.dtype),
+            ) from exc
+        return dict(zip(self.output_names, outputs, strict=True))
+
+    def close(self) -> None:
+        """Release the session (its memory goes when the last running call returns)."""
+        with self._lock:
+            self._closed = True
+            self._session = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<ModelSession {self.label} {state} providers={list(self.providers)}>"
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _mismatch(
+    path: Path, what: str, model_side: object, config_side: object
+) -> ModelSignatureError:
+    return ModelSignatureError(
+        f"{path.name}: {what}: the model has {model_side}, the preprocess config says "
+        f"{config_side}",
+        path=str(path),
+        model=model_side,
+        config=config_side,
+    )
+
+
+def resolve_preprocess(
+    session: Any, config: PreprocessConfig, path: Path
+) -> tuple[PreprocessConfig, int]:
+    """Check ``config`` against the model's one image input; return it with ``size`` set.
+
+    Also returns the model's channel count (1 or 3).
+    """
+    inputs = session.get_inputs()
+    if len(inputs) != 1:
+        names = [i.name for i in inputs]
+        raise _mismatch(path, "number of inputs", f"{len(inputs)} inputs {names}", "one image")
+    model_input = inputs[0]
+    shape: list[int | str | None] = list(model_input.shape)
+    where = f"input {model_input.name!r} {shape}"
+
+    if len(shape) != 4:
+        raise _mismatch(path, f"{where}: rank", f"rank {len(shape)}", f"{config.layout} (rank 4)")
+
+    batch = shape[0]
+    if isinstance(batch, int) and batch != 1:
+        raise _mismatch(path, f"{where}: batch dimension", batch, "1 frame per run")
+
+    channel_axis, spatial_axes = (1, (2, 3)) if config.layout == "NCHW" else (3, (1, 2))
+    channels = shape[channel_axis]
+    if channels not in (1, 3):
+        other_layout, other_axis = ("NHWC", 3) if config.layout == "NCHW" else ("NCHW", 1)
+        hint = (
+            f" (it looks {other_layout}: {shape[other_axis]} on axis {other_axis})"
+            if shape[other_axis] in (1, 3)
+            else ""
+        )
+        raise _mismatch(
+            path,
+            f"{where}: channel axis",
+            f"{channels!r} on axis {channel_axis}{hint}",
+            f"layout {config.layout} (1 or 3 channels on axis {channel_axis})",
+        )
+    assert isinstance(channels, int)
+    if config.channels_in_config not in (1, channels):
+        raise _mismatch(
+            path,
+            f"{where}: channel count",
+            f"{channels} channel(s)",
+            f"mean {list(config.mean)} / std {list(config.std)}",
+        )
+
+    dims = [shape[a] for a in spatial_axes]
+    fixed = [d if isinstance(d, int) and d > 0 else None for d in dims]
+    if config.size is None:
+        height, width = fixed
+        if height is None or width is None:
+            raise _mismatch(
+                path,
+                f"{where}: spatial size",
+                f"dynamic height/width {dims}",
+                "no size (set preprocess.size for a model with a dynamic input)",
+            )
+        size = (height, width)
+    else:
+        for d, want, side in zip(fixed, config.size, ("height", "width"), strict=True):
+            if d is not None and d != want:
+                raise _mismatch(path, f"{where}: {side}", d, f"size {list(config.size)}")
+        size = config.size
+
+    element = _ELEMENT_TYPES.get(model_input.type)
+    if element is None:
+        raise _mismatch(path, f"{where}: element type", model_input.type, f"dtype {config.dtype}")
+    if element != config.dtype:
+        raise _mismatch(
+            path,
+            f"{where}: element type",
+            f"{model_input.type} ({element})",
+            f"dtype {config.dtype}",
+        )
+
+    _check_metadata(session, config, path)
+    return replace(config, size=size), channels
+
+
+def _check_metadata(session: Any, config: PreprocessConfig, path: Path) -> None:
+    meta: Mapping[str, str] = session.get_modelmeta().custom_metadata_map
+    raw = meta.get(PREPROCESS_METADATA_KEY)
+    if raw is None:
+        return
+    try:
+        declared = json.loads(raw)
+        if not isinstance(declared, dict):
+            raise TypeError("not a JSON object")
+    except (ValueError, TypeError) as exc:
+        raise ModelSignatureError(
+            f"{path.name}: metadata {PREPROCESS_METADATA_KEY} is not a JSON object: {exc}",
+            path=str(path),
+        ) from exc
+    for key in ("layout", "channel_order", "dtype"):
+        if key in declared and declared[key] != getattr(config, key):
+            raise _mismatch(path, f"metadata {key}", declared[key], getattr(config, key))
+    for key in ("mean", "std", "scale"):
+        if key not in declared:
+            continue
+        want = declared[key] if isinstance(declared[key], list) else [declared[key]]
+        have = list(getattr(config, key)) if key != "scale" else [config.scale]
+        if len(want) == 1 and len(have) > 1:
+            want = want * len(have)
+        if len(have) == 1 and len(want) > 1:
+            have = have * len(want)
+        if len(want) != len(have) or not all(
+            isinstance(w, int | float) and math.isclose(w, h, rel_tol=1e-4, abs_tol=1e-6)
+            for w, h in zip(want, have, strict=True)
+        ):
+            raise _mismatch(path, f"metadata {key}", declared[key], getattr(config, key))

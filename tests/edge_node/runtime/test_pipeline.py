@@ -1,0 +1,327 @@
+"""The pipeline end to end on real ONNX Runtime sessions: results, counters, hot swap, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from edge_node.clock import ManualClock
+from edge_node.errors import ClosedError
+from edge_node.runtime.config import PreprocessConfig, SchedulerConfig, SessionConfig, StreamConfig
+from edge_node.runtime.pipeline import FrameResult, InferencePipeline
+from edge_node.runtime.session import ModelSession
+from edge_node.runtime.timing import ManualTicker
+from tests.edge_node.runtime._models import echo_model, failing_model
+
+RAW = PreprocessConfig(scale=1.0, mean=(0.0,), std=(1.0,))  # the model sees the pixels as floats
+CPU = SessionConfig()
+SIZE = 8
+
+
+def load(tmp_path: Path, add: float = 0.0, label: str | None = None) -> ModelSession:
+    path = echo_model(tmp_path / f"echo-{add}.onnx", (1, 3, SIZE, SIZE), add=add)
+    return ModelSession.load(path, CPU, RAW, label=label or f"v{add:g}")
+
+
+def pixels(value: int) -> npt.NDArray[np.uint8]:
+    return np.full((SIZE, SIZE, 3), value, dtype=np.uint8)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.results: list[FrameResult] = []
+        self._lock = threading.Lock()
+        self.count = threading.Semaphore(0)
+
+    def __call__(self, result: FrameResult) -> None:
+        with self._lock:
+            self.results.append(result)
+        self.count.release()
+
+    def wait_for(self, n: int, timeout: float = 10.0) -> None:
+        for _ in range(n):
+            assert self.count.acquire(timeout=timeout), "a result did not arrive in time"
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    yield Collector()
+
+
+def test_frames_flow_to_results_with_the_latency_split(
+    tmp_path: Path, collector: Collector
+) -> None:
+    ticker = ManualTicker()
+    streams = [StreamConfig("a", queue_size=4), StreamConfig("b", queue_size=4)]
+    pipeline = InferencePipeline(
+        load(tmp_path, add=1.0), streams, ManualClock(), collector, ticker=ticker
+    )
+    pipeline.submit("a", pixels(10))
+    pipeline.submit("b", pixels(20))
+    ticker.advance(0.25)  # both frames wait a quarter second before a worker exists
+    with pipeline:
+        collector.wait_for(2)
+
+    by_stream = {r.stream: r for r in collector.results}
+    np.testing.assert_array_equal(by_stream["a"].outputs["y"], np.full((1, 3, 8, 8), 11.0))
+    np.testing.assert_array_equal(by_stream["b"].outputs["y"], np.full((1, 3, 8, 8), 21.0))
+    for result in collector.results:
+        assert result.model == "v1"
+        assert result.queue_s == pytest.approx(0.25)
+        assert result.compute_s == 0.0  # the manual ticker did not move while computing
+        assert result.captured_at == ManualClock().now()
+    assert {s: st.processed for s, st in pipeline.stats().items()} == {"a": 1, "b": 1}
+
+
+def test_real_timings_are_positive(tmp_path: Path, collector: Collector) -> None:
+    with InferencePipeline(
+        load(tmp_path), [StreamConfig("cam")], ManualClock(), collector
+    ) as pipeline:
+        pipeline.submit("cam", pixels(1))
+        collector.wait_for(1)
+    result = collector.results[0]
+    assert result.inference_s > 0
+    assert result.preprocess_s >= 0
+    assert result.latency_s >= result.compute_s
+
+
+class JpegLikeDecoder:
+    """Accepts bytes starting with the JPEG marker; raises on anything else."""
+
+    def decode(self, data: bytes) -> npt.NDArray[np.uint8]:
+        if not data.startswith(b"\xff\xd8"):
+            raise ValueError("not a JPEG")
+        return pixels(data[2])
+
+
+def test_bad_frames_are_counted_and_skipped_never_raised(
+    tmp_path: Path, collector: Collector
+) -> None:
+    pipeline = InferencePipeline(
+        load(tmp_path),
+        [StreamConfig("cam", queue_size=16)],
+        ManualClock(),
+        collector,
+        decoder=JpegLikeDecoder(),
+    )
+    bad = [
+        np.zeros((8, 8), dtype=np.uint8),
+        np.zeros((8, 8, 4), dtype=np.uint8),
+        np.zeros((8, 8, 3), dtype=np.float64),
+        b"corrupt",
+        b"",
+        "not a frame",
+    ]
+    with pipeline:
+        for frame in bad:
+            pipeline.submit("cam", frame)
+        pipeline.submit("cam", b"\xff\xd8\x07")  # a good encoded frame: pixels of 7
+        pipeline.submit("cam", pixels(3))
+        collector.wait_for(2)
+        report = pipeline.stop()
+
+    assert report.drained
+    stats = pipeline.stats()["cam"]
+    assert stats.bad == {"shape": 2, "dtype": 1, "corrupt": 1, "empty": 1, "type": 1}
+    assert stats.processed == 2
+    assert sorted(float(r.outputs["y"].flat[0]) for r in collector.results) == [3.0, 7.0]
+
+
+def test_encoded_frames_without_a_decoder_are_counted(tmp_path: Path, collector: Collector) -> None:
+    with InferencePipeline(
+        load(tmp_path), [StreamConfig("cam")], ManualClock(), collector, decoder=None
+    ) as pipeline:
+        pipeline.submit("cam", b"\xff\xd8\xff\xe0")
+        pipeline.submit("cam", pixels(1))
+        collector.wait_for(1)
+    assert pipeline.stats()["cam"].bad == {"unsupported_encoding": 1}
+
+
+def test_inference_failures_are_counted(tmp_path: Path, collector: Collector) -> None:
+    session = ModelSession.load(
+        failing_model(tmp_path / "f.onnx"), CPU, PreprocessConfig(size=(4, 4))
+    )
+    pipeline = InferencePipeline(
+        session, [StreamConfig("cam", queue_size=4)], ManualClock(), collector
+    )
+    with pipeline:
+        for _ in range(3):
+            pipeline.submit("cam", pixels(1))
+        pipeline.stop()
+    assert pipeline.stats()["cam"].failed == {"inference_error": 3}
+    assert collector.results == []
+
+
+def test_a_failing_result_callback_does_not_stop_the_worker(tmp_path: Path) -> None:
+    seen: list[int] = []
+    done = threading.Event()
+
+    def on_result(result: FrameResult) -> None:
+        seen.append(result.frame_id)
+        if result.frame_id == 0:
+            raise RuntimeError("aggregation is down")
+        done.set()
+
+    with InferencePipeline(
+        load(tmp_path), [StreamConfig("cam", queue_size=4)], ManualClock(), on_result
+    ) as pipeline:
+        pipeline.submit("cam", pixels(1))
+        pipeline.submit("cam", pixels(2))
+        assert done.wait(10)
+    assert seen == [0, 1]
+    assert pipeline.callback_errors == 1
+
+
+def test_hot_swap_under_load_loses_nothing(tmp_path: Path, collector: Collector) -> None:
+    """Two producers feed frames while the model is swapped 20 times: every accepted frame
+    yields exactly one result, computed by the session its result names."""
+    sessions = [load(tmp_path, add=float(k), label=f"v{k}") for k in range(21)]
+    streams = [StreamConfig("a", queue_size=1024), StreamConfig("b", queue_size=1024)]
+    pipeline = InferencePipeline(sessions[0], streams, ManualClock(), collector, workers=2)
+    accepted: dict[str, list[int]] = {"a": [], "b": []}
+    swaps_done = threading.Event()
+    start = threading.Barrier(3)
+
+    def produce(stream: str) -> None:
+        start.wait()
+        for i in range(20_000):  # bounded, whatever happens to the swapper
+            if swaps_done.is_set() and i >= 100:
+                return
+            outcome = pipeline.submit(stream, pixels(i % 200))
+            if outcome.queued:
+                accepted[stream].append(outcome.frame_id)
+            time.sleep(0)  # let the workers and the swapper in
+
+    producers = [threading.Thread(target=produce, args=(s,)) for s in ("a", "b")]
+    retirements = []
+    with pipeline:
+        for p in producers:
+            p.start()
+        start.wait()
+        for new in sessions[1:]:
+            collector.wait_for(5)  # frames run on every version, and some are in flight
+            retirements.append(pipeline.swap_session(new))
+        swaps_done.set()
+        for p in producers:
+            p.join(30)
+        report = pipeline.stop(timeout_s=30)
+
+    assert report.drained
+    stats = pipeline.stats()
+    for stream in ("a", "b"):
+        ids = sorted(r.frame_id for r in collector.results if r.stream == stream)
+        assert ids == sorted(accepted[stream])  # exactly one result per accepted frame
+        assert ids == list(range(len(ids)))  # and every submitted frame was accepted
+        assert stats[stream].processed == len(ids)
+        assert stats[stream].dropped == {} and stats[stream].failed == {}
+    for result in collector.results:
+        version = int(result.model.removeprefix("v"))
+        assert float(result.outputs["y"].flat[0]) == result.frame_id % 200 + version
+    assert all(r.wait(10) for r in retirements)
+    assert all(s.closed for s in sessions)  # the retired ones, and the last one at stop
+    assert {r.model for r in collector.results} >= {"v0", "v20"}
+
+
+class BlockingDecoder:
+    """Holds a frame inside preprocessing (so on the session) until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def decode(self, data: bytes) -> npt.NDArray[np.uint8]:
+        self.entered.set()
+        assert self.release.wait(10)
+        return pixels(data[0])
+
+
+def test_in_flight_frames_finish_on_the_old_session(tmp_path: Path, collector: Collector) -> None:
+    old, new = load(tmp_path, add=100.0, label="old"), load(tmp_path, add=200.0, label="new")
+    decoder = BlockingDecoder()
+    with InferencePipeline(
+        old, [StreamConfig("cam", queue_size=4)], ManualClock(), collector, decoder=decoder
+    ) as pipeline:
+        pipeline.submit("cam", bytes([5]))
+        assert decoder.entered.wait(10)
+        retirement = pipeline.swap_session(new)
+        assert not retirement.done and not old.closed  # a frame still runs on it
+        assert pipeline.session is new
+        decoder.release.set()
+        collector.wait_for(1)
+        assert retirement.wait(10) and old.closed
+        pipeline.submit("cam", pixels(5))
+        collector.wait_for(1)
+
+    assert [(r.model, float(r.outputs["y"].flat[0])) for r in collector.results] == [
+        ("old", 105.0),
+        ("new", 205.0),
+    ]
+
+
+def test_swap_rules(tmp_path: Path, collector: Collector) -> None:
+    first, second = load(tmp_path, add=1.0), load(tmp_path, add=2.0)
+    pipeline = InferencePipeline(first, [StreamConfig("cam")], ManualClock(), collector)
+    with pytest.raises(Exception, match="already active"):
+        pipeline.swap_session(first)
+    retirement = pipeline.swap_session(second)
+    assert retirement.done and first.closed  # nothing was running on it
+    with pytest.raises(ClosedError):
+        pipeline.swap_session(first)
+    pipeline.stop()
+    with pytest.raises(ClosedError):
+        pipeline.swap_session(load(tmp_path, add=3.0))
+    with pytest.raises(ClosedError):
+        pipeline.start()
+
+
+def test_stop_drains_queued_frames(tmp_path: Path, collector: Collector) -> None:
+    session = load(tmp_path)
+    pipeline = InferencePipeline(
+        session, [StreamConfig("cam", queue_size=64)], ManualClock(), collector
+    )
+    for i in range(50):
+        pipeline.submit("cam", pixels(i))
+    pipeline.start()
+    report = pipeline.stop(timeout_s=30)
+
+    assert report.drained and report.discarded == 0 and report.workers_running == 0
+    assert sorted(r.frame_id for r in collector.results) == list(range(50))
+    assert session.closed
+    assert pipeline.stop() is report  # idempotent
+    outcome = pipeline.submit("cam", pixels(1))
+    assert (outcome.status, outcome.reason) == ("dropped", "stopped")
+
+
+def test_stop_past_its_deadline_drops_what_is_left(tmp_path: Path) -> None:
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def slow(result: FrameResult) -> None:
+        entered.set()
+        gate.wait(10)
+
+    session = load(tmp_path)
+    pipeline = InferencePipeline(
+        session,
+        [StreamConfig("cam", queue_size=16)],
+        ManualClock(),
+        slow,
+        scheduler_config=SchedulerConfig(shed_after_s=None),
+    )
+    pipeline.start()
+    for i in range(10):
+        pipeline.submit("cam", pixels(i))
+    assert entered.wait(10)
+    report = pipeline.stop(timeout_s=0.2)
+    gate.set()
+
+    assert not report.drained
+    assert report.discarded == 9
+    assert pipeline.stats()["cam"].dropped == {"shutdown": 9}
+    assert session.closed  # its in-flight frame had finished; the callback ran after release
