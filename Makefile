@@ -31,6 +31,7 @@ protos: $(STAMP)
 	$(BIN)/python -m protos.generate
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m bench.run_all
 
 clean:

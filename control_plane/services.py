@@ -15,8 +15,11 @@ from control_plane.access.service import AccessService
 from control_plane.artifacts.base import ArtifactStore
 from control_plane.artifacts.factory import artifact_store_from_url
 from control_plane.clock import Clock, SystemClock
+from control_plane.director.assignments import load_or_create_director_key
+from control_plane.director.service import DirectorService
 from control_plane.identity.ca import CertificateAuthority
 from control_plane.link.ingest import RecordIngest
+from control_plane.link.mqtt_bridge import MqttBridgeConfig
 from control_plane.nodes.service import NodeConfig, NodeService
 from control_plane.registry.service import RegistryConfig, RegistryService
 from control_plane.storage.db import create_engine_for, migrate, session_factory
@@ -34,6 +37,8 @@ class ServiceConfig:
     timestamp_ttl: timedelta = timedelta(days=1)
     refresh_interval_s: float = 300.0
     nodes: NodeConfig = field(default_factory=NodeConfig)
+    # The MQTT bridge runs (in the API's lifespan) only when this is set.
+    mqtt: MqttBridgeConfig | None = None
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Services:
     ca: CertificateAuthority
     nodes: NodeService
     records: RecordIngest
+    director: DirectorService
 
     @property
     def admin_token_file(self) -> Path:
@@ -102,4 +108,11 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         ca=ca,
         nodes=nodes,
         records=RecordIngest(sessions, clock),
+        director=DirectorService(
+            sessions,
+            registry,
+            nodes,
+            load_or_create_director_key(config.data_dir / "director"),
+            clock,
+        ),
     )

@@ -5,11 +5,18 @@ Libraries never read settings: `server.main()` builds these and passes plain val
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import timedelta
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from control_plane.errors import InvalidInputError
+from control_plane.link.grpc_server import GrpcLinkConfig
+from control_plane.link.mqtt_acl import CONTROL_PLANE_MQTT_USER
+from control_plane.link.mqtt_bridge import MqttBridgeConfig
 
 
 class ServerSettings(BaseSettings):
@@ -25,14 +32,87 @@ class ServerSettings(BaseSettings):
     timestamp_ttl_hours: float = Field(default=24, gt=0)
     refresh_interval_s: float = Field(default=300, gt=0)
     log_level: str = "info"
+    # MQTT bridge: off unless `mqtt` (HOST:PORT of the broker) is set.
+    mqtt: str | None = Field(default=None, description="HOST:PORT of the MQTT 5 broker")
+    mqtt_username: str = Field(default=CONTROL_PLANE_MQTT_USER, min_length=1, max_length=64)
+    mqtt_password_file: Path | None = Field(
+        default=None, description="default: <data_dir>/mqtt/control-plane-password"
+    )
+    mqtt_client_id: str | None = Field(
+        default=None, max_length=64, description="stable per replica; default: host name"
+    )
 
-    @field_validator("http")
+    # gRPC node link: off unless `grpc` (HOST:PORT of the mTLS node port) is set.
+    grpc: str | None = Field(default=None, description="HOST:PORT of the nodes' mTLS gRPC port")
+    grpc_enroll: str | None = Field(
+        default=None, description="HOST:PORT of the gRPC enrollment port (server TLS only)"
+    )
+    # What nodes dial: the DNS names and IP addresses in the gRPC server certificate.
+    # From the environment: EDGEFLEET_GRPC_HOSTNAMES=cp.example.com,10.0.0.5
+    grpc_hostnames: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["localhost", "127.0.0.1"]
+    )
+
+    @field_validator("grpc_hostnames", mode="before")
     @classmethod
-    def _host_port(cls, value: str) -> str:
+    def _names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _grpc_enroll_needs_grpc(self) -> ServerSettings:
+        if self.grpc_enroll is not None and self.grpc is None:
+            raise ValueError("grpc_enroll needs grpc (the node port) as well")
+        return self
+
+    def grpc_link_config(self) -> GrpcLinkConfig | None:
+        """The gRPC link's config when `grpc` is set (names split into DNS names and IPs)."""
+        if self.grpc is None:
+            return None
+        names, ips = [], []
+        for name in self.grpc_hostnames:
+            try:
+                ips.append(str(ipaddress.ip_address(name)))
+            except ValueError:
+                names.append(name)
+        return GrpcLinkConfig(
+            node_address=self.grpc,
+            enroll_address=self.grpc_enroll,
+            hostnames=tuple(names),
+            ips=tuple(ips),
+        )
+
+    @field_validator("http", "mqtt", "grpc", "grpc_enroll")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"expected HOST:PORT, got {value!r}")
         return value
+
+    def mqtt_bridge_config(self) -> MqttBridgeConfig | None:
+        """The bridge's config when `mqtt` is set; reads the password file (fails fast)."""
+        if self.mqtt is None:
+            return None
+        password = None
+        if self.mqtt_password_file is not None:
+            try:
+                password = self.mqtt_password_file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise InvalidInputError(f"cannot read the MQTT password file: {exc}") from exc
+            if not password:
+                raise InvalidInputError(f"MQTT password file {self.mqtt_password_file} is empty")
+        host, _, port = self.mqtt.rpartition(":")
+        return MqttBridgeConfig(
+            host=host,
+            port=int(port),
+            username=self.mqtt_username,
+            password=password,
+            client_id=self.mqtt_client_id,
+        )
 
     @property
     def host(self) -> str:

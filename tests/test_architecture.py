@@ -39,6 +39,13 @@ PURE_CORES = (
     "edge_node/clock.py",
     "edge_node/errors.py",
     "edge_node/uuid7.py",
+    "edge_node/runtime/config.py",
+    "edge_node/runtime/streams.py",
+    "edge_node/runtime/timing.py",
+    "edge_node/updater/director.py",
+    "edge_node/updater/journal.py",
+    "control_plane/link/mqtt_topics.py",
+    "control_plane/link/wire.py",
 )
 
 

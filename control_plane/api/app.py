@@ -1,4 +1,4 @@
-"""The FastAPI application factory; the lifespan runs the freshness duty.
+"""The FastAPI application factory; the lifespan runs the freshness and liveness duties.
 
 `create_app(services)` takes a built `Services` container (see control_plane.services);
 it reads no settings and opens nothing by itself.
@@ -16,7 +16,18 @@ from fastapi import FastAPI
 
 from control_plane.api import problems
 from control_plane.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
-from control_plane.api.routes import access, artifacts, fleets, health, models, nodes, tuf
+from control_plane.api.routes import (
+    access,
+    artifacts,
+    director,
+    fleets,
+    health,
+    models,
+    mqtt,
+    nodes,
+    tuf,
+)
+from control_plane.link.mqtt_bridge import bridge_running
 from control_plane.services import Services
 
 log = logging.getLogger(__name__)
@@ -24,6 +35,8 @@ log = logging.getLogger(__name__)
 TARGETS_BODY_LIMIT = 16 << 20
 # A rotation carries a root and the whole re-signed targets metadata in one JSON body.
 ROTATION_BODY_LIMIT = TARGETS_BODY_LIMIT + (1 << 20)
+# How often silent nodes are marked offline; small against the heartbeat timeout (90 s).
+LIVENESS_INTERVAL_S = 5.0
 
 
 async def _freshness_loop(services: Services) -> None:
@@ -38,12 +51,24 @@ async def _freshness_loop(services: Services) -> None:
         await anyio.sleep(services.config.refresh_interval_s)
 
 
+async def _liveness_loop(services: Services) -> None:
+    """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
+    while True:
+        try:
+            await anyio.to_thread.run_sync(services.nodes.mark_offline_stale)
+        except Exception:
+            log.exception("marking silent nodes offline failed; retrying")
+        await anyio.sleep(LIVENESS_INTERVAL_S)
+
+
 def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as tasks:
+        async with anyio.create_task_group() as tasks, bridge_running(services) as bridge:
+            app.state.mqtt_bridge = bridge  # None unless the server runs with --mqtt
             if run_background:
                 tasks.start_soon(_freshness_loop, services)
+                tasks.start_soon(_liveness_loop, services)
             yield
             tasks.cancel_scope.cancel()
 
@@ -55,7 +80,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     )
     app.state.services = services
     problems.install(app)
-    for router in (health, fleets, artifacts, models, tuf, access, nodes):
+    for router in (health, fleets, artifacts, models, tuf, access, nodes, director, mqtt):
         app.include_router(router.router)
     app.add_middleware(
         BodyLimitMiddleware,

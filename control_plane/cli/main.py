@@ -10,7 +10,9 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+import control_plane.cli.commands.director  # noqa: F401  (registers `nodes pin`)
 from control_plane.cli.commands.access import audit_app, token_app
+from control_plane.cli.commands.mqtt import mqtt_app
 from control_plane.cli.commands.nodes import node_app, nodes_app
 from control_plane.cli.commands.registry import fleet_app, keys_app, model_app
 from control_plane.cli.context import CliContext
@@ -30,6 +32,7 @@ app.add_typer(token_app, name="token")
 app.add_typer(audit_app, name="audit")
 app.add_typer(node_app, name="node")
 app.add_typer(nodes_app, name="nodes")
+app.add_typer(mqtt_app, name="mqtt")
 
 
 @app.callback()
@@ -56,6 +59,29 @@ def server(
         str | None, typer.Option(help="file:///DIR or s3://BUCKET/PREFIX?endpoint_url=...")
     ] = None,
     http: Annotated[str | None, typer.Option(help="HOST:PORT")] = None,
+    grpc: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the nodes' mTLS gRPC port; enables gRPC")
+    ] = None,
+    grpc_enroll: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the gRPC enrollment port (server TLS only)")
+    ] = None,
+    grpc_hostname: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--grpc-hostname",
+            help="DNS name or IP nodes dial, put in the server certificate (repeatable) "
+            "[default: localhost, 127.0.0.1]",
+        ),
+    ] = None,
+    mqtt: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the MQTT 5 broker; enables the bridge")
+    ] = None,
+    mqtt_username: Annotated[
+        str | None, typer.Option(help="broker user [default: edgefleet-control-plane]")
+    ] = None,
+    mqtt_password_file: Annotated[
+        Path | None, typer.Option(help="default: <data-dir>/mqtt/control-plane-password")
+    ] = None,
 ) -> None:
     """Run the control plane (REST API, TUF repository, freshness re-signing)."""
     from control_plane.server import serve
@@ -70,6 +96,12 @@ def server(
         "database_url": database_url,
         "artifacts": artifacts,
         "http": http,
+        "grpc": grpc,
+        "grpc_enroll": grpc_enroll,
+        "grpc_hostnames": grpc_hostname or None,
+        "mqtt": mqtt,
+        "mqtt_username": mqtt_username,
+        "mqtt_password_file": mqtt_password_file,
     }
     merged = settings.model_dump() | {k: v for k, v in updates.items() if v is not None}
     try:

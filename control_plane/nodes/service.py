@@ -1,10 +1,11 @@
 """Enrollment and the node inventory: bootstrap tokens, node certificates, liveness, labels.
 
 Transport-independent: the gRPC and MQTT front ends call `enroll`, `renew`,
-`authenticate_certificate` / `authorize` on every message, `record_hello`, `touch` and
-`set_online`; operators reach the token, label and revoke methods through REST and
-the CLI. Every refusal of a node-facing call is counted by reason (`refusals`) and
-logged at WARNING, never with a token value. The rules live in `control_plane.identity`.
+`authenticate_certificate` / `authorize` on every message, `record_hello`, `touch`,
+`record_update_status` and `set_online`; operators reach the token, label and revoke
+methods through REST and the CLI. Every refusal of a node-facing call is counted by
+reason (`refusals`) and logged at WARNING, never with a token value. The rules live
+in `control_plane.identity`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
@@ -44,6 +45,11 @@ from control_plane.identity.bootstrap import (
     validate_labels,
 )
 from control_plane.identity.ca import CertificateAuthority, CertificateRejectedError, IssuedCert
+from control_plane.link.mqtt_acl import (
+    NodeMqttAccount,
+    mosquitto_password_hash,
+    new_mqtt_password,
+)
 from control_plane.storage.models import AuditRow, BootstrapTokenRow, FleetRow, NodeRow
 
 __all__ = [
@@ -130,6 +136,10 @@ class Enrollment:
     ca_pem: bytes
     cert_serial: str
     not_after: datetime
+    # Nodes enrolled for transport "mqtt": their broker login (username = node id). The
+    # password is shown here once; the control plane keeps only its Mosquitto hash.
+    mqtt_username: str | None = None
+    mqtt_password: str | None = field(default=None, repr=False)
 
 
 class RefusalCounter:
@@ -297,6 +307,7 @@ class NodeService:
                 csr_pem, node_id=node_id, fleet=fleet, now=now, ttl=self._config.cert_ttl
             )
             labels = {str(k): str(v) for k, v in row.labels.items()}
+            mqtt_password = new_mqtt_password() if transport == "mqtt" else None
             session.add(
                 NodeRow(
                     id=node_id,
@@ -308,6 +319,9 @@ class NodeService:
                     transport=transport,
                     cert_serial=issued.serial,
                     cert_expires_at=issued.not_after,
+                    mqtt_password_hash=(
+                        mosquitto_password_hash(mqtt_password) if mqtt_password else None
+                    ),
                 )
             )
             session.flush()
@@ -354,6 +368,8 @@ class NodeService:
             ca_pem=self._ca.ca_pem,
             cert_serial=issued.serial,
             not_after=issued.not_after,
+            mqtt_username=node_id if mqtt_password else None,
+            mqtt_password=mqtt_password,
         )
 
     def renew(self, node_id: str, csr_pem: bytes, *, request_id: str | None = None) -> IssuedCert:
@@ -481,6 +497,31 @@ class NodeService:
             self._refused("hello", exc, node_id=node_id)
             raise
 
+    def record_update_status(
+        self, node_id: str, status: Mapping[str, Any], now: datetime | None = None
+    ) -> Node:
+        """The node reported progress of an update; kept as `reported_state["update"]`.
+
+        Only the latest status is kept: the history of an update belongs to the rollout
+        that asked for it, not to the inventory. The next Hello replaces the whole
+        reported state, this key included: a node reports what it runs when it connects.
+        """
+        now = now or self._clock.now()
+        try:
+            with self._write_session() as session:
+                row = _node_for_node(session, node_id, lock=True)
+                state = self._checked_state({**(row.reported_state or {}), "update": dict(status)})
+                row.reported_state = state
+                row.last_seen = now
+                row.online = True
+                session.flush()
+                node = _node(row, _fleet_name(session, row.fleet_id))
+                session.commit()
+            return node
+        except EdgefleetError as exc:
+            self._refused("update-status", exc, node_id=node_id)
+            raise
+
     def touch(self, node_id: str, now: datetime | None = None) -> None:
         """A heartbeat: the node is online; last_seen moves (at most every few seconds)."""
         now = now or self._clock.now()
@@ -546,6 +587,31 @@ class NodeService:
         if ids:
             log.info("nodes went offline (no heartbeat)", extra={"node_ids": ids[:100]})
         return ids
+
+    # -------------------------------------------------------------------- mqtt
+
+    def mqtt_accounts(self, ctx: RequestContext) -> list[NodeMqttAccount]:
+        """Every unrevoked node's MQTT login (hashes only), for the broker's password file.
+
+        Admin only and audited: whoever holds these hashes can configure a broker that
+        admits the nodes. Revoked nodes are left out, so a regenerated file locks them out.
+        """
+        with self._audited(ctx, "mqtt.credentials.export", "mqtt", needs=Role.ADMIN) as (
+            session,
+            details,
+        ):
+            found = session.execute(
+                select(NodeRow.id, FleetRow.name, NodeRow.mqtt_password_hash)
+                .join(FleetRow, FleetRow.id == NodeRow.fleet_id)
+                .where(NodeRow.revoked_at.is_(None), NodeRow.mqtt_password_hash.is_not(None))
+                .order_by(FleetRow.name, NodeRow.id)
+            ).all()
+            accounts = [
+                NodeMqttAccount(node_id=node_id, fleet=fleet, password_hash=str(password_hash))
+                for node_id, fleet, password_hash in found
+            ]
+            details["nodes"] = len(accounts)
+        return accounts
 
     # ------------------------------------------------------------------ labels
 

@@ -39,6 +39,7 @@ __all__ = [
     "AuditRow",
     "Base",
     "BootstrapTokenRow",
+    "DirectorAssignmentRow",
     "FleetRow",
     "ModelFloorRow",
     "ModelVersionRow",
@@ -223,6 +224,8 @@ class NodeRow(Base):
     previous_cert_serial: Mapped[str | None] = mapped_column(String(40), default=None)
     previous_cert_expires_at: Mapped[datetime | None] = mapped_column(default=None)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Mosquitto `$7$` hash of the node's MQTT password (nodes enrolled for MQTT only).
+    mqtt_password_hash: Mapped[str | None] = mapped_column(String(160), default=None, repr=False)
 
 
 class BootstrapTokenRow(Base):
@@ -268,3 +271,31 @@ class NodeRecordRow(Base):
         CheckConstraint("kind IN ('event', 'health')", name="kind"),
         Index("ix_node_records_node_id_kind_seq", "node_id", "kind", "seq"),
     )
+
+
+class DirectorAssignmentRow(Base):
+    """A signed director assignment: "node N shall run target T", one per (node, sequence).
+
+    The sequence is monotonic per node (the node refuses anything not above the last it
+    accepted); rows are never updated, so the table is the node's pin history and the
+    newest row is the current assignment. ``signed`` holds the serialized
+    SignedDirectorAssignment exactly as the node receives it.
+    """
+
+    __tablename__ = "director_assignments"
+    __table_args__ = (
+        CheckConstraint("sequence >= 1", name="sequence_positive"),
+        CheckConstraint("length >= 0", name="length_nonnegative"),
+    )
+
+    node_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    target_path: Mapped[str] = mapped_column(String(512))
+    sha256: Mapped[str] = mapped_column(String(64))
+    length: Mapped[int] = mapped_column(BigInteger)
+    issued_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    signed: Mapped[bytes] = mapped_column(LargeBinary, repr=False)
+    created_by: Mapped[str] = mapped_column(String(128))

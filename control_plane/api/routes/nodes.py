@@ -1,7 +1,7 @@
 """Nodes: bootstrap tokens, enrollment (REST fallback for MQTT-only links), inventory.
 
-`POST /v1/enroll` is the one route here without an API token: the bootstrap token in
-the body is the credential.
+`POST /v1/enroll` and `GET /v1/ca.pem` are the routes here without an API token: the
+bootstrap token in the body is the credential, and the CA certificate is public.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request, status
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
@@ -57,6 +58,8 @@ class EnrollmentOut(BaseModel):
     ca_pem: str
     cert_serial: str
     not_after: datetime
+    mqtt_username: str | None = Field(default=None, description="transport mqtt only")
+    mqtt_password: str | None = Field(default=None, description="shown once; mqtt only")
 
 
 class NodeOut(BaseModel):
@@ -159,7 +162,19 @@ def enroll(body: EnrollRequest, request: Request, services: ServicesDep) -> Enro
         ca_pem=enrollment.ca_pem.decode("ascii"),
         cert_serial=enrollment.cert_serial,
         not_after=enrollment.not_after,
+        mqtt_username=enrollment.mqtt_username,
+        mqtt_password=enrollment.mqtt_password,
     )
+
+
+@router.get("/ca.pem", response_class=PlainTextResponse)
+def ca_certificate(services: ServicesDep) -> PlainTextResponse:
+    """The fleet CA (PEM) that signs node and gRPC server certificates; no token needed.
+
+    Public, but only as trustworthy as the channel it is fetched over: a node should get
+    it from the operator (with its bootstrap token) or over HTTPS it already trusts.
+    """
+    return PlainTextResponse(services.ca.ca_pem, media_type="application/x-pem-file")
 
 
 @router.get("/nodes")

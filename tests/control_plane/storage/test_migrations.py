@@ -37,6 +37,7 @@ TABLES = {
     "nodes",
     "bootstrap_tokens",
     "node_records",
+    "director_assignments",
 }
 
 
