@@ -108,7 +108,7 @@ def server(
         validated = ServerSettings.model_validate(merged)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
         )
         raise InvalidInputError(f"invalid server settings: {problems}") from exc
     serve(validated)
