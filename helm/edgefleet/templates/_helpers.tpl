@@ -54,5 +54,8 @@ app.kubernetes.io/component: control-plane
 {{- if not .Values.onlineKeys.existingSecret }}
 {{- fail "replicaCount > 1 needs the same online keys in every replica: set onlineKeys.existingSecret" }}
 {{- end }}
+{{- if not .Values.identityKeys.existingSecret }}
+{{- fail "replicaCount > 1 needs one node CA and director key in every replica: set identityKeys.existingSecret" }}
+{{- end }}
 {{- end }}
 {{- end }}
