@@ -16,6 +16,7 @@ from control_plane.artifacts.base import ArtifactStore
 from control_plane.artifacts.factory import artifact_store_from_url
 from control_plane.clock import Clock, SystemClock
 from control_plane.director.assignments import load_or_create_director_key
+from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
 from control_plane.identity.ca import CertificateAuthority
 from control_plane.link.ingest import RecordIngest
@@ -53,6 +54,9 @@ class Services:
     nodes: NodeService
     records: RecordIngest
     director: DirectorService
+    # New assignments go out through whatever transports run in this process: the gRPC
+    # link server and the MQTT bridge attach themselves while they run.
+    delivery: FanOutDelivery
 
     @property
     def admin_token_file(self) -> Path:
@@ -98,6 +102,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     access.bootstrap_admin(config.data_dir / "admin-token")
     ca = CertificateAuthority.load_or_create(config.data_dir / "ca", now=clock.now())
     nodes = NodeService(sessions, ca, clock, config.nodes)
+    delivery = FanOutDelivery()
     return Services(
         config=config,
         engine=engine,
@@ -114,5 +119,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
             nodes,
             load_or_create_director_key(config.data_dir / "director"),
             clock,
+            delivery=delivery,
         ),
+        delivery=delivery,
     )

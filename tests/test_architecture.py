@@ -46,6 +46,7 @@ PURE_CORES = (
     "edge_node/updater/journal.py",
     "control_plane/link/mqtt_topics.py",
     "control_plane/link/wire.py",
+    "control_plane/director/delivery.py",
 )
 
 
@@ -89,6 +90,17 @@ def test_pure_cores_import_no_framework(core: str) -> None:
     assert path.exists(), f"{core} moved: update PURE_CORES"
     bad = [name for name in imported_modules(path) if name.split(".")[0] in FRAMEWORKS]
     assert bad == []
+
+
+def test_the_director_knows_no_transport() -> None:
+    """Transports attach to the director's delivery port; the director never imports them."""
+    found = [
+        f"{module.relative_to(ROOT)}: {name}"
+        for module in sorted((ROOT / "control_plane" / "director").rglob("*.py"))
+        for name in imported_modules(module)
+        if name.startswith(("control_plane.link", "control_plane.api", "grpc", "paho"))
+    ]
+    assert found == []
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:

@@ -2,8 +2,11 @@
 
 `pin` is the operator's decision for one node (rollouts will call the same path later);
 every assignment gets the node's next sequence and is stored signed, exactly as the node
-receives it. Delivery to the node (gRPC / MQTT) is not done here: the link layer reads
-`current(node_id)`. The signing rules live in `control_plane.director.assignments`.
+receives it. Once the pin has committed it goes to the `AssignmentDelivery` port (the
+transports running in this process push it to a connected node); the transports also
+answer every node's Hello with `current(node_id)`, so a node that was not reachable gets
+it then. The signing rules live in `control_plane.director.assignments`; no transport is
+imported here.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from control_plane.access.roles import Role
 from control_plane.access.service import AuditedMutations, RequestContext
 from control_plane.clock import Clock
 from control_plane.director.assignments import sign_assignment
+from control_plane.director.delivery import AssignmentDelivery, FanOutDelivery
 from control_plane.errors import ConflictError, InvalidInputError, NotFoundError, PolicyError
 from control_plane.nodes.service import NodeService
 from control_plane.registry.service import RegistryService
@@ -77,6 +81,7 @@ class DirectorService:
         key: Signer,
         clock: Clock,
         ttl: timedelta = DEFAULT_ASSIGNMENT_TTL,
+        delivery: AssignmentDelivery | None = None,
     ) -> None:
         if not _MIN_TTL <= ttl <= _MAX_TTL:
             raise InvalidInputError(
@@ -89,6 +94,8 @@ class DirectorService:
         self._key = key
         self._clock = clock
         self._ttl = ttl
+        # Nothing attached: assignments wait for the node's next Hello.
+        self._delivery: AssignmentDelivery = delivery if delivery is not None else FanOutDelivery()
         self._mutations = AuditedMutations(sessions, clock)
 
     @property
@@ -107,7 +114,9 @@ class DirectorService:
         Refused: an unknown node or version (NotFoundError), a revoked node or a
         version below its model's floor (PolicyError). The assignment gets the node's
         next sequence; the node row is locked meanwhile, so concurrent pins of one node
-        take turns and never share a sequence.
+        take turns and never share a sequence. After the commit the assignment goes to
+        the delivery port; a delivery that fails is logged and the pin stands (the node
+        gets it at its next Hello).
         """
         with self._mutations.mutation(
             ctx, "node.pin", f"node:{node_id}", needs=Role.OPERATOR
@@ -179,7 +188,25 @@ class DirectorService:
             "node pinned",
             extra={"node_id": node_id, "target": info.target_path, "sequence": sequence},
         )
+        self._deliver(assignment)
         return assignment
+
+    def _deliver(self, assignment: Assignment) -> None:
+        try:
+            via = self._delivery.deliver(
+                assignment.node_id, assignment.fleet, assignment.signed_message()
+            )
+        except Exception:  # committed already: the node gets it at its next Hello
+            log.exception("delivering assignment to node %s failed", assignment.node_id)
+            return
+        if via:
+            log.info(
+                "assignment %d delivered to node %s over %s",
+                assignment.sequence,
+                assignment.node_id,
+                ", ".join(via),
+                extra={"node_id": assignment.node_id, "sequence": assignment.sequence},
+            )
 
     # ------------------------------------------------------------------- reads
 
@@ -196,9 +223,13 @@ class DirectorService:
             return None if row is None else _assignment(row, node.fleet)
 
     def current(self, node_id: str) -> SignedDirectorAssignment | None:
-        """What the node is sent: its newest signed assignment, or None."""
+        """What the node is sent at its Hello: its newest signed assignment, or None when
+        it has none or the newest has expired (the node would refuse it; it keeps running
+        what it runs until an operator pins again)."""
         latest = self.latest(node_id)
-        return None if latest is None else latest.signed_message()
+        if latest is None or latest.expired(self._clock.now()):
+            return None
+        return latest.signed_message()
 
 
 def _assignment(row: DirectorAssignmentRow, fleet: str) -> Assignment:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
@@ -47,6 +48,7 @@ from control_plane.errors import (
     UnavailableError,
 )
 from control_plane.link import wire
+from control_plane.link.desired import HubDelivery
 from control_plane.link.grpc_status import REASON_TRAILER, reason_of, status_for
 from control_plane.link.hub import DownlinkSession, LinkHub
 from control_plane.nodes.service import Node, RefusalCounter
@@ -111,6 +113,7 @@ class LinkStats:
     batches: int = 0
     records_acked: int = 0
     refused_batches: int = 0
+    desired_sent: int = 0  # assignments sent in answer to a Hello
 
 
 class _InternalError(EdgefleetError):
@@ -332,6 +335,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
             )
         )
         tuf_root = await asyncio.to_thread(self._first_root, enrollment.fleet)
+        director_key = self._services.director.director_public_key()
         return link_pb2.EnrollResponse(
             node_id=enrollment.node_id,
             fleet=enrollment.fleet,
@@ -343,6 +347,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
             # Only for a node that enrolled for the MQTT transport; shown this once.
             mqtt_username=enrollment.mqtt_username or "",
             mqtt_password=enrollment.mqtt_password or "",
+            director_public_key=json.dumps(director_key, sort_keys=True).encode(),
         )
 
     def _first_root(self, fleet: str) -> bytes:
@@ -354,8 +359,18 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
     async def RenewCertificate(
         self, request: link_pb2.RenewRequest, context: Any
     ) -> link_pb2.RenewResponse:
-        node = current_node().node
-        issued = await asyncio.to_thread(self._services.nodes.renew, node.id, request.csr_pem)
+        peer = current_node()
+        presented = self._services.ca.node_identity_from_certificate(
+            peer.certificate, now=self._services.clock.now()
+        )
+        issued = await asyncio.to_thread(
+            functools.partial(
+                self._services.nodes.renew,
+                peer.node.id,
+                request.csr_pem,
+                presented_serial=presented.serial,
+            )
+        )
         return link_pb2.RenewResponse(
             certificate_pem=issued.pem, not_after=_timestamp(issued.not_after)
         )
@@ -423,6 +438,9 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
                 ((NODE_ID_HEADER, node.id), (PROTOCOL_HEADER, str(wire.PROTOCOL_VERSION)))
             )
             self.stats.streams += 1
+            # Attached before this lookup: a pin that commits meanwhile reaches the node
+            # through the hub, one that committed before is found here. Never neither.
+            await self._queue_desired(node.id, session)
             reader = asyncio.create_task(
                 self._read(peer, request_iterator, session), name=f"sync-{node.id}"
             )
@@ -494,6 +512,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
                 self._refuse_message("update_status", node_id, exc)
         elif kind == "hello":
             await self._hello(peer, message)
+            await self._queue_desired(node_id, session)
         else:
             # A body from a newer protocol version: ignored, as unknown fields are.
             self._refusals.add("unknown-message")
@@ -516,6 +535,18 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
             exc.message,
             extra={"node_id": node_id, "reason": reason, **_plain(exc.fields)},
         )
+
+    async def _queue_desired(self, node_id: str, session: DownlinkSession) -> None:
+        """Answer an accepted Hello with the node's current assignment, if it has one.
+
+        Sent whatever `director_sequence` the Hello reports: it is a few hundred bytes,
+        the node drops a sequence it already holds, and a node that accepted a sequence
+        but lost what it said (a crash before the download) gets it back this way.
+        """
+        signed = await asyncio.to_thread(self._services.director.current, node_id)
+        if signed is not None:
+            await session.queue.put(wire.desired(signed))
+            self.stats.desired_sent += 1
 
     async def _hello(self, peer: AuthenticatedNode, message: link_pb2.NodeMessage) -> Node:
         if message.protocol_version < 1:
@@ -590,6 +621,7 @@ class GrpcLinkServer:
         self._server: Any = None
         self._health: Any = None
         self._stopping: asyncio.Task[None] | None = None
+        self._delivery = HubDelivery(self.hub)
 
     async def start(self) -> None:
         if self._server is not None:
@@ -623,6 +655,8 @@ class GrpcLinkServer:
             )
         await server.start()
         self._server = server
+        # From now on a pin reaches the nodes connected here at once.
+        self._services.delivery.attach(self._delivery)
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -643,6 +677,7 @@ class GrpcLinkServer:
         await asyncio.shield(self._stopping)
 
     async def _stop(self, grace_s: float) -> None:
+        self._services.delivery.detach(self._delivery)
         await self._health.enter_graceful_shutdown()
         # Sync streams never finish by themselves: end them now so their nodes reconnect
         # (to another replica or to our successor) while downloads drain.

@@ -19,6 +19,12 @@ bad input: the message is retried with backoff and PUBACKed only once it is stor
 Which node may publish on which topic is the broker's ACL (`mqtt_acl`); MQTT does not
 tell a subscriber who published.
 
+Desired state: `publish_desired` rings a node's retained ``desired`` doorbell with its
+signed assignment (`MqttDelivery` calls it after a pin); and every Hello is answered
+with the node's current assignment on the same topic, not retained, so a node whose
+broker lost the retained message still gets it, and an answer read before a newer pin
+cannot overwrite that pin's retained doorbell.
+
 Last Will: a node's will is a body-less NodeMessage on its ``status`` topic carrying the
 MQTT user property ``edgefleet-presence: offline``; the bridge marks the node offline.
 
@@ -59,6 +65,7 @@ from control_plane.errors import (
     UnavailableError,
 )
 from control_plane.link import wire
+from control_plane.link.desired import MqttDelivery
 from control_plane.link.mqtt_acl import (
     CONTROL_PLANE_MQTT_USER,
     MqttAccount,
@@ -304,7 +311,7 @@ class MqttBridge:
         message stays queued and goes out on reconnect; ringing again is harmless).
         """
         if assignment is not None:
-            message = wire.control_message(desired=link_pb2.DesiredState(assignment=assignment))
+            message = wire.desired(assignment)
         else:
             message = wire.control_message(command=link_pb2.Command(name=PULL_DESIRED))
         topic = node_topic(fleet, node_id, Leaf.DESIRED)
@@ -540,6 +547,7 @@ class MqttBridge:
         elif kind == "hello":
             nodes.record_hello(node.id, body.hello.agent_version, "mqtt", wire.hello_state(body))
             self.counts.add("hellos")
+            self._answer_hello(node)
         elif kind == "heartbeat":
             nodes.touch(node.id)
             self.counts.add("heartbeats")
@@ -549,6 +557,20 @@ class MqttBridge:
             raise _Refusal("unknown-message", "a status message with a body this bridge lacks")
         else:
             raise _Refusal("wrong-leaf", f"a status message cannot carry {kind}")
+
+    def _answer_hello(self, node: Node) -> None:
+        """The node's current assignment on its ``desired`` topic (as over gRPC, whatever
+        sequence the Hello reports; the node drops one it holds already)."""
+        signed = self._services.director.current(node.id)
+        if signed is None:
+            return
+        self._publish(
+            node_topic(node.fleet, node.id, Leaf.DESIRED),
+            wire.desired(signed).SerializeToString(),
+            retain=False,
+            expiry_s=self._config.downlink_expiry_s,
+        )
+        self.counts.add("desired-sent")
 
     def _records(
         self, node: Node, where: NodeTopic, body: link_pb2.NodeMessage, kind: str | None
@@ -629,9 +651,12 @@ async def bridge_running(services: Services) -> AsyncIterator[MqttBridge | None]
         return
     bridge = MqttBridge(services, services.config.mqtt)
     bridge.start()
+    delivery = MqttDelivery(bridge)
+    services.delivery.attach(delivery)  # pins ring the doorbell from now on
     try:
         yield bridge
     finally:
+        services.delivery.detach(delivery)
         # Shielded: the lifespan's task group is usually cancelled by the time we get here.
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(bridge.stop)

@@ -12,12 +12,13 @@ from typing import Any, Final
 
 from control_plane.errors import InvalidInputError
 from control_plane.link.ingest import IncomingRecord
-from protos.edgefleet.fleet.v1 import link_pb2
+from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 
 __all__ = [
     "PROTOCOL_VERSION",
     "ack",
     "control_message",
+    "desired",
     "hello_state",
     "incoming_records",
     "update_status",
@@ -31,6 +32,11 @@ _KINDS: Final = {link_pb2.RECORD_KIND_EVENT: "event", link_pb2.RECORD_KIND_HEALT
 def control_message(**body: Any) -> link_pb2.ControlMessage:
     """A ControlMessage with the current protocol version and one body field set."""
     return link_pb2.ControlMessage(protocol_version=PROTOCOL_VERSION, **body)
+
+
+def desired(signed: director_pb2.SignedDirectorAssignment) -> link_pb2.ControlMessage:
+    """The node's desired state: its signed director assignment, exactly as stored."""
+    return control_message(desired=link_pb2.DesiredState(assignment=signed))
 
 
 def ack(record_ids: list[str]) -> link_pb2.ControlMessage:

@@ -372,11 +372,24 @@ class NodeService:
             mqtt_password=mqtt_password,
         )
 
-    def renew(self, node_id: str, csr_pem: bytes, *, request_id: str | None = None) -> IssuedCert:
+    def renew(
+        self,
+        node_id: str,
+        csr_pem: bytes,
+        *,
+        presented_serial: str | None = None,
+        request_id: str | None = None,
+    ) -> IssuedCert:
         """A new certificate for an enrolled node (called over its authenticated link).
 
         The key may change. The previous certificate keeps working until it expires,
         so connections opened with it are not cut by the renewal.
+
+        `presented_serial` is the certificate the call was authenticated with. When it
+        is the node's *previous* one, the current certificate never reached the node
+        (it crashed before storing it); the previous one then stays previous, so the
+        certificate the node holds keeps working and a crash during renewal cannot
+        lock it out.
         """
         try:
             self._ca.check_csr(csr_pem)
@@ -390,8 +403,9 @@ class NodeService:
                     now=now,
                     ttl=self._config.cert_ttl,
                 )
-                row.previous_cert_serial = row.cert_serial
-                row.previous_cert_expires_at = row.cert_expires_at
+                if presented_serial is None or presented_serial != row.previous_cert_serial:
+                    row.previous_cert_serial = row.cert_serial
+                    row.previous_cert_expires_at = row.cert_expires_at
                 row.cert_serial = issued.serial
                 row.cert_expires_at = issued.not_after
                 row.public_key_sha256 = issued.public_key_sha256

@@ -278,6 +278,21 @@ class GrpcNodeLink(NodeLink):
             raise _rpc_error(exc, request=True) from exc
         return response
 
+    def credentials_renewed(
+        self, credentials: NodeCredentials | Callable[[], NodeCredentials] | None = None
+    ) -> None:
+        """The node's key and certificate were renewed: use them from the next connect on.
+
+        `credentials` replaces the source (needed when the link was built with fixed
+        credentials; a link that reads the node's files picks the new ones up anyway).
+        The open Sync stream is ended now, so the caller's reconnect (the uplink's, at
+        once) brings the new certificate into use: the old one is valid only until it
+        expires, and a stream still holding it then would be refused for good.
+        """
+        if credentials is not None:
+            self._credentials = credentials if callable(credentials) else (lambda: credentials)
+        self._cancel_call()
+
     # ------------------------------------------------------------- lifecycle
 
     async def close(self) -> None:

@@ -14,7 +14,8 @@ Wire (docs/protocol.md, "MQTT"): topics ``edgefleet/v1/<fleet>/<node>/<leaf>``.
   each a serialized ControlMessage; `incoming()` yields them as they are. A doorbell
   carries either the signed assignment (`desired`) or the command ``pull-desired``; the
   node verifies and pulls signed state either way, so a stale or replayed retained
-  message changes nothing.
+  message changes nothing. The control plane also answers every Hello with the current
+  assignment on ``desired`` (not retained), so the same assignment may arrive twice.
 - Session: client id = node id, ``clean_start=False`` and a session expiry, so acks
   published while the node is away wait for it. Subscriptions use retain handling 1:
   the retained doorbell comes again only with a new subscription (a lost session).

@@ -60,6 +60,10 @@ class EnrollmentOut(BaseModel):
     not_after: datetime
     mqtt_username: str | None = Field(default=None, description="transport mqtt only")
     mqtt_password: str | None = Field(default=None, description="shown once; mqtt only")
+    director_public_key: dict[str, Any] = Field(
+        description="the director's public key (TUF key dict plus keyid): the only key "
+        "the node trusts for its assignments"
+    )
 
 
 class NodeOut(BaseModel):
@@ -164,6 +168,7 @@ def enroll(body: EnrollRequest, request: Request, services: ServicesDep) -> Enro
         not_after=enrollment.not_after,
         mqtt_username=enrollment.mqtt_username,
         mqtt_password=enrollment.mqtt_password,
+        director_public_key=services.director.director_public_key(),
     )
 
 

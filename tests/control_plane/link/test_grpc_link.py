@@ -26,6 +26,7 @@ from control_plane.services import ServiceConfig, Services, build_services
 from edge_node.enroll import (
     CA_FILE,
     CERT_FILE,
+    DIRECTOR_KEY_FILE,
     IDENTITY_FILE,
     KEY_FILE,
     EnrollmentFiles,
@@ -104,8 +105,9 @@ async def test_enroll_over_grpc_then_sync_with_the_issued_certificate(
 ) -> None:
     files = await plane.enroll(tmp_path / "node", plane.token(labels={"site": "north"}))
     assert (files.fleet, files.labels) == ("gates", {"site": "north"})
-    for name in (KEY_FILE, CERT_FILE, CA_FILE, IDENTITY_FILE):
+    for name in (KEY_FILE, CERT_FILE, CA_FILE, DIRECTOR_KEY_FILE, IDENTITY_FILE):
         assert (files.directory / name).is_file()
+    assert files.director_key().keyid == plane.services.director.director_public_key()["keyid"]
     assert stat.S_IMODE(files.key_path.stat().st_mode) == 0o600
     assert files.ca_path.read_bytes() == plane.services.ca.ca_pem
     assert EnrollmentFiles.load(files.directory) == files

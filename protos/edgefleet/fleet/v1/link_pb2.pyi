@@ -111,6 +111,7 @@ class EnrollResponse(_message.Message):
     TUF_ROOT_FIELD_NUMBER: _builtins.int
     MQTT_USERNAME_FIELD_NUMBER: _builtins.int
     MQTT_PASSWORD_FIELD_NUMBER: _builtins.int
+    DIRECTOR_PUBLIC_KEY_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     """Assigned by the control plane; also in the certificate's SAN."""
     fleet: _builtins.str
@@ -122,6 +123,11 @@ class EnrollResponse(_message.Message):
     mqtt_username: _builtins.str
     """Per-node MQTT credentials, when the node enrolled for the MQTT transport."""
     mqtt_password: _builtins.str
+    director_public_key: _builtins.bytes
+    """The director's public key, the only key the node trusts for assignments: its
+    securesystemslib/TUF key dict plus "keyid", as UTF-8 JSON ({"keyid": ..., "keytype":
+    "ed25519", "scheme": "ed25519", "keyval": {"public": ...}}).
+    """
     @_builtins.property
     def not_after(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -138,10 +144,11 @@ class EnrollResponse(_message.Message):
         tuf_root: _builtins.bytes = ...,
         mqtt_username: _builtins.str = ...,
         mqtt_password: _builtins.str = ...,
+        director_public_key: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["not_after", b"not_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ca_pem", b"ca_pem", "certificate_pem", b"certificate_pem", "fleet", b"fleet", "labels", b"labels", "mqtt_password", b"mqtt_password", "mqtt_username", b"mqtt_username", "node_id", b"node_id", "not_after", b"not_after", "tuf_root", b"tuf_root"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ca_pem", b"ca_pem", "certificate_pem", b"certificate_pem", "director_public_key", b"director_public_key", "fleet", b"fleet", "labels", b"labels", "mqtt_password", b"mqtt_password", "mqtt_username", b"mqtt_username", "node_id", b"node_id", "not_after", b"not_after", "tuf_root", b"tuf_root"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
