@@ -1,0 +1,431 @@
+"""The updater's reconciler (DESIGN §5): take a signed director assignment to the running model.
+
+`Reconciler.apply(signed)` refreshes TUF (fresh `Updater`, in a thread), verifies the
+assignment against it, journals the accepted sequence and the trial, downloads the model
+and its reference pair (resuming, verified), installs them into the store, self-tests,
+calls `activate(path)` (the agent's hot swap) and commits — or reverts the trial and stays
+on the active model. Every step is journalled first, so `resume_after_crash()` at start-up
+converges whatever step a SIGKILL interrupted. Phases go to a `report(phase, detail)`
+callback that the agent turns into UpdateStatus messages. Not here: the hot swap itself,
+the runtime, when to call `apply` (the agent's loop), the watchdog after commit.
+
+Decisions:
+- A trial found in the journal at start-up is **reverted**, not retried: the process may
+  have died *because of* the trial (a model that exhausts memory at load), and retrying
+  it blindly would loop. It counts as a failed attempt of that target.
+- Re-delivery of the very assignment last accepted (same sequence, e.g. the retained MQTT
+  doorbell or a reconnect) is a no-op when its target is active, and a bounded retry
+  (`max_attempts`) when its last trial failed — so a cut link or a crash is retried
+  without the director having to re-sign, and a bad model is not retried forever.
+- A refusal for lack of disk space happens before the sequence is accepted, so the same
+  assignment is applied once space is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from securesystemslib.signer import Key
+from tuf.api.exceptions import DownloadError, RepositoryError
+
+from edge_node.clock import Clock
+from edge_node.errors import EdgeNodeError
+from edge_node.link.base import Backoff, LinkError, LinkUnavailableError, NodeLink
+from edge_node.updater.director import (
+    AssignmentRejectedError,
+    AssignmentReplayError,
+    TargetInfo,
+    TargetMismatchError,
+    VerifiedAssignment,
+    verify_assignment,
+)
+from edge_node.updater.download import ArtifactRejectedError, download_target
+from edge_node.updater.journal import (
+    Journal,
+    JournalState,
+    ModelRef,
+    Phase,
+    accept_assignment,
+    begin_trial,
+    commit_trial,
+    revert_trial,
+    rollback,
+)
+from edge_node.updater.selftest import SelfTestResult
+from edge_node.updater.store import DiskFullError, ModelStore, StoreIntegrityError
+from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
+
+__all__ = [
+    "Outcome",
+    "OutcomeKind",
+    "Reconciler",
+    "ReconcilerLimits",
+    "SelfTest",
+    "SelfTestFailedError",
+    "TargetsView",
+    "UpdatePhase",
+]
+
+_log = logging.getLogger(__name__)
+_GIB: Final = 1 << 30
+RESTART_REASON: Final = "interrupted by a restart"
+
+
+class UpdatePhase(StrEnum):
+    DOWNLOADING = "downloading"
+    VERIFYING = "verifying"
+    SELF_TESTING = "self-testing"
+    ACTIVE = "active"
+    FAILED = "failed"
+    REVERTED = "reverted"
+
+
+class OutcomeKind(StrEnum):
+    APPLIED = "applied"
+    """The target passed its trial and is now active."""
+    UNCHANGED = "unchanged"
+    """Nothing to do: already active, or a re-delivery of what was already handled."""
+    REJECTED = "rejected"
+    """Refused before any trial (bad assignment, metadata, disk full); nothing changed."""
+    REVERTED = "reverted"
+    """The trial failed; the previously active model still runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    kind: OutcomeKind
+    reason: str | None = None
+    target: ModelRef | None = None
+    sequence: int | None = None
+
+
+class TargetsView(Protocol):
+    """Verified TUF metadata after one refresh (`tuf_fetch.TufView`); used from a thread."""
+
+    def target(self, path: str) -> TargetInfo | None: ...
+
+    def floor(self, model: str) -> int: ...
+
+
+SelfTest = Callable[[Path, Path, float, float], SelfTestResult]
+"""(model path, reference path, atol, rtol) -> result; blocking, run in a thread. The
+agent binds its latency/memory budgets, e.g. with `functools.partial(self_test, ...)`."""
+Report = Callable[[UpdatePhase, str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerLimits:
+    max_artifact_bytes: int = 4 * _GIB
+    space_margin_bytes: int = 256 << 20
+    """Free space that must remain after both downloads."""
+    max_attempts: int = 3
+    """Failed trials of one target after which a re-delivery is no longer retried."""
+    download_attempts: int = 4
+    backoff: Backoff = field(default_factory=lambda: Backoff(initial_s=1.0, cap_s=30.0))
+
+
+class SelfTestFailedError(EdgeNodeError):
+    title = "self-test failed"
+
+    def __init__(self, result: SelfTestResult) -> None:
+        super().__init__(
+            f"self-test failed ({result.reason}): {result.detail}", reason=result.reason
+        )
+        self.result = result
+
+
+class _ActivationError(EdgeNodeError):
+    title = "activation failed"
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    assignment: VerifiedAssignment
+    reference: TargetInfo
+    atol: float
+    rtol: float
+    redelivered: bool
+
+    @property
+    def target(self) -> ModelRef:
+        return ModelRef(self.assignment.target_path, self.assignment.sha256)
+
+
+class _PlanError(EdgeNodeError):
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message, reason=reason)
+        self.reason = reason
+
+
+async def _no_report(phase: UpdatePhase, detail: str) -> None:
+    return None
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        store: ModelStore,
+        link: NodeLink,
+        tuf_client_factory: Callable[[], TargetsView],
+        director_key: Key | Collection[Key],
+        node_id: str,
+        fleet: str,
+        clock: Clock,
+        selftest: SelfTest,
+        activate: Callable[[Path], Awaitable[None]],
+        report: Report | None = None,
+        limits: ReconcilerLimits | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """`tuf_client_factory()` is called in a worker thread and must refresh a fresh
+        `Updater` (e.g. `TufClient(...).refresh`)."""
+        self._journal = journal
+        self._store = store
+        self._link = link
+        self._tuf = tuf_client_factory
+        self._director_key = director_key
+        self._node_id = node_id
+        self._fleet = fleet
+        self._clock = clock
+        self._selftest = selftest
+        self._activate = activate
+        self._report_cb = report or _no_report
+        self._limits = limits or ReconcilerLimits()
+        self._sleep = sleep
+        self._lock = asyncio.Lock()
+
+    # ---------------------------------------------------------------- apply
+
+    async def apply(self, signed: SignedDirectorAssignment) -> Outcome:
+        """Take `signed` to an outcome; one apply (or resume) runs at a time."""
+        async with self._lock:
+            return await self._apply(signed)
+
+    async def _apply(self, signed: SignedDirectorAssignment) -> Outcome:
+        state = self._journal.load()
+        try:
+            plan = await asyncio.to_thread(self._plan, signed, state)
+        except (AssignmentRejectedError, _PlanError) as exc:
+            return await self._rejected(exc.reason, exc)
+        except (RepositoryError, DownloadError) as exc:
+            return await self._rejected("metadata-unavailable", exc)
+        target = plan.target
+        sequence = plan.assignment.sequence
+        if plan.redelivered:
+            handled = (
+                state.phase is Phase.TRIAL
+                or state.failed is None
+                or state.failed.sha256 != target.sha256
+                or (state.active is not None and state.active.sha256 == target.sha256)
+            )
+            if handled:
+                return Outcome(OutcomeKind.UNCHANGED, "replayed", target, sequence)
+            if state.attempts >= self._limits.max_attempts:
+                return await self._rejected("too-many-attempts", None, target, sequence)
+        if state.active is not None and state.active.sha256 == target.sha256:
+            if not plan.redelivered:
+                self._journal.save(accept_assignment(state, sequence))
+            await self._report(UpdatePhase.ACTIVE, target.path)
+            return Outcome(OutcomeKind.UNCHANGED, "already-active", target, sequence)
+        try:
+            self._check_space(plan)
+        except DiskFullError as exc:
+            return await self._rejected("disk-full", exc, target, sequence)
+
+        if not plan.redelivered:
+            state = accept_assignment(state, sequence)
+        state = self._journal.save(begin_trial(state, target))
+        try:
+            model_path = await self._trial(plan)
+        except Exception as exc:
+            reason = _reason_of(exc)
+            _log.warning("trial of %s failed: %s", target.path, exc)
+            state = self._journal.save(revert_trial(state, reason))
+            await self._report(UpdatePhase.FAILED, reason)
+            await self._report(UpdatePhase.REVERTED, target.path)
+            self._gc(state)
+            return Outcome(OutcomeKind.REVERTED, reason, target, sequence)
+        state = self._journal.save(commit_trial(state))
+        await self._report(UpdatePhase.ACTIVE, str(model_path))
+        self._gc(state)
+        return Outcome(OutcomeKind.APPLIED, None, target, sequence)
+
+    def _plan(self, signed: SignedDirectorAssignment, state: JournalState) -> _Plan:
+        """In a worker thread: refresh TUF, verify the assignment, find its reference."""
+        view = self._tuf()
+        now = self._clock.now()
+
+        def verify(last_sequence: int) -> VerifiedAssignment:
+            return verify_assignment(
+                signed,
+                director_key=self._director_key,
+                node_id=self._node_id,
+                fleet=self._fleet,
+                last_sequence=last_sequence,
+                now=now,
+                target_lookup=view.target,
+                floor_lookup=view.floor,
+            )
+
+        redelivered = False
+        try:
+            verified = verify(state.director_sequence)
+        except AssignmentReplayError as exc:
+            if exc.reason != "replayed":
+                raise
+            # The very sequence last accepted: a re-delivery, checked like a new one.
+            verified = verify(state.director_sequence - 1)
+            redelivered = True
+        reference, atol, rtol = _reference_of(view, verified.target)
+        return _Plan(verified, reference, atol, rtol, redelivered)
+
+    def _check_space(self, plan: _Plan) -> None:
+        needed = 0
+        if not self._store.exists(plan.assignment.sha256):
+            needed = plan.assignment.length + plan.reference.length
+        self._store.check_space(needed, self._limits.space_margin_bytes)
+
+    async def _trial(self, plan: _Plan) -> Path:
+        store = self._store
+        sha = plan.assignment.sha256
+        ref = plan.reference
+        model_path, ref_path = store.path_of(sha), store.reference_path_of(sha)
+        await self._report(UpdatePhase.DOWNLOADING, plan.assignment.target_path)
+        have_model = await asyncio.to_thread(store.verify, sha)
+        model_part = None if have_model else await self._download(plan.assignment.target)
+        have_ref = have_model and ref_path.is_file()
+        ref_part = None if have_ref else await self._download(ref)
+        await self._report(UpdatePhase.VERIFYING, plan.assignment.target_path)
+        if model_part is not None:
+            model_path = await asyncio.to_thread(
+                store.install, model_part, sha, plan.assignment.length
+            )
+        if ref_part is not None:
+            ref_path = await asyncio.to_thread(
+                store.install_reference, sha, ref_part, ref.sha256, ref.length
+            )
+        await self._report(UpdatePhase.SELF_TESTING, plan.assignment.target_path)
+        result = await asyncio.to_thread(self._selftest, model_path, ref_path, plan.atol, plan.rtol)
+        if not result.ok:
+            raise SelfTestFailedError(result)
+        try:
+            await self._activate(model_path)
+        except Exception as exc:
+            raise _ActivationError(f"activation failed: {exc}", reason="activate-failed") from exc
+        return model_path
+
+    async def _download(self, target: TargetInfo) -> Path:
+        limits = self._limits
+        for attempt in range(limits.download_attempts):
+            try:
+                return await download_target(
+                    self._link,
+                    target,
+                    self._store.staging_dir,
+                    max_bytes=limits.max_artifact_bytes,
+                    check_space=lambda n: self._store.check_space(n, limits.space_margin_bytes),
+                )
+            except LinkUnavailableError:
+                if attempt + 1 >= limits.download_attempts:
+                    raise
+                await self._sleep(limits.backoff.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # --------------------------------------------------------------- resume
+
+    async def resume_after_crash(self) -> JournalState:
+        """At start-up: revert a trial the process died in, make sure the active model
+        is in the store (else fall back to `previous`), and collect garbage."""
+        async with self._lock:
+            state = self._journal.load()
+            if state.phase is Phase.TRIAL and state.trial is not None:
+                trial = state.trial
+                state = self._journal.save(revert_trial(state, RESTART_REASON))
+                await self._report(UpdatePhase.REVERTED, trial.path)
+            active = state.active
+            store_verify = self._store.verify
+            if active is not None and not await asyncio.to_thread(store_verify, active.sha256):
+                previous = state.previous
+                if previous is not None and await asyncio.to_thread(
+                    self._store.verify, previous.sha256
+                ):
+                    state = self._journal.save(rollback(state))
+                    await self._report(UpdatePhase.REVERTED, f"{active.path} missing")
+                else:
+                    _log.error("active model %s is missing from the store", active.path)
+                    await self._report(UpdatePhase.FAILED, "active-missing")
+            self._gc(state)
+            return state
+
+    # -------------------------------------------------------------- helpers
+
+    def _gc(self, state: JournalState) -> None:
+        try:
+            self._store.gc(state.referenced_sha256s())
+        except EdgeNodeError as exc:  # gc is housekeeping: never fail an update for it
+            _log.warning("model store gc failed: %s", exc)
+
+    async def _rejected(
+        self,
+        reason: str,
+        exc: BaseException | None,
+        target: ModelRef | None = None,
+        sequence: int | None = None,
+    ) -> Outcome:
+        _log.warning("assignment rejected (%s): %s", reason, exc)
+        await self._report(UpdatePhase.FAILED, reason)
+        return Outcome(OutcomeKind.REJECTED, reason, target, sequence)
+
+    async def _report(self, phase: UpdatePhase, detail: str) -> None:
+        try:
+            await self._report_cb(phase, detail)
+        except Exception:  # a status message lost must not fail the update
+            _log.exception("update status report failed")
+
+
+def _reference_of(view: TargetsView, model: TargetInfo) -> tuple[TargetInfo, float, float]:
+    """The model's reference pair as TUF lists it, checked against the model's custom."""
+    custom: Any = model.custom.get("reference")
+    if not isinstance(custom, Mapping):
+        raise _PlanError(f"{model.path} names no reference pair", reason="no-reference")
+    path = custom.get("path")
+    try:
+        atol, rtol = float(custom["atol"]), float(custom["rtol"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _PlanError(f"{model.path}: bad reference tolerance", reason="bad-custom") from exc
+    if not isinstance(path, str) or not (atol >= 0 and rtol >= 0):
+        raise _PlanError(f"{model.path}: bad reference entry", reason="bad-custom")
+    reference = view.target(path)
+    if reference is None:
+        raise _PlanError(f"reference {path!r} is not in TUF metadata", reason="no-reference")
+    if reference.sha256 != custom.get("sha256") or reference.length != custom.get("length"):
+        raise TargetMismatchError(
+            f"reference {path!r} differs from what {model.path} names",
+            reason="reference-mismatch",
+            target_path=path,
+        )
+    return reference, atol, rtol
+
+
+def _reason_of(exc: BaseException) -> str:
+    if isinstance(exc, SelfTestFailedError):
+        return f"self-test: {exc.result.reason}"
+    if isinstance(exc, ArtifactRejectedError | _PlanError):
+        return exc.reason
+    if isinstance(exc, _ActivationError):
+        return "activate-failed"
+    if isinstance(exc, DiskFullError):
+        return "disk-full"
+    if isinstance(exc, StoreIntegrityError):
+        return "integrity"
+    if isinstance(exc, LinkError):
+        return "link-unavailable"
+    return type(exc).__name__
