@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -13,7 +15,8 @@ from control_plane.cli.context import CliContext, cli_context
 from control_plane.identity.bootstrap import parse_label_changes, parse_labels, parse_selector
 
 node_app = typer.Typer(
-    help="Enroll nodes (bootstrap tokens) and revoke them.", no_args_is_help=True
+    help="Enroll nodes (bootstrap tokens), revoke them, and run the node agent.",
+    no_args_is_help=True,
 )
 node_token_app = typer.Typer(help="Single-use bootstrap tokens.", no_args_is_help=True)
 node_app.add_typer(node_token_app, name="token")
@@ -146,6 +149,20 @@ def node_revoke(ctx: typer.Context, node_id: str) -> None:
     cli = cli_context(ctx)
     with cli.client() as api:
         _emit(cli, api.json("POST", f"/v1/nodes/{node_id}/revoke"), NODE_COLUMNS)
+
+
+@node_app.command(
+    "run",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def node_run(ctx: typer.Context) -> None:
+    """Run the node agent: `python -m edge_node run ARGS` (see `edgefleet node run --help`).
+
+    The agent is exec'd, not imported: `control_plane` never imports `edge_node` (ADR 0005).
+    """
+    argv = [sys.executable, "-m", "edge_node", "run", *ctx.args]
+    os.execv(sys.executable, argv)  # noqa: S606  (our own interpreter, no shell)
 
 
 # ----------------------------------------------------------------- nodes

@@ -1,0 +1,97 @@
+"""`python -m edge_node run`: the node agent's entry point (`edgefleet node run` execs it).
+
+Reads the settings (file < EDGEFLEET_NODE_* env < flags), runs the agent, turns SIGTERM
+and SIGINT into a drain within the configured deadline, and maps the outcome to an exit
+code: 0 drained, 1 a fatal error, 2 bad configuration, 3 the control plane refuses the
+node (revoked or unknown: re-enroll it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+
+from edge_node.agent import EXIT_CONFIG, EXIT_OK, Agent, AgentError
+from edge_node.clock import SystemClock
+from edge_node.config import AgentConfig, ConfigError, load_agent_config
+
+log = logging.getLogger("edge_node")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m edge_node", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the node agent until SIGTERM")
+    run.add_argument("--config", type=Path, help="node.yaml (optional; env and flags override)")
+    run.add_argument("--data-dir", type=Path, help="identity, outbox and model store")
+    run.add_argument("--fleet", help="the fleet this node must belong to")
+    run.add_argument("--server-grpc", help="HOST:PORT of the control plane's node port")
+    run.add_argument("--enroll-grpc", help="HOST:PORT of the enrollment port (first start)")
+    run.add_argument("--server-name", help="TLS name of the control plane, if not the host")
+    run.add_argument("--transport", choices=["grpc", "mqtt"])
+    run.add_argument("--bootstrap-token", help="single-use enrollment token (first start)")
+    run.add_argument("--ca-file", type=Path, help="the fleet CA, PEM (first start)")
+    run.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    return parser
+
+
+async def serve(config: AgentConfig) -> int:
+    """Run one agent until it stops; SIGTERM/SIGINT drain it. Returns the exit code."""
+    agent = Agent(config, SystemClock())
+    failure: AgentError | None = None
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as group:
+
+            async def drain_on_signal() -> None:
+                async for signum in signals:
+                    log.info(
+                        "%s: draining within %.1fs",
+                        signal.Signals(signum).name,
+                        config.shutdown_deadline_s,
+                    )
+                    group.start_soon(agent.shutdown, config.shutdown_deadline_s)
+
+            group.start_soon(drain_on_signal)
+            try:
+                await agent.run()
+            except AgentError as exc:
+                failure = exc
+            group.cancel_scope.cancel()
+    if failure is None:
+        return EXIT_OK
+    log.error("agent stopped: %s (exit %d)", failure.message, failure.exit_code)
+    return failure.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    flags = {
+        "data_dir": args.data_dir,
+        "fleet": args.fleet,
+        "server_grpc": args.server_grpc,
+        "enroll_grpc": args.enroll_grpc,
+        "server_name": args.server_name,
+        "transport": args.transport,
+        "bootstrap_token": args.bootstrap_token,
+        "ca_file": args.ca_file,
+    }
+    try:
+        config = load_agent_config(args.config, flags)
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
+    return anyio.run(serve, config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

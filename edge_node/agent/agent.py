@@ -1,0 +1,434 @@
+"""`Agent`: the node's one supervised process (design §5).
+
+`run()` enrolls on first start (or loads the identity and finishes an interrupted
+renewal), opens the outbox, and supervises its tasks in one task group: the uplink
+(outbox → control plane), certificate renewal, the health producer, the optional
+inference runtime, and any extra components (the updater plugs in here). A task that
+fails is fatal: it is logged with its reason, the others are cancelled, and `run()`
+raises an `AgentError` whose `exit_code` the entry point returns. `shutdown()` sets
+stop, lets the tasks drain until a deadline, then cancels what remains; it is safe to
+call twice and before or after `run()`.
+
+Not here: reading settings (`edge_node.config`), signals (`edge_node.__main__`), the
+updater's reconciliation (`edge_node.updater`), full telemetry (later: this health
+record is deliberately small).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+import psutil
+
+from edge_node.agent.errors import AgentError, EnrollmentError, NodeRefusedError, TaskFailedError
+from edge_node.clock import Clock
+from edge_node.config import AgentConfig
+from edge_node.enroll import IDENTITY_FILE, EnrollmentFiles, enroll_over_grpc
+from edge_node.errors import ClosedError, EdgeNodeError, OutboxFullError
+from edge_node.identity import recover_pending_renewal, run_renewal
+from edge_node.link.base import Backoff, LinkError, LinkRefusedError, LinkUnavailableError
+from edge_node.link.grpc_link import GrpcNodeLink
+from edge_node.link.uplink import ControlHandler, Uplink, UplinkStats
+from edge_node.outbox import Outbox, OutboxStats
+from edge_node.runtime.pipeline import FrameResult, InferencePipeline
+from edge_node.runtime.session import ModelSession
+from protos.edgefleet.fleet.v1 import link_pb2
+
+__all__ = [
+    "HEALTH_SCHEMA",
+    "Agent",
+    "AgentContext",
+    "Component",
+    "health_report",
+]
+
+log = logging.getLogger(__name__)
+
+HEALTH_SCHEMA: Final = "edgefleet.agent.health/1"
+_ENROLL_BACKOFF: Final = Backoff(initial_s=1.0, cap_s=60.0)
+_RUNTIME_STOP_S: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentContext:
+    """What a component (the updater) gets: the node's identity, outbox, link and clock,
+    and `on_model_ready` to hand a verified model to the runtime."""
+
+    config: AgentConfig
+    files: EnrollmentFiles
+    outbox: Outbox
+    link: GrpcNodeLink
+    clock: Clock
+    on_model_ready: Callable[[Path], Awaitable[None]]
+
+
+# A supervised extra task: runs until `stop` is set; raising is fatal for the agent.
+Component = Callable[[AgentContext, anyio.Event], Awaitable[None]]
+
+
+def health_report(
+    *,
+    node_id: str,
+    agent_version: str,
+    uptime_s: float,
+    rss_bytes: int,
+    memory_budget_bytes: int,
+    outbox: OutboxStats,
+    uplink: UplinkStats,
+    model: str | None,
+    results: int,
+) -> dict[str, Any]:
+    """The small health record the agent appends to its outbox (kind "health")."""
+    return {
+        "schema": HEALTH_SCHEMA,
+        "node_id": node_id,
+        "agent_version": agent_version,
+        "uptime_s": round(uptime_s, 3),
+        "rss_bytes": rss_bytes,
+        "memory_budget_bytes": memory_budget_bytes,
+        "over_memory_budget": rss_bytes > memory_budget_bytes,
+        "outbox": {
+            "pending_events": outbox.pending_events,
+            "pending_health": outbox.pending_health,
+            "bytes": outbox.bytes,
+            "budget_bytes": outbox.budget_bytes,
+            "dropped_health": outbox.dropped_health,
+            "refused_events": outbox.refused_events,
+            "alarm": outbox.alarm,
+        },
+        "uplink": {
+            "connects": uplink.connects,
+            "disconnects": uplink.disconnects,
+            "records_acked": uplink.records_acked,
+            "ack_timeouts": uplink.ack_timeouts,
+        },
+        "runtime": {"model": model, "results": results},
+    }
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        clock: Clock,
+        *,
+        components: Mapping[str, Component] | None = None,
+        on_control: ControlHandler | None = None,
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._components = dict(components or {})
+        self._on_control = on_control
+        self._stop = anyio.Event()
+        self._done = anyio.Event()
+        self._scope: anyio.CancelScope | None = None
+        self._started = False
+        self._failure: AgentError | None = None
+        self._started_at: datetime | None = None
+        self._pipeline: InferencePipeline | None = None
+        self._model: str | None = None
+        self._results = 0
+        self._runtime_lock = anyio.Lock()
+        self.ready = anyio.Event()  # set once enrolled, the outbox open and tasks started
+        self.files: EnrollmentFiles | None = None
+        self.uplink: Uplink | None = None
+        self.health_dropped = 0
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def pipeline(self) -> InferencePipeline | None:
+        """The runtime, once a model is loaded (frames are submitted to it)."""
+        return self._pipeline
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Run until `shutdown()` (returns) or a fatal error (raises `AgentError`)."""
+        if self._started:
+            raise ClosedError("Agent.run() was already called; build a new agent")
+        self._started = True
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                if not self._stop.is_set():
+                    await self._run()
+        except AgentError as exc:
+            self._fail(exc)
+        except Exception as exc:
+            self._fail(_classify("startup", exc))
+        finally:
+            self._done.set()
+        if self._failure is not None:
+            raise self._failure
+
+    async def shutdown(self, deadline_s: float | None = None) -> None:
+        """Stop: drain until `deadline_s` (default from the config), then cancel the rest."""
+        deadline = self._config.shutdown_deadline_s if deadline_s is None else deadline_s
+        self._stop.set()
+        if not self._started:
+            return
+        with anyio.move_on_after(deadline):
+            await self._done.wait()
+        if not self._done.is_set():
+            log.warning("the agent did not drain within %.1fs; cancelling its tasks", deadline)
+            if self._scope is not None:
+                self._scope.cancel()
+            await self._done.wait()
+
+    async def on_model_ready(self, path: Path) -> None:
+        """Seam for the updater: serve the model at `path` (start the runtime, or hot-swap).
+
+        Raises `ModelLoadError` / `ModelSignatureError` when the model cannot serve with
+        the configured preprocessing; the current model (if any) keeps serving then.
+        """
+        config = self._config
+        if self._stop.is_set():
+            raise ClosedError("the agent is stopping")
+        session = await anyio.to_thread.run_sync(
+            lambda: ModelSession.load(path, config.runtime.session, config.runtime.preprocess)
+        )
+        async with self._runtime_lock:
+            if self._pipeline is None:
+                pipeline = InferencePipeline(
+                    session,
+                    config.runtime.streams,
+                    self._clock,
+                    self._count_result,
+                    scheduler_config=config.runtime.scheduler,
+                    workers=config.runtime_workers,
+                )
+                pipeline.start()
+                self._pipeline = pipeline
+            else:
+                self._pipeline.swap_session(session)  # in-flight frames finish on the old one
+            self._model = str(path)
+        log.info("serving model %s", path)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _run(self) -> None:
+        config = self._config
+        files = await self._identity()
+        if files is None:  # stopped while waiting to enroll
+            return
+        self.files = files
+        outbox = await anyio.to_thread.run_sync(
+            lambda: Outbox.open(
+                config.outbox_path,
+                node_id=files.node_id,
+                budget_bytes=config.outbox_budget_bytes,
+                clock=self._clock,
+            )
+        )
+        link = GrpcNodeLink(config.link, files.credentials)
+        uplink = Uplink(
+            outbox, link, clock=self._clock, config=config.uplink, on_control=self._control
+        )
+        self.uplink = uplink
+        self._started_at = self._clock.now()
+        context = AgentContext(config, files, outbox, link, self._clock, self.on_model_ready)
+        stop = self._stop
+        tasks: dict[str, Callable[[], Awaitable[None]]] = {
+            "uplink": lambda: uplink.run(lambda: self._hello(), stop),
+            "renewal": lambda: run_renewal(
+                link, files, stop, clock=self._clock, config=config.renewal
+            ),
+            "health": lambda: self._report_health(outbox, uplink, files),
+            "runtime": self._run_runtime,
+        }
+        for name, component in self._components.items():
+            tasks[name] = _bind(component, context, stop)
+        try:
+            async with anyio.create_task_group() as group:
+                for name, task in tasks.items():
+                    group.start_soon(self._supervise, name, task, group.cancel_scope)
+                log.info(
+                    "agent running as node %s (fleet %s) with tasks %s",
+                    files.node_id,
+                    files.fleet,
+                    ", ".join(tasks),
+                )
+                self.ready.set()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._close(link, outbox)
+
+    async def _supervise(
+        self, name: str, task: Callable[[], Awaitable[None]], scope: anyio.CancelScope
+    ) -> None:
+        try:
+            await task()
+        except Exception as exc:
+            failure = _classify(name, exc)
+            log.error("task %s failed: %s; stopping the agent", name, failure.message)
+            self._fail(failure)
+            self._stop.set()
+            scope.cancel()
+        else:
+            if not self._stop.is_set():
+                log.warning("task %s ended on its own while the agent runs", name)
+
+    def _fail(self, failure: AgentError) -> None:
+        if self._failure is None:  # the first failure is the cause; the rest follow from it
+            self._failure = failure
+
+    async def _identity(self) -> EnrollmentFiles | None:
+        config = self._config
+        if (config.data_dir / IDENTITY_FILE).exists():
+            files = await anyio.to_thread.run_sync(EnrollmentFiles.load, config.data_dir)
+            recovery = await anyio.to_thread.run_sync(recover_pending_renewal, files)
+            log.info("loaded node %s (renewal recovery: %s)", files.node_id, recovery.value)
+        else:
+            enrolled = await self._enroll()
+            if enrolled is None:
+                return None
+            files = enrolled
+        if config.fleet is not None and files.fleet != config.fleet:
+            raise TaskFailedError(
+                f"{config.data_dir} is enrolled in fleet {files.fleet!r}, the config says "
+                f"{config.fleet!r}; use another data dir or fix the config",
+                task="startup",
+            )
+        return files
+
+    async def _enroll(self) -> EnrollmentFiles | None:
+        """Enroll, retrying while the port is unreachable; None when stopped meanwhile."""
+        config = self._config
+        if not (config.bootstrap_token and config.ca_file and config.enroll_address):
+            raise EnrollmentError(
+                f"{config.data_dir} holds no node identity; the first start needs "
+                "bootstrap_token, ca_file and enroll_grpc"
+            )
+        try:
+            ca_pem = await anyio.to_thread.run_sync(config.ca_file.read_bytes)
+        except OSError as exc:
+            raise EnrollmentError(f"cannot read the CA file {config.ca_file}: {exc}") from exc
+        attempt = 0
+        while True:
+            try:
+                files = await enroll_over_grpc(
+                    config.enroll_address,
+                    ca_pem,
+                    config.bootstrap_token,
+                    config.agent_version,
+                    config.data_dir,
+                    server_name=config.link.server_name,
+                    clock=self._clock,
+                )
+            except LinkUnavailableError as exc:
+                delay = _ENROLL_BACKOFF.delay(attempt)
+                attempt += 1
+                log.warning("cannot enroll yet (%s); retrying in %.1fs", exc.message, delay)
+                with anyio.move_on_after(delay):
+                    await self._stop.wait()
+                if self._stop.is_set():
+                    return None
+                continue
+            except LinkError as exc:
+                raise EnrollmentError(
+                    f"the control plane refused the enrollment: {exc.message}",
+                    reason=exc.fields.get("reason"),
+                ) from exc
+            log.info("enrolled as node %s in fleet %s", files.node_id, files.fleet)
+            return files
+
+    def _hello(self) -> link_pb2.Hello:
+        return link_pb2.Hello(agent_version=self._config.agent_version)
+
+    async def _control(self, message: link_pb2.ControlMessage) -> None:
+        if self._on_control is not None:
+            await self._on_control(message)
+        else:
+            log.debug("control message %s (no handler yet)", message.WhichOneof("body"))
+
+    async def _report_health(self, outbox: Outbox, uplink: Uplink, files: EnrollmentFiles) -> None:
+        process = psutil.Process()
+        while not self._stop.is_set():
+            stats = await anyio.to_thread.run_sync(outbox.stats)
+            started = self._started_at or self._clock.now()
+            report = health_report(
+                node_id=files.node_id,
+                agent_version=self._config.agent_version,
+                uptime_s=(self._clock.now() - started).total_seconds(),
+                rss_bytes=int(process.memory_info().rss),
+                memory_budget_bytes=self._config.memory_budget_bytes,
+                outbox=stats,
+                uplink=uplink.stats,
+                model=self._model,
+                results=self._results,
+            )
+            payload = json.dumps(report, sort_keys=True).encode()
+            try:
+                await anyio.to_thread.run_sync(outbox.append, "health", payload)
+            except OutboxFullError as exc:  # counted by the outbox; health is best effort
+                self.health_dropped += 1
+                log.warning("health record not stored: %s", exc.message)
+            with anyio.move_on_after(self._config.health_interval_s):
+                await self._stop.wait()
+
+    async def _run_runtime(self) -> None:
+        if self._config.model_path is not None:
+            await self.on_model_ready(self._config.model_path)
+        await self._stop.wait()
+
+    def _count_result(self, result: FrameResult) -> None:
+        # Results go nowhere yet: aggregation and events come with their own issue.
+        self._results += 1
+
+    async def _close(self, link: GrpcNodeLink, outbox: Outbox) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            await anyio.to_thread.run_sync(pipeline.stop, _RUNTIME_STOP_S)
+        try:
+            await link.close()
+        except Exception:
+            log.exception("closing the link failed")
+        await anyio.to_thread.run_sync(outbox.close)
+        log.info("agent stopped; outbox closed")
+
+
+def _bind(
+    component: Component, context: AgentContext, stop: anyio.Event
+) -> Callable[[], Awaitable[None]]:
+    return lambda: component(context, stop)
+
+
+def _classify(task: str, exc: BaseException) -> AgentError:
+    """The agent error for a task's failure: a refusal of the node wins over the rest."""
+    if isinstance(exc, BaseExceptionGroup):
+        refused = exc.subgroup(LinkRefusedError)
+        leaf: BaseException = refused if refused is not None else exc
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        exc = leaf
+    if isinstance(exc, AgentError):
+        return exc
+    if isinstance(exc, LinkRefusedError):
+        reason = exc.fields.get("reason") or exc.fields.get("code")
+        failure: AgentError = NodeRefusedError(
+            f"the control plane refuses this node ({reason}): {exc.message}; "
+            "enroll it again with a new bootstrap token",
+            task=task,
+            reason=reason,
+        )
+    elif isinstance(exc, EdgeNodeError):
+        failure = TaskFailedError(
+            f"{task}: {exc.title}: {exc.message}", task=task, reason=exc.title, details=exc.fields
+        )
+    else:
+        failure = TaskFailedError(
+            f"{task}: {type(exc).__name__}: {exc}", task=task, reason=type(exc).__name__
+        )
+    failure.__cause__ = exc
+    return failure

@@ -1,0 +1,242 @@
+"""The node agent's settings: read once at the entry point, checked, and handed down frozen.
+
+Precedence, lowest first: the YAML file (``--config``), then ``EDGEFLEET_NODE_*``
+environment variables (nested with ``__``, e.g. ``EDGEFLEET_NODE_RUNTIME__WORKERS=2``),
+then command-line flags. ``NodeSettings`` (pydantic-settings) lives only here and in
+``edge_node.__main__``; the agent itself takes the frozen :class:`AgentConfig`.
+
+Not here: what the agent does with them (``edge_node.agent``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource
+from pydantic_settings import SettingsConfigDict as _SettingsConfigDict
+
+from edge_node.errors import InvalidInputError
+from edge_node.identity import RenewalConfig
+from edge_node.link.base import Backoff
+from edge_node.link.grpc_link import GrpcLinkSettings
+from edge_node.link.uplink import UplinkConfig
+from edge_node.runtime.config import (
+    RuntimeConfig,
+    parse_preprocess_config,
+    parse_scheduler_config,
+    parse_session_config,
+    parse_streams,
+)
+from edge_node.runtime.errors import RuntimeConfigError
+
+__all__ = [
+    "AGENT_VERSION",
+    "ENV_PREFIX",
+    "AgentConfig",
+    "ConfigError",
+    "NodeSettings",
+    "RuntimeSettings",
+    "load_agent_config",
+    "load_node_settings",
+    "to_agent_config",
+]
+
+AGENT_VERSION: Final = "0.1.0"
+ENV_PREFIX: Final = "EDGEFLEET_NODE_"
+_MAX_CONFIG_BYTES: Final = 1 << 20
+# HOST:PORT with a DNS name, an IPv4 address or a bracketed IPv6 address.
+_ADDRESS: Final = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?):(\d{1,5})$")
+
+
+class ConfigError(InvalidInputError):
+    """The node's configuration is missing, malformed or unsafe (exit code 2)."""
+
+    title = "invalid node configuration"
+
+
+def _check_address(value: str | None) -> str | None:
+    if value is None:
+        return None
+    match = _ADDRESS.match(value)
+    if match is None or not 0 < int(match.group(3)) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return value
+
+
+class RuntimeSettings(BaseModel):
+    """The optional local inference runtime (sections as ``edge_node.runtime.config``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path | None = None
+    workers: int = Field(default=1, ge=1, le=64)
+    session: dict[str, Any] = Field(default_factory=dict)
+    preprocess: dict[str, Any] = Field(default_factory=dict)
+    scheduler: dict[str, Any] = Field(default_factory=dict)
+    streams: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class NodeSettings(BaseSettings):
+    """Everything a node's ``node.yaml`` holds; see docs/operator-guide.md."""
+
+    model_config = _SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    data_dir: Path
+    fleet: str | None = None
+    transport: Literal["grpc", "mqtt"] = "grpc"
+    server_grpc: str | None = None
+    enroll_grpc: str | None = None
+    server_name: str | None = None
+    bootstrap_token: SecretStr | None = None
+    ca_file: Path | None = None
+    memory_budget_mb: int = Field(default=512, gt=0, le=1 << 20)
+    outbox_budget_mb: int = Field(default=256, gt=0, le=1 << 20)
+    health_interval_s: float = Field(default=30.0, gt=0, le=86400)
+    shutdown_deadline_s: float = Field(default=10.0, gt=0, le=600)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+
+    _check_addresses = field_validator("server_grpc", "enroll_grpc")(_check_address)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags (init) over environment; the file comes in below them (load_node_settings).
+        return (init_settings, env_settings)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """What the agent runs with: plain, frozen, checked."""
+
+    data_dir: Path
+    link: GrpcLinkSettings
+    fleet: str | None = None
+    transport: Literal["grpc", "mqtt"] = "grpc"
+    enroll_address: str | None = None
+    bootstrap_token: str | None = field(default=None, repr=False)
+    ca_file: Path | None = None
+    memory_budget_bytes: int = 512 << 20
+    outbox_budget_bytes: int = 256 << 20
+    health_interval_s: float = 30.0
+    shutdown_deadline_s: float = 10.0
+    model_path: Path | None = None
+    runtime_workers: int = 1
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    uplink: UplinkConfig = field(default_factory=UplinkConfig)
+    renewal: RenewalConfig = field(default_factory=RenewalConfig)
+    agent_version: str = AGENT_VERSION
+
+    @property
+    def outbox_path(self) -> Path:
+        return self.data_dir / "outbox.db"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror}") from exc
+    if len(data) > _MAX_CONFIG_BYTES:
+        raise ConfigError(f"the config file {path} is over {_MAX_CONFIG_BYTES} bytes")
+    try:
+        loaded = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"the config file {path} is not valid YAML: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"the config file {path} must hold a mapping of settings")
+    return {str(k): v for k, v in loaded.items()}
+
+
+def load_node_settings(
+    config_file: Path | None = None, flags: Mapping[str, Any] | None = None
+) -> NodeSettings:
+    """The settings from file < environment < flags (flags that are None are not given)."""
+    file_values = _read_yaml(config_file) if config_file is not None else {}
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+
+    class _Layered(NodeSettings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_values))
+
+    try:
+        layered = _Layered(**given)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"invalid node settings: {problems}") from exc
+    return layered
+
+
+def to_agent_config(settings: NodeSettings) -> AgentConfig:
+    """Cross-field checks and the frozen config; ConfigError for anything unsafe."""
+    if settings.transport == "mqtt":
+        raise ConfigError(
+            "transport 'mqtt' is not supported by the agent yet (enrollment hands out "
+            "gRPC credentials only); use transport: grpc"
+        )
+    if settings.server_grpc is None:
+        raise ConfigError("server_grpc (HOST:PORT of the control plane's node port) is required")
+    runtime = settings.runtime
+    try:
+        runtime_config = RuntimeConfig(
+            session=parse_session_config(runtime.session),
+            preprocess=parse_preprocess_config(runtime.preprocess),
+            streams=parse_streams(runtime.streams),
+            scheduler=parse_scheduler_config(runtime.scheduler),
+        )
+    except RuntimeConfigError as exc:
+        raise ConfigError(f"invalid runtime settings: {exc}") from exc
+    if runtime.model_path is not None and not runtime_config.streams:
+        raise ConfigError("runtime.model_path is set but runtime.streams is empty")
+    token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+    return AgentConfig(
+        data_dir=settings.data_dir,
+        link=GrpcLinkSettings(target=settings.server_grpc, server_name=settings.server_name),
+        fleet=settings.fleet,
+        transport=settings.transport,
+        enroll_address=settings.enroll_grpc,
+        bootstrap_token=token or None,
+        ca_file=settings.ca_file,
+        memory_budget_bytes=settings.memory_budget_mb << 20,
+        outbox_budget_bytes=settings.outbox_budget_mb << 20,
+        health_interval_s=settings.health_interval_s,
+        shutdown_deadline_s=settings.shutdown_deadline_s,
+        model_path=runtime.model_path,
+        runtime_workers=runtime.workers,
+        runtime=runtime_config,
+        uplink=UplinkConfig(backoff=Backoff(initial_s=0.5, cap_s=30.0)),
+    )
+
+
+def load_agent_config(
+    config_file: Path | None = None, flags: Mapping[str, Any] | None = None
+) -> AgentConfig:
+    return to_agent_config(load_node_settings(config_file, flags))

@@ -1,0 +1,247 @@
+"""The agent against a real control plane over gRPC: enrollment, Hello, health records,
+restart without re-enrolling, revocation, fatal task errors and an idempotent shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from edge_node.agent import (
+    EXIT_REFUSED,
+    HEALTH_SCHEMA,
+    Agent,
+    AgentContext,
+    EnrollmentError,
+    NodeRefusedError,
+    TaskFailedError,
+    health_report,
+)
+from edge_node.clock import SystemClock
+from edge_node.config import AgentConfig
+from edge_node.enroll import IDENTITY_FILE
+from edge_node.link.grpc_link import GrpcLinkSettings
+from edge_node.link.uplink import UplinkStats
+from edge_node.outbox import Outbox, OutboxStats
+from edge_node.runtime.config import PreprocessConfig, RuntimeConfig, StreamConfig
+from tests.conftest import free_port
+from tests.control_plane.link.grpc_support import ADMIN, until
+from tests.edge_node.agent.support import agent_config, control_plane
+from tests.edge_node.runtime._models import echo_model
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_first_start_enrolls_says_hello_and_delivers_health_then_drains(
+    tmp_path: Path,
+) -> None:
+    async with control_plane(tmp_path) as plane:
+        agent = Agent(agent_config(plane, tmp_path / "node"), SystemClock())
+        async with anyio.create_task_group() as group:
+            group.start_soon(agent.run)
+            with anyio.fail_after(15):
+                await agent.ready.wait()
+            assert agent.files is not None
+            node_id = agent.files.node_id
+            await until(lambda: plane.services.nodes.get_node(node_id).online)
+            await until(lambda: plane.services.records.count(node_id, "health") >= 2)
+            # Safe to call twice, concurrently.
+            group.start_soon(agent.shutdown, 5.0)
+            await agent.shutdown(5.0)
+        node = plane.services.nodes.get_node(node_id)
+    assert (node.fleet, node.agent_version) == ("gates", "0.1.0")
+    # The outbox was closed: another opener gets it.
+    with Outbox.open(
+        tmp_path / "node" / "outbox.db", node_id=node_id, budget_bytes=1 << 20, clock=SystemClock()
+    ) as reopened:
+        records = reopened.pending(1000, 1 << 20)
+    assert all(r.kind == "health" for r in records)
+
+
+async def test_a_restart_with_the_same_data_dir_does_not_enroll_again(tmp_path: Path) -> None:
+    async with control_plane(tmp_path) as plane:
+        data_dir = tmp_path / "node"
+        first = Agent(agent_config(plane, data_dir), SystemClock())
+        async with anyio.create_task_group() as group:
+            group.start_soon(first.run)
+            await first.ready.wait()
+            await first.shutdown()
+        assert first.files is not None
+        identity = (data_dir / IDENTITY_FILE).read_bytes()
+        # No token this time: enrolling again would fail loudly.
+        second = Agent(agent_config(plane, data_dir, bootstrap_token=None), SystemClock())
+        async with anyio.create_task_group() as group:
+            group.start_soon(second.run)
+            await second.ready.wait()
+            assert second.files is not None
+            node_id = second.files.node_id
+            before = plane.services.records.count(node_id, "health")
+            await until(lambda: plane.services.records.count(node_id, "health") > before)
+            await second.shutdown()
+        assert node_id == first.files.node_id
+        assert (data_dir / IDENTITY_FILE).read_bytes() == identity
+        assert len(plane.services.nodes.list_nodes()) == 1
+
+
+async def test_a_revoked_node_stops_with_the_refused_exit_code(tmp_path: Path) -> None:
+    async with control_plane(tmp_path) as plane:
+        agent = Agent(agent_config(plane, tmp_path / "node"), SystemClock())
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+
+                async def revoke_when_running() -> None:
+                    await agent.ready.wait()
+                    assert agent.files is not None
+                    node_id = agent.files.node_id
+                    await until(lambda: plane.services.records.count(node_id) >= 1)
+                    plane.services.nodes.revoke(ADMIN, node_id)
+
+                group.start_soon(revoke_when_running)
+                with pytest.raises(NodeRefusedError) as caught:
+                    await agent.run()
+    assert caught.value.exit_code == EXIT_REFUSED
+    assert caught.value.fields["reason"] == "node-revoked"
+
+
+async def test_a_failing_component_stops_the_agent_and_closes_the_outbox(
+    tmp_path: Path,
+) -> None:
+    seen: list[AgentContext] = []
+
+    async def broken_updater(context: AgentContext, stop: anyio.Event) -> None:
+        seen.append(context)
+        await anyio.sleep(0.3)
+        raise RuntimeError("journal unreadable")
+
+    async with control_plane(tmp_path) as plane:
+        config = agent_config(plane, tmp_path / "node")
+        agent = Agent(config, SystemClock(), components={"updater": broken_updater})
+        with anyio.fail_after(20), pytest.raises(TaskFailedError) as caught:
+            await agent.run()
+    assert caught.value.fields["task"] == "updater"
+    assert "journal unreadable" in caught.value.message
+    assert caught.value.exit_code == 1
+    assert seen and seen[0].files.node_id
+    Outbox.open(
+        config.outbox_path,
+        node_id=seen[0].files.node_id,
+        budget_bytes=1 << 20,
+        clock=SystemClock(),
+    ).close()
+    await agent.shutdown()  # after run() ended: returns at once
+
+
+async def test_first_start_without_a_token_is_an_enrollment_error(tmp_path: Path) -> None:
+    async with control_plane(tmp_path) as plane:
+        agent = Agent(agent_config(plane, tmp_path / "node", bootstrap_token=None), SystemClock())
+        with pytest.raises(EnrollmentError, match="bootstrap_token"):
+            await agent.run()
+
+
+async def test_a_used_token_is_refused_at_enrollment(tmp_path: Path) -> None:
+    async with control_plane(tmp_path) as plane:
+        token = plane.token()
+        await plane.enroll(tmp_path / "other", token)
+        agent = Agent(agent_config(plane, tmp_path / "node", bootstrap_token=token), SystemClock())
+        with pytest.raises(EnrollmentError, match="refused"):
+            await agent.run()
+
+
+async def test_shutdown_before_run_makes_run_return_at_once(tmp_path: Path) -> None:
+    agent = Agent(
+        AgentConfig(data_dir=tmp_path / "node", link=GrpcLinkSettings(target="127.0.0.1:1")),
+        SystemClock(),
+    )
+    await agent.shutdown()
+    await agent.shutdown()
+    with anyio.fail_after(2):
+        await agent.run()
+    assert not (tmp_path / "node").exists()
+
+
+def test_the_health_record_is_small_json_with_a_schema() -> None:
+    stats = OutboxStats(
+        pending_events=1,
+        pending_health=2,
+        bytes=300,
+        budget_bytes=1000,
+        dropped_health=0,
+        refused_events=0,
+        alarm=False,
+        oldest_created_at=None,
+        high_water_seq=3,
+        last_acked_seq=0,
+        disk_bytes=4096,
+    )
+    report = health_report(
+        node_id="n1",
+        agent_version="0.1.0",
+        uptime_s=1.23456,
+        rss_bytes=2000,
+        memory_budget_bytes=1000,
+        outbox=stats,
+        uplink=UplinkStats(),
+        model=None,
+        results=0,
+    )
+    assert report["schema"] == HEALTH_SCHEMA
+    assert report["over_memory_budget"] is True
+    assert report["outbox"]["pending_health"] == 2
+    assert len(json.dumps(report)) < 1024
+
+
+async def test_a_configured_model_is_served_and_the_updater_seam_swaps_it(
+    tmp_path: Path,
+) -> None:
+    first = echo_model(tmp_path / "v1.onnx", (1, 3, 8, 8))
+    second = echo_model(tmp_path / "v2.onnx", (1, 3, 8, 8), add=1.0)
+    runtime = RuntimeConfig(
+        preprocess=PreprocessConfig(scale=1.0, mean=(0.0,), std=(1.0,)),
+        streams=(StreamConfig("cam"),),
+    )
+    async with control_plane(tmp_path) as plane:
+        agent = Agent(
+            agent_config(plane, tmp_path / "node", model_path=first, runtime=runtime),
+            SystemClock(),
+        )
+        async with anyio.create_task_group() as group:
+            group.start_soon(agent.run)
+            await agent.ready.wait()
+            await until(lambda: agent.pipeline is not None)
+            assert agent.pipeline is not None
+            agent.pipeline.submit("cam", np.zeros((8, 8, 3), dtype=np.uint8))
+            await agent.on_model_ready(second)
+            assert agent.pipeline.session.path == second
+            await agent.shutdown()
+    assert agent.pipeline is None
+
+
+async def test_a_stop_while_the_control_plane_is_unreachable_at_first_start_is_clean(
+    tmp_path: Path,
+) -> None:
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(b"not used: nothing answers")
+    config = AgentConfig(
+        data_dir=tmp_path / "node",
+        link=GrpcLinkSettings(target=f"127.0.0.1:{free_port()}"),
+        enroll_address=f"127.0.0.1:{free_port()}",
+        bootstrap_token="token",
+        ca_file=ca_file,
+    )
+    agent = Agent(config, SystemClock())
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(agent.run)
+            await anyio.sleep(0.5)  # at least one refused connection and a backoff wait
+            await agent.shutdown(2.0)
+    assert agent.files is None
+    assert not (tmp_path / "node" / IDENTITY_FILE).exists()
