@@ -253,3 +253,161 @@ def timed() -> Iterator[list[float]]:
         yield box
     finally:
         box.append(time.perf_counter() - started)
+
+
+# ----------------------------------------------------------------------------- services
+# Added for the node-link benchmarks (bench.link_ingest, bench.link_fanout): a throwaway
+# PostgreSQL database, a private Mosquitto, CPU pinning. Still nothing about edgefleet.
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "EDGEFLEET_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+"""Where throwaway benchmark databases are created (trust auth on loopback by default)."""
+
+
+def mosquitto_binary() -> str:
+    import shutil
+
+    return shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+
+
+@contextlib.contextmanager
+def throwaway_postgres(
+    admin_url: str = POSTGRES_ADMIN_URL, prefix: str = "edgefleet_bench"
+) -> Iterator[tuple[str, str]]:
+    """A new, randomly named PostgreSQL database, dropped (``WITH (FORCE)``) on exit.
+
+    Yields ``(sqlalchemy_url, database_name)``; the URL uses the psycopg 3 driver.
+    """
+    import secrets
+
+    import psycopg
+
+    name = f"{prefix}_{secrets.token_hex(6)}"
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        yield f"{base}/{name}", name
+    finally:
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def postgres_backends_cpu_s(database: str) -> float:
+    """CPU seconds (user+sys) of the PostgreSQL backends serving ``database`` right now.
+
+    Backends show their database in their process title (``postgres: user db host ...``).
+    Backends that ended are not counted, so take both readings while the clients are up.
+    """
+    total = 0.0
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            title = " ".join(proc.info["cmdline"] or [])
+            if title.startswith("postgres:") and f" {database} " in f"{title} ":
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except (psutil.Error, TypeError):
+            continue
+    return total
+
+
+def can_pin() -> bool:
+    """Whether processes can be given a core each: two or more CPUs and Linux affinity."""
+    return (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
+
+
+def pinned(args: Sequence[str], cpu: int | None) -> list[str]:
+    """``args`` run on CPU ``cpu`` only (``taskset -c``), or unchanged when it cannot be."""
+    import shutil
+
+    if cpu is None or not can_pin() or shutil.which("taskset") is None:
+        return list(args)
+    return ["taskset", "-c", str(cpu), *args]
+
+
+def pin_self(cpu: int | None) -> None:
+    """Keep this process (all its threads, present and future) on CPU ``cpu``."""
+    if cpu is not None and can_pin():
+        os.sched_setaffinity(0, {cpu})
+
+
+def wait_port(port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:``port``; bounded."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout_s} s")
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+class PrivateMosquitto(ChildProcess):
+    """A Mosquitto of our own on a free loopback port: never the shared one on 1883.
+
+    Anonymous unless ``passwd`` is given; ``acl`` optional; no persistence (a benchmark
+    broker starts empty). ``reload()`` (SIGHUP) re-reads the password and ACL files.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        passwd: Path | None = None,
+        acl: Path | None = None,
+        extra: Sequence[str] = (),
+    ) -> None:
+        self.directory = directory
+        self.port = free_port()
+        directory.mkdir(parents=True, exist_ok=True)
+        lines = [
+            f"listener {self.port} 127.0.0.1",
+            f"allow_anonymous {'false' if passwd else 'true'}",
+            "persistence false",
+            "max_queued_messages 100000",
+            "log_dest stderr",
+            "log_type error",
+            "log_type warning",
+            "connection_messages false",
+            *extra,
+        ]
+        if os.geteuid() == 0:
+            import getpass
+
+            lines.append(f"user {getpass.getuser()}")  # do not drop to `mosquitto`
+        if passwd is not None:
+            lines.append(f"password_file {passwd}")
+        if acl is not None:
+            lines.append(f"acl_file {acl}")
+        self.config = directory / "mosquitto.conf"
+        self.config.write_text("\n".join(lines) + "\n")
+        binary = mosquitto_binary()
+        super().__init__(
+            [binary, "-c", str(self.config)], log=directory / "mosquitto.log", env=os.environ
+        )
+
+    def start(self, timeout_s: float = 15.0) -> PrivateMosquitto:
+        if not Path(self.args[0]).exists():
+            raise RuntimeError(f"no mosquitto binary at {self.args[0]}")
+        self.__enter__()
+        try:
+            wait_port(self.port, timeout_s, self.proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def reload(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGHUP)
