@@ -5,71 +5,36 @@ director's reading of them matters)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from securesystemslib.signer import CryptoSigner
-from sqlalchemy import Engine, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.artifacts.local import LocalArtifactStore
 from control_plane.clock import ManualClock
 from control_plane.director.service import DirectorService
-from control_plane.identity.ca import CertificateAuthority
 from control_plane.nodes.service import NodeService
 from control_plane.registry.service import RegistryService
-from control_plane.storage import create_engine_for, migrate, session_factory
 from control_plane.storage.models import FleetRow, ModelFloorRow, ModelVersionRow
 from control_plane.trust.keys import generate_signer
 from control_plane.trust.signer import FileOnlineKeyStore
 from tests.control_plane.identity.helpers import make_csr
-from tests.control_plane.nodes.conftest import OPERATOR, START
+from tests.control_plane.nodes.conftest import (  # noqa: F401  (pytest fixtures)
+    OPERATOR,
+    START,
+    ca,
+    clock,
+    engine,
+    fleets,
+    nodes,
+    sessions,
+)
 
 TTL = timedelta(days=1)
-
-
-# The node service's fixtures, as tests/control_plane/nodes/conftest.py builds them.
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(START)
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = create_engine_for(database_url)
-    migrate(engine)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
-    return session_factory(engine)
-
-
-@pytest.fixture
-def fleets(sessions: sessionmaker[Session]) -> list[str]:
-    with sessions() as session:
-        for name in ("gates", "yards"):
-            session.add(FleetRow(name=name, state="active", created_at=START))
-        session.commit()
-    return ["gates", "yards"]
-
-
-@pytest.fixture
-def nodes(
-    sessions: sessionmaker[Session], clock: ManualClock, fleets: list[str], tmp_path: Path
-) -> NodeService:
-    return NodeService(
-        sessions, CertificateAuthority.load_or_create(tmp_path / "ca", now=START), clock
-    )
 
 
 @dataclass(frozen=True)
