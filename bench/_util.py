@@ -411,3 +411,24 @@ class PrivateMosquitto(ChildProcess):
     def reload(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGHUP)
+
+
+def git_describe() -> str:
+    """The commit a figure was measured on (`git describe --always --dirty`)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    return "unknown"
+
+
+def print_verdicts(verdicts: Sequence[tuple[str, bool]]) -> bool:
+    """Print each goal as met/MISSED; True when every goal was met."""
+    for text, met in verdicts:
+        print(f"  [{'met' if met else 'MISSED'}] {text}")
+    return all(met for _, met in verdicts)

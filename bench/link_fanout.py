@@ -50,8 +50,10 @@ from bench._util import (
     MB,
     PrivateMosquitto,
     can_pin,
+    git_describe,
     median,
     pin_self,
+    print_verdicts,
     rss_bytes,
     throwaway_postgres,
 )
@@ -1338,7 +1340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"database on disk: {db_per_node / 1000:.1f} kB per enrolled node (node row, token, "
             "audit entries and their indexes)"
         )
-    print(f"code: {_commit()}")
+    print(f"code: {git_describe()}")
     print(
         f"enrollment: {args.nodes} nodes in {enroll_s:.1f} s; database {args.database}; "
         f"control plane pinned to CPU {CP_CPU}, nodes to CPU {NODE_CPU} "
@@ -1350,8 +1352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"on {os.cpu_count()} CPUs"
     )
     verdicts = goals(rows)
-    for text, met in verdicts:
-        print(f"  [{'met' if met else 'MISSED'}] {text}")
+    all_met = print_verdicts(verdicts)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
@@ -1366,7 +1367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "load_average": {"start": load_start, "end": load_end},
                     "enroll_s": enroll_s,
                     "database_bytes_per_node": db_per_node,
-                    "commit": _commit(),
+                    "commit": git_describe(),
                     "phases": [asdict(p) for p in phases],
                     "summary": rows,
                     "goals": [{"goal": t, "met": m} for t, m in verdicts],
@@ -1374,26 +1375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 indent=2,
             )
         )
-    if args.check and not all(met for _, met in verdicts):
+    if args.check and not all_met:
         return 1
     return 0
-
-
-def _commit() -> str:
-    import subprocess
-
-    from bench._util import REPO_ROOT
-
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        return subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.strip()
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import platform
 import shutil
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -50,10 +49,12 @@ from bench._util import (
     PrivateMosquitto,
     can_pin,
     free_port,
+    git_describe,
     median,
     pin_self,
     pinned,
     postgres_backends_cpu_s,
+    print_verdicts,
     rss_bytes,
     run_measured,
     throwaway_postgres,
@@ -1129,15 +1130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = summarise(runs)
     print()
     print(render(rows, runs))
-    print(f"code: {_commit()}")
+    print(f"code: {git_describe()}")
     print(
         f"load average (1/5/15 min) at start {load_start[0]:.2f}/{load_start[1]:.2f}/"
         f"{load_start[2]:.2f}, at end {load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} "
         f"on {os.cpu_count()} CPUs"
     )
     verdicts = goals(rows)
-    for text, met in verdicts:
-        print(f"  [{'met' if met else 'MISSED'}] {text}")
+    all_met = print_verdicts(verdicts)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
@@ -1147,7 +1147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "platform": platform.platform(),
                         "python": platform.python_version(),
                         "cpus": os.cpu_count(),
-                        "commit": _commit(),
+                        "commit": git_describe(),
                     },
                     "args": {k: str(v) for k, v in vars(args).items()},
                     "load_average": {"start": load_start, "end": load_end},
@@ -1160,22 +1160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 indent=2,
             )
         )
-    if args.check and not all(met for _, met in verdicts):
+    if args.check and not all_met:
         return 1
     return 0
-
-
-def _commit() -> str:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        return subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.strip()
-    return "unknown"
 
 
 if __name__ == "__main__":

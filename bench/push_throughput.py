@@ -37,6 +37,7 @@ from bench._util import (
     RssWatcher,
     free_port,
     median,
+    print_verdicts,
     run_measured,
     timed,
     wait_http,
@@ -534,8 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"on {os.cpu_count()} CPUs: above ~0.5, other processes shared the machine"
     )
     verdicts = goals(rows)
-    for text, met in verdicts:
-        print(f"  [{'met' if met else 'MISSED'}] {text}")
+    all_met = print_verdicts(verdicts)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
@@ -555,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 indent=2,
             )
         )
-    if args.check and not all(met for _, met in verdicts):
+    if args.check and not all_met:
         return 1
     return 0
 
