@@ -79,6 +79,7 @@ class Services:
         return checks
 
     def close(self) -> None:
+        self.records.close()  # stores what was submitted, then stops its writer
         self.engine.dispose()
 
 

@@ -495,7 +495,8 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
             self.stats.batches += 1
             try:
                 records = wire.incoming_records(message.records)
-                ids = await asyncio.to_thread(self._services.records.store, node_id, records)
+                # Stored with the next group commit; the loop serves other streams meanwhile.
+                ids = await asyncio.wrap_future(self._services.records.submit(node_id, records))
             except InvalidInputError as exc:
                 self._refuse_message("records", node_id, exc)
                 return

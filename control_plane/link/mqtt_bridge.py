@@ -30,7 +30,11 @@ MQTT user property ``edgefleet-presence: offline``; the bridge marks the node of
 
 Messages are handled off paho's network thread by `workers` threads, each owning the
 nodes that hash to it, so one node's messages keep their order (a will is not
-overtaken by the Hello that follows it).
+overtaken by the Hello that follows it). A RecordBatch is handed to the group commit
+(`RecordIngest.submit`) and the worker moves on; the Ack and the PUBACK go out when the
+group has committed, from the writer's thread. The node and its fleet are looked up at
+most every `auth_cache_s` per node, not per message: a revocation stops a node's
+messages within that time (and its login at the broker's next reload).
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ import logging
 import queue
 import socket
 import threading
+import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
@@ -134,6 +140,9 @@ class MqttBridgeConfig:
     downlink_expiry_s: int = 3600
     retry_initial_s: float = 0.2
     retry_cap_s: float = 5.0
+    # A node found known, unrevoked and in its topic's fleet is not looked up again for
+    # this long (0: every message). Revocation takes effect within it.
+    auth_cache_s: float = 5.0
 
     def resolved_client_id(self) -> str:
         return self.client_id or f"edgefleet-cp-{socket.gethostname()}"[:64]
@@ -185,6 +194,18 @@ class _Refusal(Exception):
 class _Inbound(NamedTuple):
     message: mqtt.MQTTMessage
     generation: int
+    # 0 for a delivery from the broker; n for the n-th retry after the database failed.
+    attempt: int = 0
+
+
+_AUTH_CACHE_MAX: Final = 100_000
+
+
+class _PendingAck(NamedTuple):
+    """Where the Ack of a submitted batch goes once its group has committed."""
+
+    fleet: str
+    node_id: str
 
 
 class MqttBridge:
@@ -210,6 +231,8 @@ class MqttBridge:
             queue.Queue(maxsize=depth) for _ in range(config.workers)
         ]
         self._workers: list[threading.Thread] = []
+        # node id -> (the node, monotonic time it was checked); see `_authorized`.
+        self._known: dict[str, tuple[Node, float]] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -316,6 +339,38 @@ class MqttBridge:
             message = wire.control_message(command=link_pb2.Command(name=PULL_DESIRED))
         topic = node_topic(fleet, node_id, Leaf.DESIRED)
         self._publish_and_wait(topic, message.SerializeToString(), True, None, timeout_s)
+
+    def publish_desired_many(
+        self,
+        fleet: str,
+        assignments: Sequence[tuple[str, director_pb2.SignedDirectorAssignment]],
+        *,
+        timeout_s: float = 30.0,
+    ) -> list[bool]:
+        """`publish_desired` for many nodes of `fleet`: every doorbell is published first,
+        then their PUBACKs are awaited under one deadline of `timeout_s`; whether each was
+        confirmed, in order. An unconfirmed one stays queued in the client like a single
+        one. Raises UnavailableError only when the bridge is not started.
+        """
+        infos = [
+            self._publish(
+                node_topic(fleet, node_id, Leaf.DESIRED),
+                wire.desired(signed).SerializeToString(),
+                retain=True,
+                expiry_s=None,
+            )
+            for node_id, signed in assignments
+        ]
+        deadline = time.monotonic() + timeout_s
+        confirmed: list[bool] = []
+        for info in infos:
+            try:
+                info.wait_for_publish(max(0.0, deadline - time.monotonic()))
+            except (RuntimeError, ValueError):
+                confirmed.append(False)
+                continue
+            confirmed.append(info.is_published())
+        return confirmed
 
     def clear_desired(self, fleet: str, node_id: str, *, timeout_s: float = 10.0) -> None:
         """Remove the retained doorbell (an empty retained message), e.g. after revocation."""
@@ -456,37 +511,85 @@ class MqttBridge:
 
     def _process(self, item: _Inbound) -> None:
         message = item.message
-        delay = self._config.retry_initial_s
-        while True:
-            try:
-                self._handle(message)
-                break
-            except _Refusal as refusal:
-                self._refuse(refusal.reason, refusal.detail, message.topic)
-                break
-            except (UnavailableError, DBAPIError) as exc:
-                # The database is down or busy: not the node's fault, so not acked yet.
-                if self._stopping.is_set() or item.generation != self._generation:
-                    return  # the broker redelivers it
-                self.counts.add("retries")
-                log.warning(
-                    "storing %s failed (%s); retrying in %.1fs",
-                    message.topic,
-                    type(exc).__name__,
-                    delay,
+        if item.attempt and self._stopping.wait(self._retry_delay(item.attempt)):
+            return  # stopping: left unacked, the broker redelivers it
+        try:
+            stored = self._handle(message)
+        except Exception as exc:  # classified in _settle; nothing escapes a worker
+            self._settle(item, exc)
+            return
+        if stored is None:
+            self._puback(message, item.generation)
+            return
+        future, ack = stored
+        future.add_done_callback(lambda done: self._stored(item, done, ack))
+
+    def _stored(self, item: _Inbound, future: Future[list[str]], ack: _PendingAck) -> None:
+        """The group commit holding the batch finished (the writer's thread)."""
+        error = future.exception()
+        if isinstance(error, Exception):
+            self._settle(item, error)
+            return
+        try:
+            ids = future.result()
+            self.counts.add("records", len(ids))
+            if ids:
+                self._publish(
+                    node_topic(ack.fleet, ack.node_id, Leaf.ACK),
+                    wire.ack(ids).SerializeToString(),
+                    retain=False,
+                    expiry_s=self._config.downlink_expiry_s,
                 )
-                if self._stopping.wait(delay):
-                    return
-                delay = min(delay * 2, self._config.retry_cap_s)
-            except EdgefleetError as exc:
-                reason = str(exc.fields.get("reason") or _reason_of(exc))
-                self._refuse(reason, exc.message, message.topic)
-                break
-            except Exception:
-                self.refusals.add("internal-error")
-                log.exception("MQTT bridge could not handle %s; dropping it", message.topic)
-                break
+            self.counts.add("batches")
+        except Exception:  # not acked: the node resends, ingestion ignores the duplicate
+            self.refusals.add("internal-error")
+            log.exception("MQTT bridge could not ack %s", item.message.topic)
+        self._puback(item.message, item.generation)
+
+    def _settle(self, item: _Inbound, exc: Exception) -> None:
+        """A message that failed: refused (PUBACKed) or, on a database outage, retried."""
+        message = item.message
+        if isinstance(exc, _Refusal):
+            self._refuse(exc.reason, exc.detail, message.topic)
+        elif isinstance(exc, UnavailableError | DBAPIError):
+            # The database is down or busy: not the node's fault, so not acked yet.
+            if self._stopping.is_set() or item.generation != self._generation:
+                return  # the broker redelivers it
+            self.counts.add("retries")
+            log.warning(
+                "storing %s failed (%s); retrying in %.1fs",
+                message.topic,
+                type(exc).__name__,
+                self._retry_delay(item.attempt + 1),
+            )
+            self._requeue(item._replace(attempt=item.attempt + 1))
+            return
+        elif isinstance(exc, EdgefleetError):
+            reason = str(exc.fields.get("reason") or _reason_of(exc))
+            self._refuse(reason, exc.message, message.topic)
+        else:
+            self.refusals.add("internal-error")
+            log.error(
+                "MQTT bridge could not handle %s; dropping it",
+                message.topic,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
         self._puback(message, item.generation)
+
+    def _retry_delay(self, attempt: int) -> float:
+        config = self._config
+        return float(min(config.retry_initial_s * 2 ** max(attempt - 1, 0), config.retry_cap_s))
+
+    def _requeue(self, item: _Inbound) -> None:
+        """Back to the node's worker, which waits the retry delay first."""
+        shard = zlib.crc32(_node_segment(item.message.topic)) % len(self._queues)
+        inbox = self._queues[shard]
+        # Often on the writer's thread: never block it on a full inbox (the worker may be
+        # waiting for the writer); a short-lived thread waits instead.
+        try:
+            inbox.put_nowait(item)
+        except queue.Full:
+            threading.Thread(target=inbox.put, args=(item,), daemon=True).start()
 
     def _puback(self, message: mqtt.MQTTMessage, generation: int) -> None:
         client = self._client
@@ -496,7 +599,8 @@ class MqttBridge:
             return
         client.ack(message.mid, message.qos)
 
-    def _handle(self, message: mqtt.MQTTMessage) -> None:
+    def _handle(self, message: mqtt.MQTTMessage) -> tuple[Future[list[str]], _PendingAck] | None:
+        """Handle one message; a RecordBatch returns the future of its group commit."""
         self.counts.add("messages")
         limit = self._config.max_message_bytes
         if len(message.payload) > limit:
@@ -518,16 +622,25 @@ class MqttBridge:
         kind = body.WhichOneof("body")
         if where.leaf is Leaf.STATUS:
             self._status(node, body, kind, message)
-        else:
-            self._records(node, where, body, kind)
+            return None
+        return self._records(node, where, body, kind)
 
     def _authorized(self, where: NodeTopic) -> Node:
-        try:
-            node = self._services.nodes.get_node(where.node_id)
-        except NotFoundError:
-            raise _Refusal("node-unknown", f"unknown node {where.node_id!r}") from None
-        if node.revoked:
-            raise _Refusal("node-revoked", f"node {node.id!r} is revoked")
+        now = time.monotonic()
+        cached = self._known.get(where.node_id)
+        if cached is not None and now - cached[1] < self._config.auth_cache_s:
+            node = cached[0]
+        else:
+            try:
+                node = self._services.nodes.get_node(where.node_id)
+            except NotFoundError:
+                raise _Refusal("node-unknown", f"unknown node {where.node_id!r}") from None
+            if node.revoked:
+                self._known.pop(where.node_id, None)
+                raise _Refusal("node-revoked", f"node {node.id!r} is revoked")
+            if len(self._known) >= _AUTH_CACHE_MAX:
+                self._known.clear()
+            self._known[node.id] = (node, now)
         if node.fleet != where.fleet:
             raise _Refusal("wrong-fleet", f"node {node.id!r} is not in fleet {where.fleet!r}")
         return node
@@ -574,7 +687,7 @@ class MqttBridge:
 
     def _records(
         self, node: Node, where: NodeTopic, body: link_pb2.NodeMessage, kind: str | None
-    ) -> None:
+    ) -> tuple[Future[list[str]], _PendingAck]:
         if kind is None:
             raise _Refusal("unknown-message", "a message with a body this bridge lacks")
         if kind != "records":
@@ -588,18 +701,10 @@ class MqttBridge:
                 raise _Refusal("wrong-leaf", f"{where.leaf.value} carries {expected} records only")
             # Refused whole and not acked: the node keeps the batch, so the problem stays
             # visible in its backlog (as over gRPC).
-            ids = self._services.records.store(node.id, records)
+            future = self._services.records.submit(node.id, records)
         except InvalidInputError as exc:
             raise _Refusal("bad-batch", exc.message) from exc
-        self.counts.add("records", len(ids))
-        if ids:
-            self._publish(
-                node_topic(where.fleet, node.id, Leaf.ACK),
-                wire.ack(ids).SerializeToString(),
-                retain=False,
-                expiry_s=self._config.downlink_expiry_s,
-            )
-        self.counts.add("batches")
+        return future, _PendingAck(where.fleet, node.id)
 
     def _refuse(self, reason: str, detail: str, topic: str) -> None:
         self.refusals.add(reason)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import ManualClock
-from control_plane.errors import InvalidInputError, PayloadTooLargeError
+from control_plane.errors import InvalidInputError, PayloadTooLargeError, UnavailableError
 from control_plane.link.ingest import IncomingRecord, IngestLimits, RecordIngest, validate_batch
 from control_plane.nodes.service import NodeService
+from control_plane.storage.models import NodeRecordRow
 from tests.control_plane.identity.helpers import make_csr
 
 
@@ -35,8 +40,10 @@ def node_id(nodes: NodeService) -> str:
 
 
 @pytest.fixture
-def ingest(sessions: sessionmaker[Session], clock: ManualClock) -> RecordIngest:
-    return RecordIngest(sessions, clock)
+def ingest(sessions: sessionmaker[Session], clock: ManualClock) -> Iterator[RecordIngest]:
+    ingest = RecordIngest(sessions, clock)
+    yield ingest
+    ingest.close()
 
 
 def test_a_batch_is_stored_once_however_often_it_is_sent(
@@ -84,3 +91,165 @@ def test_limits() -> None:
         validate_batch([record(1), record(2), record(3)], limits)
     with pytest.raises(PayloadTooLargeError):
         validate_batch([record(1, payload=b"x" * 11)], limits)
+
+
+# ------------------------------------------------------------------ group commit
+
+
+class GatedSessions:
+    """A session factory whose first `gated` transactions wait for `open` (a slow disk)."""
+
+    def __init__(self, sessions: sessionmaker[Session], gated: int = 1) -> None:
+        self._sessions = sessions
+        self.open = threading.Event()
+        self.entered = threading.Event()
+        self.gated = gated
+        self.calls = 0
+
+    def __call__(self) -> Session:
+        self.calls += 1
+        if self.calls <= self.gated:
+            self.entered.set()
+            assert self.open.wait(10), "the test never opened the gate"
+        return self._sessions()
+
+
+def test_batches_waiting_for_a_commit_share_the_next_one(
+    sessions: sessionmaker[Session], clock: ManualClock, nodes: NodeService, node_id: str
+) -> None:
+    gate = GatedSessions(sessions)
+    ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
+    try:
+        first = ingest.submit(node_id, [record(1)])
+        assert gate.entered.wait(10)
+        # While the first commit is held up, ten more batches arrive.
+        batches = [[record(10 * i + j) for j in range(1, 4)] for i in range(1, 11)]
+        futures = [ingest.submit(node_id, b) for b in batches]
+        assert not any(f.done() for f in futures)
+        gate.open.set()
+        (first_id,) = first.result(10)
+        for future, sent in zip(futures, batches, strict=True):
+            assert future.result(10) == [r.id for r in sent]
+        assert (ingest.groups, ingest.grouped_batches) == (2, 11)
+        assert ingest.count(node_id) == 31
+        assert first_id in ingest.record_ids(node_id)
+    finally:
+        gate.open.set()
+        ingest.close()
+
+
+def test_a_batch_that_breaks_a_constraint_fails_alone(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    gate = GatedSessions(sessions)
+    ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
+    try:
+        held = ingest.submit(node_id, [record(1)])
+        assert gate.entered.wait(10)
+        good = [record(2), record(3)]
+        good_future = ingest.submit(node_id, good)
+        orphan = ingest.submit("no-such-node", [record(4)])  # no node row: foreign key
+        gate.open.set()
+        assert held.result(10) and good_future.result(10) == [r.id for r in good]
+        with pytest.raises(InvalidInputError, match="cannot be stored"):
+            orphan.result(10)
+        assert ingest.count(node_id) == 3
+        assert ingest.count("no-such-node") == 0
+    finally:
+        gate.open.set()
+        ingest.close()
+
+
+def test_a_database_outage_fails_the_group_and_stores_nothing(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    def down() -> Session:
+        raise OperationalError("INSERT", {}, ConnectionRefusedError("database down (test)"))
+
+    ingest = RecordIngest(down, clock)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(OperationalError):
+            ingest.submit(node_id, [record(1)]).result(10)
+    finally:
+        ingest.close()
+    assert RecordIngest(sessions, clock).count(node_id) == 0
+
+
+def test_a_cancelled_submission_is_not_stored(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    gate = GatedSessions(sessions)
+    ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
+    try:
+        held = ingest.submit(node_id, [record(1)])
+        assert gate.entered.wait(10)
+        gave_up = ingest.submit(node_id, [record(2)])
+        assert gave_up.cancel()  # a gRPC stream that ended before its commit
+        kept = ingest.submit(node_id, [record(3)])
+        gate.open.set()
+        assert held.result(10) and kept.result(10)
+        assert ingest.count(node_id) == 2
+    finally:
+        gate.open.set()
+        ingest.close()
+
+
+def test_close_stores_what_was_submitted_then_refuses(ingest: RecordIngest, node_id: str) -> None:
+    futures = [ingest.submit(node_id, [record(i)]) for i in range(1, 21)]
+    ingest.close()
+    assert all(f.result(0) for f in futures)
+    assert ingest.count(node_id) == 20
+    with pytest.raises(UnavailableError, match="closed"):
+        ingest.submit(node_id, [record(21)])
+
+
+def test_a_full_queue_refuses_instead_of_blocking(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    gate = GatedSessions(sessions)
+    ingest = RecordIngest(gate, clock, IngestLimits(max_queued_batches=2))  # type: ignore[arg-type]
+    try:
+        ingest.submit(node_id, [record(1)])
+        assert gate.entered.wait(10)
+        ingest.submit(node_id, [record(2)])
+        ingest.submit(node_id, [record(3)])
+        with pytest.raises(UnavailableError, match="waiting for the database") as refused:
+            ingest.submit(node_id, [record(4)])
+        assert refused.value.fields["reason"] == "ingest-backlog"
+    finally:
+        gate.open.set()
+        ingest.close()
+    assert RecordIngest(sessions, clock).count(node_id) == 3
+
+
+def test_a_malformed_batch_is_refused_at_submit(ingest: RecordIngest, node_id: str) -> None:
+    with pytest.raises(InvalidInputError, match="seq"):
+        ingest.submit(node_id, [record(1), record(0)])
+    assert ingest.submit(node_id, []).result(0) == []
+    assert ingest.count(node_id) == 0
+
+
+def test_stored_timestamps_read_back_exactly_through_the_orm(
+    ingest: RecordIngest, sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    # The insert bypasses the ORM; the ORM must still read what it wrote, to the microsecond.
+    created = datetime(2026, 11, 30, 1, 2, 3, 456789, tzinfo=timezone(timedelta(hours=2)))
+    sent = IncomingRecord(str(uuid.uuid4()), 7, "health", created, "application/json", b"\x00{}")
+    ingest.submit(node_id, [sent]).result(10)
+    with sessions() as session:
+        row = session.scalars(select(NodeRecordRow)).one()
+    assert row.created_at == created and row.created_at.tzinfo is not None
+    assert row.received_at == clock.now()
+    assert (row.node_id, row.record_id, row.seq, row.kind) == (node_id, sent.id, 7, "health")
+    assert (row.content_type, row.payload) == ("application/json", b"\x00{}")
+    # Reads that compare timestamps in SQL see them in order.
+    with sessions() as session:
+        later = session.scalars(
+            select(NodeRecordRow.record_id).where(NodeRecordRow.created_at > created)
+        ).all()
+        earlier = session.scalars(
+            select(NodeRecordRow.record_id).where(
+                NodeRecordRow.created_at > created - timedelta(microseconds=1)
+            )
+        ).all()
+    assert later == [] and earlier == [sent.id]

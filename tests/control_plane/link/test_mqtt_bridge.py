@@ -17,9 +17,10 @@ import paho.mqtt.client as mqtt
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from paho.mqtt.enums import CallbackAPIVersion
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
-from control_plane.errors import UnavailableError
-from control_plane.link.ingest import IncomingRecord, RecordIngest
+from control_plane.link.ingest import RecordIngest
 from control_plane.link.mqtt_bridge import MqttBridge
 from control_plane.link.mqtt_topics import Leaf, node_topic
 from control_plane.services import Services
@@ -265,6 +266,26 @@ async def test_unknown_revoked_and_other_fleet_nodes_are_refused(
     assert services.records.count(other.node_id) == 0
 
 
+async def test_a_revocation_stops_a_nodes_messages_once_its_cached_check_expires(
+    services: Services, broker: Broker, raw: RawClient, node: MqttNode
+) -> None:
+    # The bridge looks a node up at most every auth_cache_s, not for every message.
+    bridge = start_bridge(services, bridge_config(broker, auth_cache_s=0.5))
+    try:
+        first = wire_record(link_pb2.RECORD_KIND_EVENT, 1)
+        topic = node_topic("gates", node.node_id, Leaf.EVENTS)
+        raw.publish(topic, batch([first]).SerializeToString())
+        await eventually(lambda: services.records.record_ids(node.node_id) == {first.id})
+        services.nodes.revoke(ADMIN, node.node_id)
+        await anyio.sleep(0.6)
+        late = wire_record(link_pb2.RECORD_KIND_EVENT, 2)
+        raw.publish(topic, batch([late]).SerializeToString())
+        await eventually(lambda: bridge.refusals.snapshot() == {"node-revoked": 1})
+        assert services.records.record_ids(node.node_id) == {first.id}
+    finally:
+        bridge.stop()
+
+
 async def test_last_will_marks_the_node_offline(
     services: Services, bridge: MqttBridge, link: MqttNodeLink, node: MqttNode
 ) -> None:
@@ -317,17 +338,19 @@ async def test_two_replicas_split_the_load_and_store_each_record_once(
 
 
 class FlakyIngest(RecordIngest):
-    """Fails the first `failures` stores as a database outage would."""
+    """Its first `failures` transactions fail as a database outage does."""
 
     def __init__(self, real: RecordIngest, failures: int) -> None:
-        self.__dict__.update(real.__dict__)
+        super().__init__(real._sessions, real._clock, real.limits)
         self.failures = failures
+        self._sessions = self._flaky_sessions  # type: ignore[assignment]
+        self._real_sessions = real._sessions
 
-    def store(self, node_id: str, records: Sequence[IncomingRecord]) -> list[str]:
+    def _flaky_sessions(self) -> Session:
         if self.failures > 0:
             self.failures -= 1
-            raise UnavailableError("database down (test)")
-        return super().store(node_id, records)
+            raise OperationalError("INSERT", {}, ConnectionRefusedError("database down (test)"))
+        return self._real_sessions()
 
 
 async def test_a_database_outage_delays_the_ack_until_the_commit(
