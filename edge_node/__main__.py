@@ -4,23 +4,45 @@ Reads the settings (file < EDGEFLEET_NODE_* env < flags), runs the agent, turns 
 and SIGINT into a drain within the configured deadline, and maps the outcome to an exit
 code: 0 drained, 1 a fatal error, 2 bad configuration, 3 the control plane refuses the
 node (revoked or unknown: re-enroll it).
+
+Test hook (inert unless set): EDGEFLEET_NODE_TEST_KILL_AT=<point> makes the process
+SIGKILL itself at that updater step — downloading, verifying, self-testing, activated,
+active, failed or reverted (see `edge_node.agent.updater`) — so tests can check that a
+restart converges from every step. It is not a setting; never set it on a real node.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
+from typing import Final
 
 import anyio
 
 from edge_node.agent import EXIT_CONFIG, EXIT_OK, Agent, AgentError
+from edge_node.agent.updater import FaultPoint
 from edge_node.clock import SystemClock
 from edge_node.config import AgentConfig, ConfigError, load_agent_config
 
 log = logging.getLogger("edge_node")
+
+TEST_KILL_ENV: Final = "EDGEFLEET_NODE_TEST_KILL_AT"
+
+
+def kill_at(point: str) -> FaultPoint:
+    """The test hook: SIGKILL this process when the updater reaches `point`."""
+
+    def fault(name: str) -> None:
+        if name == point:
+            log.warning("%s=%s: killing the process now", TEST_KILL_ENV, point)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return fault
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def serve(config: AgentConfig) -> int:
+async def serve(config: AgentConfig, fault_point: FaultPoint | None = None) -> int:
     """Run one agent until it stops; SIGTERM/SIGINT drain it. Returns the exit code."""
-    agent = Agent(config, SystemClock())
+    agent = Agent(config, SystemClock(), fault_point=fault_point)
     failure: AgentError | None = None
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as group:
@@ -90,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG
-    return anyio.run(serve, config)
+    point = os.environ.get(TEST_KILL_ENV)
+    if point:
+        log.warning("test hook armed: this process kills itself at updater step %r", point)
+    return anyio.run(serve, config, kill_at(point) if point else None)
 
 
 if __name__ == "__main__":

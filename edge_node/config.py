@@ -34,6 +34,8 @@ from edge_node.runtime.config import (
     parse_streams,
 )
 from edge_node.runtime.errors import RuntimeConfigError
+from edge_node.updater.config import UpdaterConfig
+from edge_node.updater.watchdog import WatchdogConfig
 
 __all__ = [
     "AGENT_VERSION",
@@ -42,6 +44,8 @@ __all__ = [
     "ConfigError",
     "NodeSettings",
     "RuntimeSettings",
+    "UpdaterSettings",
+    "WatchdogSettings",
     "load_agent_config",
     "load_node_settings",
     "to_agent_config",
@@ -82,6 +86,30 @@ class RuntimeSettings(BaseModel):
     streams: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class WatchdogSettings(BaseModel):
+    """After an update: how long the new model is on watch, and what reverts it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window_s: float = Field(default=60.0, ge=0, le=86400)
+    max_errors: int = Field(default=10, ge=1, le=1_000_000)
+    max_error_ratio: float = Field(default=0.05, gt=0, le=1)
+    min_frames: int = Field(default=20, ge=1, le=1_000_000)
+
+
+class UpdaterSettings(BaseModel):
+    """Model updates from the control plane's director (see docs/operator-guide.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    max_artifact_mb: int = Field(default=4096, gt=0, le=1 << 20)
+    space_margin_mb: int = Field(default=256, ge=0, le=1 << 20)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    selftest_latency_budget_ms: float = Field(default=1000.0, gt=0, le=600_000)
+    watchdog: WatchdogSettings = Field(default_factory=WatchdogSettings)
+
+
 class NodeSettings(BaseSettings):
     """Everything a node's ``node.yaml`` holds; see docs/operator-guide.md."""
 
@@ -105,6 +133,7 @@ class NodeSettings(BaseSettings):
     health_interval_s: float = Field(default=30.0, gt=0, le=86400)
     shutdown_deadline_s: float = Field(default=10.0, gt=0, le=600)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    updater: UpdaterSettings = Field(default_factory=UpdaterSettings)
 
     _check_addresses = field_validator("server_grpc", "enroll_grpc")(_check_address)
 
@@ -139,6 +168,7 @@ class AgentConfig:
     model_path: Path | None = None
     runtime_workers: int = 1
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    updater: UpdaterConfig = field(default_factory=UpdaterConfig)
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
     renewal: RenewalConfig = field(default_factory=RenewalConfig)
     agent_version: str = AGENT_VERSION
@@ -217,6 +247,8 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
     if runtime.model_path is not None and not runtime_config.streams:
         raise ConfigError("runtime.model_path is set but runtime.streams is empty")
     token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+    updater = settings.updater
+    watchdog = updater.watchdog
     return AgentConfig(
         data_dir=settings.data_dir,
         link=GrpcLinkSettings(target=settings.server_grpc, server_name=settings.server_name),
@@ -232,6 +264,20 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
         model_path=runtime.model_path,
         runtime_workers=runtime.workers,
         runtime=runtime_config,
+        updater=UpdaterConfig(
+            enabled=updater.enabled,
+            max_artifact_bytes=updater.max_artifact_mb << 20,
+            space_margin_bytes=updater.space_margin_mb << 20,
+            max_attempts=updater.max_attempts,
+            selftest_latency_budget_s=updater.selftest_latency_budget_ms / 1000,
+            watchdog=WatchdogConfig(
+                window_s=watchdog.window_s,
+                max_errors=watchdog.max_errors,
+                max_error_ratio=watchdog.max_error_ratio,
+                min_frames=watchdog.min_frames,
+                poll_s=min(1.0, watchdog.window_s / 10) if watchdog.window_s else 1.0,
+            ),
+        ),
         uplink=UplinkConfig(backoff=Backoff(initial_s=0.5, cap_s=30.0)),
     )
 

@@ -1,17 +1,23 @@
 """`Agent`: the node's one supervised process (design §5).
 
 `run()` enrolls on first start (or loads the identity and finishes an interrupted
-renewal), opens the outbox, and supervises its tasks in one task group: the uplink
-(outbox → control plane), certificate renewal, the health producer, the optional
-inference runtime, and any extra components (the updater plugs in here). A task that
-fails is fatal: it is logged with its reason, the others are cancelled, and `run()`
-raises an `AgentError` whose `exit_code` the entry point returns. `shutdown()` sets
-stop, lets the tasks drain until a deadline, then cancels what remains; it is safe to
-call twice and before or after `run()`.
+renewal), opens the outbox, starts the updater (crash recovery, then the journal's active
+model is served again), and supervises its tasks in one task group: the uplink (outbox →
+control plane), certificate renewal, the health producer, the inference runtime, the
+updater (`edge_node.agent.updater`: assignments from the control plane, applied one at a
+time, and the watchdog), and any extra components. A task that fails is fatal: it is
+logged with its reason, the others are cancelled, and `run()` raises an `AgentError`
+whose `exit_code` the entry point returns. `shutdown()` sets stop, lets the tasks drain
+until a deadline, then cancels what remains; it is safe to call twice and before or
+after `run()`.
+
+The updater is built in rather than a `Component`: it needs the Hello (what the node
+runs), the control messages and the reconnects, which components do not see. A
+component named "updater" replaces it (tests do that).
 
 Not here: reading settings (`edge_node.config`), signals (`edge_node.__main__`), the
-updater's reconciliation (`edge_node.updater`), full telemetry (later: this health
-record is deliberately small).
+update steps (`edge_node.updater`), full telemetry (later: this health record is
+deliberately small).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import anyio.to_thread
 import psutil
 
 from edge_node.agent.errors import AgentError, EnrollmentError, NodeRefusedError, TaskFailedError
+from edge_node.agent.updater import FaultPoint, NodeUpdater
 from edge_node.clock import Clock
 from edge_node.config import AgentConfig
 from edge_node.enroll import IDENTITY_FILE, EnrollmentFiles, enroll_over_grpc
@@ -40,6 +47,7 @@ from edge_node.link.uplink import ControlHandler, Uplink, UplinkStats
 from edge_node.outbox import Outbox, OutboxStats
 from edge_node.runtime.pipeline import FrameResult, InferencePipeline
 from edge_node.runtime.session import ModelSession
+from edge_node.updater.watchdog import ModelHealth
 from protos.edgefleet.fleet.v1 import link_pb2
 
 __all__ = [
@@ -122,7 +130,10 @@ class Agent:
         *,
         components: Mapping[str, Component] | None = None,
         on_control: ControlHandler | None = None,
+        fault_point: FaultPoint | None = None,
     ) -> None:
+        """`on_control` sees every control message (after the updater took its own);
+        `fault_point` is the updater's test seam (see `edge_node.agent.updater`)."""
         self._config = config
         self._clock = clock
         self._components = dict(components or {})
@@ -133,13 +144,16 @@ class Agent:
         self._started = False
         self._failure: AgentError | None = None
         self._started_at: datetime | None = None
+        self._fault_point = fault_point
         self._pipeline: InferencePipeline | None = None
+        self._standby: ModelSession | None = None  # loaded, but no stream to serve
         self._model: str | None = None
         self._results = 0
         self._runtime_lock = anyio.Lock()
         self.ready = anyio.Event()  # set once enrolled, the outbox open and tasks started
         self.files: EnrollmentFiles | None = None
         self.uplink: Uplink | None = None
+        self.updater: NodeUpdater | None = None
         self.health_dropped = 0
 
     @property
@@ -191,6 +205,8 @@ class Agent:
 
         Raises `ModelLoadError` / `ModelSignatureError` when the model cannot serve with
         the configured preprocessing; the current model (if any) keeps serving then.
+        With no camera stream configured the model is loaded and checked all the same,
+        and kept ready (nothing to run it on yet).
         """
         config = self._config
         if self._stop.is_set():
@@ -199,7 +215,14 @@ class Agent:
             lambda: ModelSession.load(path, config.runtime.session, config.runtime.preprocess)
         )
         async with self._runtime_lock:
-            if self._pipeline is None:
+            if self._stop.is_set():
+                session.close()
+                raise ClosedError("the agent is stopping")
+            if not config.runtime.streams:
+                standby, self._standby = self._standby, session
+                if standby is not None:
+                    standby.close()
+            elif self._pipeline is None:
                 pipeline = InferencePipeline(
                     session,
                     config.runtime.streams,
@@ -214,6 +237,15 @@ class Agent:
                 self._pipeline.swap_session(session)  # in-flight frames finish on the old one
             self._model = str(path)
         log.info("serving model %s", path)
+
+    def model_health(self) -> ModelHealth | None:
+        """Run counters of the model being served (the updater's watchdog reads them)."""
+        pipeline = self._pipeline
+        session = pipeline.session if pipeline is not None else self._standby
+        if session is None:
+            return None
+        runs, failures = session.run_counts()
+        return ModelHealth(str(session.path), runs, failures)
 
     # ------------------------------------------------------------------ internals
 
@@ -232,8 +264,28 @@ class Agent:
             )
         )
         link = GrpcNodeLink(config.link, files.credentials)
+        updater = None
+        if config.updater.enabled and "updater" not in self._components:
+            updater = NodeUpdater(
+                config=config.updater,
+                files=files,
+                link=link,
+                clock=self._clock,
+                data_dir=config.data_dir,
+                memory_budget_bytes=config.memory_budget_bytes,
+                activate=self.on_model_ready,
+                model_health=self.model_health,
+                initial_model=config.model_path,
+                fault_point=self._fault_point,
+            )
+        self.updater = updater
         uplink = Uplink(
-            outbox, link, clock=self._clock, config=config.uplink, on_control=self._control
+            outbox,
+            link,
+            clock=self._clock,
+            config=config.uplink,
+            on_control=self._control,
+            on_connect=None if updater is None else updater.on_connect,
         )
         self.uplink = uplink
         self._started_at = self._clock.now()
@@ -247,9 +299,17 @@ class Agent:
             "health": lambda: self._report_health(outbox, uplink, files),
             "runtime": self._run_runtime,
         }
+        if updater is not None:
+            tasks["updater"] = lambda: updater.run(stop)
         for name, component in self._components.items():
             tasks[name] = _bind(component, context, stop)
         try:
+            if updater is not None:
+                # Before the uplink's first Hello, which reports what the journal says.
+                try:
+                    await updater.start()
+                except Exception as exc:
+                    raise _classify("updater", exc) from exc
             async with anyio.create_task_group() as group:
                 for name, task in tasks.items():
                     group.start_soon(self._supervise, name, task, group.cancel_scope)
@@ -344,12 +404,20 @@ class Agent:
             return files
 
     def _hello(self) -> link_pb2.Hello:
-        return link_pb2.Hello(agent_version=self._config.agent_version)
+        hello = link_pb2.Hello(agent_version=self._config.agent_version)
+        if self.updater is not None:
+            running = self.updater.running()
+            hello.active_target = running.active_target
+            hello.installed_targets.extend(running.installed_targets)
+            hello.director_sequence = running.director_sequence
+        return hello
 
     async def _control(self, message: link_pb2.ControlMessage) -> None:
+        if self.updater is not None:
+            await self.updater.on_control(message)
         if self._on_control is not None:
             await self._on_control(message)
-        else:
+        elif self.updater is None:
             log.debug("control message %s (no handler yet)", message.WhichOneof("body"))
 
     async def _report_health(self, outbox: Outbox, uplink: Uplink, files: EnrollmentFiles) -> None:
@@ -378,7 +446,8 @@ class Agent:
                 await self._stop.wait()
 
     async def _run_runtime(self) -> None:
-        if self._config.model_path is not None:
+        # With the updater, it serves the journal's model (or model_path) at its start.
+        if self._config.model_path is not None and self.updater is None:
             await self.on_model_ready(self._config.model_path)
         await self._stop.wait()
 
@@ -390,6 +459,9 @@ class Agent:
         pipeline, self._pipeline = self._pipeline, None
         if pipeline is not None:
             await anyio.to_thread.run_sync(pipeline.stop, _RUNTIME_STOP_S)
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.close()
         try:
             await link.close()
         except Exception:

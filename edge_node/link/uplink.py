@@ -78,12 +78,16 @@ class Uplink:
         clock: Clock,
         config: UplinkConfig | None = None,
         on_control: ControlHandler | None = None,
+        on_connect: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`on_connect` runs after every (re)connect, before the first batch is sent
+        (the updater sends its last status again: a Hello resets it upstream)."""
         self._outbox = outbox
         self._link = link
         self._clock = clock
         self._config = config or UplinkConfig()
         self._on_control = on_control
+        self._on_connect = on_connect
         self.stats = UplinkStats()
         self._acked = anyio.Event()
         self._in_flight: set[str] = set()
@@ -99,6 +103,8 @@ class Uplink:
                 await self._link.connect(hello())
                 self.stats.connects += 1
                 attempt = 0
+                if self._on_connect is not None:
+                    await self._on_connect()
                 await self._session(stop)
             except LinkUnavailableError as exc:
                 self.stats.disconnects += 1

@@ -106,6 +106,8 @@ class ModelSession:
         self._session: Any = session
         self._closed = False
         self._lock = threading.Lock()
+        self._runs = 0
+        self._failures = 0
         self.path = path
         self.label = label
         self.config = config
@@ -190,13 +192,24 @@ class ModelSession:
         try:
             outputs = session.run(None, {self.input_name: batch})
         except Exception as exc:  # ONNX Runtime's pybind errors share no useful base class
+            with self._lock:
+                self._runs += 1
+                self._failures += 1
             raise InferenceError(
                 f"{self.label}: inference failed: {type(exc).__name__}: {exc}",
                 label=self.label,
                 shape=tuple(batch.shape),
                 dtype=str(batch.dtype),
             ) from exc
+        with self._lock:
+            self._runs += 1
         return dict(zip(self.output_names, outputs, strict=True))
+
+    def run_counts(self) -> tuple[int, int]:
+        """``(runs, failures)`` of this session so far: the updater's watchdog judges a
+        freshly swapped-in model by them. A run that raised counts in both."""
+        with self._lock:
+            return self._runs, self._failures
 
     def close(self) -> None:
         """Release the session (its memory goes when the last running call returns)."""

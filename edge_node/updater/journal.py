@@ -10,6 +10,10 @@ that is the updater's reconcile loop.
 Targets are referenced by TUF path and sha256; the sha256 names the file in the
 `ModelStore`. `attempts` counts consecutive failed trials of `failed` (the target of
 the last reverted trial), so the updater can stop retrying a target that keeps failing.
+
+`probation` is the watchdog window of the active model after a commit: written in the
+same atomic save as the commit, so a restart always knows whether the model it is about
+to serve was still being watched (and whether that stop was clean: `paused`).
 """
 
 from __future__ import annotations
@@ -36,9 +40,13 @@ __all__ = [
     "JournalVersionError",
     "ModelRef",
     "Phase",
+    "Probation",
     "accept_assignment",
     "begin_trial",
     "commit_trial",
+    "end_probation",
+    "pause_probation",
+    "revert_active",
     "revert_trial",
     "rollback",
 ]
@@ -94,6 +102,26 @@ class ModelRef:
 
 
 @dataclass(frozen=True, slots=True)
+class Probation:
+    """The active model is inside its watchdog window until `until`.
+
+    `paused`: the agent stopped cleanly (SIGTERM) inside the window, so the next start
+    watches the model again for a full window. Without it, a start that finds a
+    probation means the process died while the model was on watch: the model is blamed.
+    """
+
+    until: datetime
+    paused: bool = False
+
+    def __post_init__(self) -> None:
+        if self.until.tzinfo is None:
+            raise InvalidInputError("probation.until must be timezone-aware")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"until": _iso(self.until), "paused": self.paused}
+
+
+@dataclass(frozen=True, slots=True)
 class JournalState:
     """What the node runs and is trying; empty for a fresh node."""
 
@@ -106,6 +134,7 @@ class JournalState:
     updated_at: datetime | None = None
     failed: ModelRef | None = None
     last_error: str | None = None
+    probation: Probation | None = None
 
     def referenced_sha256s(self) -> frozenset[str]:
         """The store entries this state needs: never garbage-collect these."""
@@ -126,6 +155,7 @@ class JournalState:
             "updated_at": None if self.updated_at is None else _iso(self.updated_at),
             "failed": ref(self.failed),
             "last_error": self.last_error,
+            "probation": None if self.probation is None else self.probation.to_dict(),
         }
 
 
@@ -153,8 +183,11 @@ def begin_trial(state: JournalState, target: ModelRef) -> JournalState:
     )
 
 
-def commit_trial(state: JournalState) -> JournalState:
-    """The trial passed: it becomes active, the old active is kept as `previous`."""
+def commit_trial(state: JournalState, probation_until: datetime | None = None) -> JournalState:
+    """The trial passed: it becomes active, the old active is kept as `previous`.
+
+    With `probation_until` the new active model is on watch until then (`Probation`).
+    """
     trial = _require_trial(state, "commit")
     return dataclasses.replace(
         state,
@@ -165,6 +198,7 @@ def commit_trial(state: JournalState) -> JournalState:
         attempts=0,
         failed=None,
         last_error=None,
+        probation=None if probation_until is None else Probation(probation_until),
     )
 
 
@@ -192,7 +226,45 @@ def rollback(state: JournalState) -> JournalState:
         )
     if state.previous is None:
         raise IllegalTransitionError("no previous version to roll back to")
-    return dataclasses.replace(state, active=state.previous, previous=None)
+    return dataclasses.replace(state, active=state.previous, previous=None, probation=None)
+
+
+def revert_active(state: JournalState, reason: str) -> JournalState:
+    """The active model failed after its commit (watchdog, or the process died while it
+    was on watch): `previous` becomes active again — or nothing runs when there is none.
+
+    The reverted model counts as a failed attempt of that target (`failed`, `attempts`,
+    `last_error`), exactly like a failed trial: a re-delivery of its assignment retries
+    it only within the updater's attempt limit.
+    """
+    if state.phase is not Phase.IDLE or state.trial is not None:
+        raise IllegalTransitionError(
+            "cannot revert the active model during a trial; revert the trial first",
+            phase=state.phase.value,
+        )
+    if state.active is None:
+        raise IllegalTransitionError("no active model to revert")
+    return dataclasses.replace(
+        state,
+        active=state.previous,
+        previous=None,
+        failed=state.active,
+        attempts=state.attempts + 1,
+        last_error=str(reason)[:_MAX_ERROR],
+        probation=None,
+    )
+
+
+def end_probation(state: JournalState) -> JournalState:
+    """The watchdog window passed: the active model is trusted from now on."""
+    return dataclasses.replace(state, probation=None)
+
+
+def pause_probation(state: JournalState) -> JournalState:
+    """A clean stop inside the watchdog window: the next start watches the model again."""
+    if state.probation is None:
+        return state
+    return dataclasses.replace(state, probation=dataclasses.replace(state.probation, paused=True))
 
 
 def accept_assignment(state: JournalState, sequence: int) -> JournalState:
@@ -305,9 +377,12 @@ def _parse(raw: bytes) -> JournalState:
         updated_at=_time(obj.get("updated_at")),
         failed=_ref(obj.get("failed")),
         last_error=_text(obj.get("last_error")),
+        probation=_probation(obj.get("probation")),
     )
     if (state.phase is Phase.TRIAL) != (state.trial is not None):
         raise ValueError(f"phase {state.phase.value} does not match the trial")
+    if state.probation is not None and state.active is None:
+        raise ValueError("a probation without an active model")
     return state
 
 
@@ -317,6 +392,18 @@ def _ref(value: object) -> ModelRef | None:
     if not isinstance(value, dict):
         raise TypeError("a target must be an object")
     return ModelRef(path=value["path"], sha256=value["sha256"])
+
+
+def _probation(value: object) -> Probation | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError("probation must be an object")
+    until = _time(value.get("until"))
+    paused = value.get("paused", False)
+    if until is None or not isinstance(paused, bool):
+        raise ValueError("probation needs `until` and a boolean `paused`")
+    return Probation(until=until, paused=paused)
 
 
 def _count(value: object, name: str) -> int:

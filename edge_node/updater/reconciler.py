@@ -5,9 +5,11 @@ assignment against it, journals the accepted sequence and the trial, downloads t
 and its reference pair (resuming, verified), installs them into the store, self-tests,
 calls `activate(path)` (the agent's hot swap) and commits — or reverts the trial and stays
 on the active model. Every step is journalled first, so `resume_after_crash()` at start-up
-converges whatever step a SIGKILL interrupted. Phases go to a `report(phase, detail)`
-callback that the agent turns into UpdateStatus messages. Not here: the hot swap itself,
-the runtime, when to call `apply` (the agent's loop), the watchdog after commit.
+converges whatever step a SIGKILL interrupted. Phases go to a `report(UpdateReport)`
+callback that the agent turns into UpdateStatus messages. With `limits.watchdog_s` the
+commit also opens the active model's watchdog window (`journal.Probation`);
+`revert_active`, `end_probation` and `pause_probation` close it. Not here: the hot swap
+itself, the runtime, when to call `apply` or judge the watchdog (the agent's updater task).
 
 Decisions:
 - A trial found in the journal at start-up is **reverted**, not retried: the process may
@@ -19,6 +21,11 @@ Decisions:
   without the director having to re-sign, and a bad model is not retried forever.
 - A refusal for lack of disk space happens before the sequence is accepted, so the same
   assignment is applied once space is free.
+- A restart that finds the active model still on watch (a probation not `paused` by a
+  clean stop) blames that model — unless a trial was running too, which takes the blame
+  instead — and reverts it to `previous` (or to nothing, rather than a crash loop).
+- The staging directory holds at most one trial's partial downloads: a trial drops the
+  others when it starts, a commit drops all.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -54,6 +62,9 @@ from edge_node.updater.journal import (
     accept_assignment,
     begin_trial,
     commit_trial,
+    end_probation,
+    pause_probation,
+    revert_active,
     revert_trial,
     rollback,
 )
@@ -70,11 +81,14 @@ __all__ = [
     "SelfTestFailedError",
     "TargetsView",
     "UpdatePhase",
+    "UpdateReport",
 ]
 
 _log = logging.getLogger(__name__)
 _GIB: Final = 1 << 30
+_MAX_DETAIL: Final = 400
 RESTART_REASON: Final = "interrupted by a restart"
+PROBATION_RESTART_REASON: Final = "restarted-on-watch"
 
 
 class UpdatePhase(StrEnum):
@@ -98,6 +112,29 @@ class OutcomeKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateReport:
+    """One step of an update, for the control plane (an UpdateStatus) and the log.
+
+    `target_path` and `sequence` are empty (`""`, 0) for an assignment refused before it
+    was authenticated and verified: nothing unverified is repeated. `reason` is a short
+    code for FAILED and REVERTED (e.g. `hash-mismatch`, `self-test: output-mismatch`).
+    """
+
+    phase: UpdatePhase
+    target_path: str = ""
+    sequence: int = 0
+    reason: str | None = None
+    detail: str = ""
+
+    @property
+    def text(self) -> str:
+        """`reason: detail`, or whichever of the two there is."""
+        if self.reason and self.detail:
+            return f"{self.reason}: {self.detail}"
+        return self.reason or self.detail
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     kind: OutcomeKind
     reason: str | None = None
@@ -116,7 +153,7 @@ class TargetsView(Protocol):
 SelfTest = Callable[[Path, Path, float, float], SelfTestResult]
 """(model path, reference path, atol, rtol) -> result; blocking, run in a thread. The
 agent binds its latency/memory budgets, e.g. with `functools.partial(self_test, ...)`."""
-Report = Callable[[UpdatePhase, str], Awaitable[None]]
+Report = Callable[[UpdateReport], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +165,8 @@ class ReconcilerLimits:
     """Failed trials of one target after which a re-delivery is no longer retried."""
     download_attempts: int = 4
     backoff: Backoff = field(default_factory=lambda: Backoff(initial_s=1.0, cap_s=30.0))
+    watchdog_s: float = 0.0
+    """A commit puts the new model on watch for this long (0: no watchdog window)."""
 
 
 class SelfTestFailedError(EdgeNodeError):
@@ -163,7 +202,7 @@ class _PlanError(EdgeNodeError):
         self.reason = reason
 
 
-async def _no_report(phase: UpdatePhase, detail: str) -> None:
+async def _no_report(report: UpdateReport) -> None:
     return None
 
 
@@ -201,6 +240,16 @@ class Reconciler:
         self._limits = limits or ReconcilerLimits()
         self._sleep = sleep
         self._lock = asyncio.Lock()
+        self._state: JournalState | None = None
+
+    @property
+    def state(self) -> JournalState | None:
+        """The journal as last read or written by this reconciler (None before that)."""
+        return self._state
+
+    @property
+    def store(self) -> ModelStore:
+        return self._store
 
     # ---------------------------------------------------------------- apply
 
@@ -210,7 +259,7 @@ class Reconciler:
             return await self._apply(signed)
 
     async def _apply(self, signed: SignedDirectorAssignment) -> Outcome:
-        state = self._journal.load()
+        state = self._load()
         try:
             plan = await asyncio.to_thread(self._plan, signed, state)
         except (AssignmentRejectedError, _PlanError) as exc:
@@ -232,8 +281,10 @@ class Reconciler:
                 return await self._rejected("too-many-attempts", None, target, sequence)
         if state.active is not None and state.active.sha256 == target.sha256:
             if not plan.redelivered:
-                self._journal.save(accept_assignment(state, sequence))
-            await self._report(UpdatePhase.ACTIVE, target.path)
+                self._save(accept_assignment(state, sequence))
+            await self._report(
+                UpdateReport(UpdatePhase.ACTIVE, target.path, sequence, detail="already active")
+            )
             return Outcome(OutcomeKind.UNCHANGED, "already-active", target, sequence)
         try:
             self._check_space(plan)
@@ -242,20 +293,41 @@ class Reconciler:
 
         if not plan.redelivered:
             state = accept_assignment(state, sequence)
-        state = self._journal.save(begin_trial(state, target))
+        state = self._save(begin_trial(state, target))
         try:
-            model_path = await self._trial(plan)
+            await self._trial(plan)
         except Exception as exc:
             reason = _reason_of(exc)
             _log.warning("trial of %s failed: %s", target.path, exc)
-            state = self._journal.save(revert_trial(state, reason))
-            await self._report(UpdatePhase.FAILED, reason)
-            await self._report(UpdatePhase.REVERTED, target.path)
+            state = self._save(revert_trial(state, reason))
+            message = _message_of(exc)
+            await self._report(
+                UpdateReport(UpdatePhase.FAILED, target.path, sequence, reason, message)
+            )
+            await self._report(
+                UpdateReport(
+                    UpdatePhase.REVERTED,
+                    target.path,
+                    sequence,
+                    reason,
+                    _still_running(state),
+                )
+            )
             self._gc(state)
             return Outcome(OutcomeKind.REVERTED, reason, target, sequence)
-        state = self._journal.save(commit_trial(state))
-        await self._report(UpdatePhase.ACTIVE, str(model_path))
-        self._gc(state)
+        until = None
+        if self._limits.watchdog_s > 0:
+            until = self._clock.now() + timedelta(seconds=self._limits.watchdog_s)
+        state = self._save(commit_trial(state, until))
+        self._gc(state, clear_staging=True)
+        await self._report(
+            UpdateReport(
+                UpdatePhase.ACTIVE,
+                target.path,
+                sequence,
+                detail="" if until is None else f"on watch until {_iso(until)}",
+            )
+        )
         return Outcome(OutcomeKind.APPLIED, None, target, sequence)
 
     def _plan(self, signed: SignedDirectorAssignment, state: JournalState) -> _Plan:
@@ -298,12 +370,19 @@ class Reconciler:
         sha = plan.assignment.sha256
         ref = plan.reference
         model_path, ref_path = store.path_of(sha), store.reference_path_of(sha)
-        await self._report(UpdatePhase.DOWNLOADING, plan.assignment.target_path)
+        target_path, sequence = plan.assignment.target_path, plan.assignment.sequence
+
+        def step(phase: UpdatePhase, detail: str = "") -> UpdateReport:
+            return UpdateReport(phase, target_path, sequence, detail=detail)
+
+        # Another trial's partial downloads are of no use any more: at most one trial's stay.
+        await asyncio.to_thread(store.clear_staging, {sha, ref.sha256})
+        await self._report(step(UpdatePhase.DOWNLOADING, f"{plan.assignment.length} bytes"))
         have_model = await asyncio.to_thread(store.verify, sha)
         model_part = None if have_model else await self._download(plan.assignment.target)
         have_ref = have_model and ref_path.is_file()
         ref_part = None if have_ref else await self._download(ref)
-        await self._report(UpdatePhase.VERIFYING, plan.assignment.target_path)
+        await self._report(step(UpdatePhase.VERIFYING))
         if model_part is not None:
             model_path = await asyncio.to_thread(
                 store.install, model_part, sha, plan.assignment.length
@@ -312,10 +391,11 @@ class Reconciler:
             ref_path = await asyncio.to_thread(
                 store.install_reference, sha, ref_part, ref.sha256, ref.length
             )
-        await self._report(UpdatePhase.SELF_TESTING, plan.assignment.target_path)
+        await self._report(step(UpdatePhase.SELF_TESTING))
         result = await asyncio.to_thread(self._selftest, model_path, ref_path, plan.atol, plan.rtol)
         if not result.ok:
             raise SelfTestFailedError(result)
+        _log.info("self-test of %s passed: %s", target_path, result.detail)
         try:
             await self._activate(model_path)
         except Exception as exc:
@@ -342,14 +422,43 @@ class Reconciler:
     # --------------------------------------------------------------- resume
 
     async def resume_after_crash(self) -> JournalState:
-        """At start-up: revert a trial the process died in, make sure the active model
-        is in the store (else fall back to `previous`), and collect garbage."""
+        """At start-up: revert a trial the process died in (else a model it died on
+        watch with), make sure the active model is in the store (else fall back to
+        `previous`), and collect garbage. Nothing is activated here: the caller serves
+        the returned state's `active`."""
         async with self._lock:
-            state = self._journal.load()
+            state = self._load()
+            sequence = state.director_sequence
             if state.phase is Phase.TRIAL and state.trial is not None:
                 trial = state.trial
-                state = self._journal.save(revert_trial(state, RESTART_REASON))
-                await self._report(UpdatePhase.REVERTED, trial.path)
+                state = self._save(revert_trial(state, RESTART_REASON))
+                if state.probation is not None and not state.probation.paused:
+                    # The trial takes the blame for the restart; the model on watch is
+                    # watched again from the start.
+                    state = self._save(pause_probation(state))
+                await self._report(
+                    UpdateReport(
+                        UpdatePhase.REVERTED,
+                        trial.path,
+                        sequence,
+                        "restarted",
+                        f"the agent restarted during the trial; {_still_running(state)}",
+                    )
+                )
+            elif state.probation is not None and not state.probation.paused:
+                died_on = state.active
+                assert died_on is not None  # the journal refuses a probation without one
+                state = self._save(revert_active(state, PROBATION_RESTART_REASON))
+                await self._report(
+                    UpdateReport(
+                        UpdatePhase.REVERTED,
+                        died_on.path,
+                        sequence,
+                        PROBATION_RESTART_REASON,
+                        "the agent restarted while the model was in its watchdog window; "
+                        + _still_running(state),
+                    )
+                )
             active = state.active
             store_verify = self._store.verify
             if active is not None and not await asyncio.to_thread(store_verify, active.sha256):
@@ -357,19 +466,122 @@ class Reconciler:
                 if previous is not None and await asyncio.to_thread(
                     self._store.verify, previous.sha256
                 ):
-                    state = self._journal.save(rollback(state))
-                    await self._report(UpdatePhase.REVERTED, f"{active.path} missing")
+                    state = self._save(rollback(state))
+                    await self._report(
+                        UpdateReport(
+                            UpdatePhase.REVERTED,
+                            active.path,
+                            sequence,
+                            "active-missing",
+                            f"the model file is missing or damaged; {_still_running(state)}",
+                        )
+                    )
                 else:
                     _log.error("active model %s is missing from the store", active.path)
-                    await self._report(UpdatePhase.FAILED, "active-missing")
+                    await self._report(
+                        UpdateReport(
+                            UpdatePhase.FAILED,
+                            active.path,
+                            sequence,
+                            "active-missing",
+                            "the model file is missing or damaged and there is no previous one",
+                        )
+                    )
             self._gc(state)
+            return state
+
+    # ------------------------------------------------------------ watchdog
+
+    async def revert_active(self, expected: ModelRef, reason: str, detail: str) -> Outcome:
+        """Go back to `previous` because `expected`, the active model, fails after its
+        commit: the runtime is swapped first (`activate`), then the journal written — so
+        a crash in between is a restart on watch, which reverts too.
+
+        UNCHANGED when `expected` is no longer active (an apply moved on meanwhile);
+        REJECTED, with the model left serving, when there is no previous model or it
+        cannot be activated.
+        """
+        async with self._lock:
+            state = self._load()
+            sequence = state.director_sequence
+            if state.phase is not Phase.IDLE or state.active != expected:
+                return Outcome(OutcomeKind.UNCHANGED, "not-active", expected, sequence)
+            previous = state.previous
+            problem = None
+            if previous is None:
+                problem = "there is no previous model to go back to"
+            elif not await asyncio.to_thread(self._store.verify, previous.sha256):
+                problem = f"the previous model {previous.path} is missing or damaged"
+            else:
+                try:
+                    await self._activate(self._store.path_of(previous.sha256))
+                except Exception as exc:
+                    problem = f"the previous model {previous.path} cannot be served: {exc}"
+            if problem is not None:
+                _log.error("cannot revert %s (%s): %s", expected.path, reason, problem)
+                state = self._save(end_probation(state))
+                await self._report(
+                    UpdateReport(
+                        UpdatePhase.FAILED,
+                        expected.path,
+                        sequence,
+                        reason,
+                        f"{detail}; not reverted: {problem}; it keeps serving",
+                    )
+                )
+                return Outcome(OutcomeKind.REJECTED, "revert-impossible", expected, sequence)
+            state = self._save(revert_active(state, f"{reason}: {detail}"))
+            await self._report(
+                UpdateReport(
+                    UpdatePhase.REVERTED,
+                    expected.path,
+                    sequence,
+                    reason,
+                    f"{detail}; {_still_running(state)}",
+                )
+            )
+            self._gc(state)
+            return Outcome(OutcomeKind.REVERTED, reason, expected, sequence)
+
+    async def end_probation(self, expected: ModelRef) -> JournalState:
+        """The watchdog window of `expected` passed: the commit is final."""
+        async with self._lock:
+            state = self._load()
+            if state.active == expected and state.probation is not None:
+                state = self._save(end_probation(state))
+                await self._report(
+                    UpdateReport(
+                        UpdatePhase.ACTIVE,
+                        expected.path,
+                        state.director_sequence,
+                        detail="watchdog window passed",
+                    )
+                )
+            return state
+
+    async def pause_probation(self) -> JournalState:
+        """A clean stop inside the watchdog window: the next start watches again."""
+        async with self._lock:
+            state = self._load()
+            if state.probation is not None and not state.probation.paused:
+                state = self._save(pause_probation(state))
             return state
 
     # -------------------------------------------------------------- helpers
 
-    def _gc(self, state: JournalState) -> None:
+    def _load(self) -> JournalState:
+        self._state = self._journal.load()
+        return self._state
+
+    def _save(self, state: JournalState) -> JournalState:
+        self._state = self._journal.save(state)
+        return self._state
+
+    def _gc(self, state: JournalState, *, clear_staging: bool = False) -> None:
         try:
             self._store.gc(state.referenced_sha256s())
+            if clear_staging:
+                self._store.clear_staging(())
         except EdgeNodeError as exc:  # gc is housekeeping: never fail an update for it
             _log.warning("model store gc failed: %s", exc)
 
@@ -381,12 +593,23 @@ class Reconciler:
         sequence: int | None = None,
     ) -> Outcome:
         _log.warning("assignment rejected (%s): %s", reason, exc)
-        await self._report(UpdatePhase.FAILED, reason)
+        message = "" if exc is None else _message_of(exc)
+        if exc is None and reason == "too-many-attempts":
+            message = f"failed {self._limits.max_attempts} times; pin it again to retry"
+        await self._report(
+            UpdateReport(
+                UpdatePhase.FAILED,
+                "" if target is None else target.path,
+                sequence or 0,
+                reason,
+                message,
+            )
+        )
         return Outcome(OutcomeKind.REJECTED, reason, target, sequence)
 
-    async def _report(self, phase: UpdatePhase, detail: str) -> None:
+    async def _report(self, report: UpdateReport) -> None:
         try:
-            await self._report_cb(phase, detail)
+            await self._report_cb(report)
         except Exception:  # a status message lost must not fail the update
             _log.exception("update status report failed")
 
@@ -413,6 +636,20 @@ def _reference_of(view: TargetsView, model: TargetInfo) -> tuple[TargetInfo, flo
             target_path=path,
         )
     return reference, atol, rtol
+
+
+def _still_running(state: JournalState) -> str:
+    active = state.active
+    return "serving nothing" if active is None else f"serving {active.path}"
+
+
+def _message_of(exc: BaseException) -> str:
+    message = exc.message if isinstance(exc, EdgeNodeError) else str(exc)
+    return message[:_MAX_DETAIL]
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _reason_of(exc: BaseException) -> str:

@@ -181,6 +181,27 @@ class ModelStore:
                 fsync_dir(self._objects)
         return removed
 
+    def clear_staging(self, keep: Iterable[str]) -> list[str]:
+        """Delete every file in the staging directory but the partial downloads of the
+        hashes in `keep` (`<sha256>.part`); returns the names removed, sorted.
+
+        Call it only while no download runs (the reconciler holds its lock then).
+        """
+        kept = {f"{_checked_sha256(sha)}.part" for sha in keep}
+        removed: list[str] = []
+        with self._lock, _storage_errors("clearing the staging directory"):
+            for entry in sorted(self._staging.iterdir()):
+                if entry.name in kept:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+                removed.append(entry.name)
+            if removed:
+                fsync_dir(self._staging)
+        return removed
+
     # ------------------------------------------------------------------ space
 
     def free_bytes(self) -> int:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
+from pydantic import BaseModel
 
-from edge_node.config import ConfigError, load_agent_config, load_node_settings
+from edge_node.config import ConfigError, NodeSettings, load_agent_config, load_node_settings
 
 BASE = """\
 data_dir: /var/lib/edgefleet-node
@@ -73,16 +75,47 @@ def test_everything_from_env_and_flags_without_a_file(monkeypatch: pytest.Monkey
         ("runtime:\n  streams: [{name: cam, target_fps: -3}]\n", "target_fps"),
         ("runtime:\n  model_path: /m.onnx\n", "runtime.streams is empty"),
         ("runtime:\n  session: {threads: 4}\n", "threads"),
+        ("updater:\n  watchdog: {window_s: -1}\n", "window_s"),
+        ("updater:\n  watchdog: {max_error_ratio: 2}\n", "max_error_ratio"),
+        ("updater:\n  max_attempts: 0\n", "max_attempts"),
+        ("updater:\n  selftest_latency_budget_ms: 0\n", "selftest_latency_budget_ms"),
+        ("updater:\n  auto_rollback: true\n", "auto_rollback"),
     ],
 )
 def test_unsafe_or_malformed_settings_are_refused(tmp_path: Path, extra: str, message: str) -> None:
     path = tmp_path / "node.yaml"
     lines = BASE.splitlines(keepends=True)
-    if extra.startswith("runtime:"):
+    if extra.startswith("runtime:") or extra.startswith("updater:"):
         lines = lines[: lines.index("runtime:\n")]
     path.write_text("".join(lines) + extra)
     with pytest.raises(ConfigError, match=message):
         load_agent_config(path)
+
+
+def test_the_updater_is_on_by_default_with_a_watchdog(node_yaml: Path) -> None:
+    updater = load_agent_config(node_yaml).updater
+    assert updater.enabled
+    assert (updater.watchdog.window_s, updater.watchdog.max_errors) == (60.0, 10)
+    assert (updater.max_artifact_bytes, updater.space_margin_bytes) == (4 << 30, 256 << 20)
+    assert updater.selftest_latency_budget_s == 1.0
+
+
+def test_updater_settings_from_the_file_and_env(
+    node_yaml: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node_yaml.write_text(
+        BASE
+        + "updater:\n  max_artifact_mb: 64\n  selftest_latency_budget_ms: 250\n"
+        + "  watchdog: {window_s: 5, max_errors: 2, max_error_ratio: 0.5, min_frames: 3}\n"
+    )
+    monkeypatch.setenv("EDGEFLEET_NODE_UPDATER__WATCHDOG__WINDOW_S", "0")
+    monkeypatch.setenv("EDGEFLEET_NODE_UPDATER__SPACE_MARGIN_MB", "1")
+    updater = load_agent_config(node_yaml).updater
+    assert updater.max_artifact_bytes == 64 << 20
+    assert updater.space_margin_bytes == 1 << 20
+    assert updater.selftest_latency_budget_s == 0.25
+    assert (updater.watchdog.window_s, updater.watchdog.enabled) == (0.0, False)
+    assert (updater.watchdog.max_errors, updater.watchdog.min_frames) == (2, 3)
 
 
 def test_a_missing_server_address_is_refused(tmp_path: Path) -> None:
@@ -114,3 +147,31 @@ def test_the_sample_in_the_operator_guide_is_valid(tmp_path: Path) -> None:
     config = load_agent_config(path)
     assert config.link.target == "cp.example.com:7443"
     assert [s.name for s in config.runtime.streams] == ["gate-north"]
+    assert config.updater.watchdog.window_s == 60
+
+
+def _setting_names(model: type[BaseModel], prefix: str = "") -> list[str]:
+    names = []
+    for name, info in model.model_fields.items():
+        names.append(prefix + name)
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names += _setting_names(annotation, f"{prefix}{name}.")
+    return names
+
+
+def test_the_sample_in_the_operator_guide_shows_every_setting() -> None:
+    guide = Path(__file__).resolve().parents[3] / "docs" / "operator-guide.md"
+    section = guide.read_text().split("## Running a node", 1)[1]
+    sample = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+
+    def present(dotted: str) -> bool:
+        node = sample
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    missing = [n for n in _setting_names(NodeSettings) if not present(n)]
+    assert missing == []

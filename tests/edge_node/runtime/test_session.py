@@ -190,6 +190,15 @@ def test_run_failure_is_an_inference_error(tmp_path: Path) -> None:
     with pytest.raises(InferenceError) as caught:
         model.run(np.zeros((1, 3, 4, 4), dtype=np.float32))
     assert caught.value.__cause__ is not None
+    assert model.run_counts() == (1, 1)
+
+
+def test_runs_are_counted_for_the_watchdog(tmp_path: Path) -> None:
+    model = ModelSession.load(echo_model(tmp_path / "m.onnx"), CPU, PreprocessConfig())
+    assert model.run_counts() == (0, 0)
+    for _ in range(3):
+        model.run(np.zeros((1, 3, 8, 8), dtype=np.float32))
+    assert model.run_counts() == (3, 0)
 
 
 def test_closed_session_refuses_to_run(tmp_path: Path) -> None:

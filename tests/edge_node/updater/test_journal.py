@@ -20,9 +20,13 @@ from edge_node.updater.journal import (
     JournalVersionError,
     ModelRef,
     Phase,
+    Probation,
     accept_assignment,
     begin_trial,
     commit_trial,
+    end_probation,
+    pause_probation,
+    revert_active,
     revert_trial,
     rollback,
 )
@@ -87,6 +91,40 @@ def test_rollback_makes_previous_active() -> None:
     assert rolled.referenced_sha256s() == {A.sha256}
 
 
+def test_a_commit_with_a_window_puts_the_new_model_on_watch() -> None:
+    until = START + timedelta(minutes=1)
+    state = commit_trial(begin_trial(commit_trial(begin_trial(JournalState(), A)), B), until)
+    assert state.probation == Probation(until)
+    # A trial of another model leaves the watch of the active one as it is...
+    trial = begin_trial(state, C)
+    assert trial.probation == Probation(until)
+    assert revert_trial(trial, "boom").probation == Probation(until)
+    # ...its commit replaces it; ending, pausing and rolling back close or mark it.
+    assert commit_trial(trial).probation is None
+    assert end_probation(state).probation is None
+    assert pause_probation(state).probation == Probation(until, paused=True)
+    assert pause_probation(JournalState()) == JournalState()
+    assert rollback(state).probation is None
+
+
+def test_reverting_the_active_model_counts_as_a_failed_attempt() -> None:
+    until = START + timedelta(minutes=1)
+    state = commit_trial(begin_trial(commit_trial(begin_trial(JournalState(), A)), B), until)
+    reverted = revert_active(state, "watchdog-errors: 12 inference errors")
+    assert (reverted.active, reverted.previous, reverted.probation) == (A, None, None)
+    assert (reverted.failed, reverted.attempts) == (B, 1)
+    assert reverted.last_error == "watchdog-errors: 12 inference errors"
+    assert reverted.referenced_sha256s() == {A.sha256}
+    # Without a previous model nothing runs afterwards (rather than a crash loop).
+    alone = revert_active(commit_trial(begin_trial(JournalState(), A), until), "died")
+    assert (alone.active, alone.failed) == (None, A)
+
+
+def test_a_probation_must_be_timezone_aware() -> None:
+    with pytest.raises(InvalidInputError):
+        Probation(datetime(2026, 5, 1))
+
+
 def test_states_are_frozen() -> None:
     state = JournalState()
     with pytest.raises(AttributeError):
@@ -104,6 +142,8 @@ def test_states_are_frozen() -> None:
         lambda s: begin_trial(commit_trial(begin_trial(JournalState(), A)), A),
         lambda s: accept_assignment(accept_assignment(JournalState(), 3), 3),
         lambda s: accept_assignment(accept_assignment(JournalState(), 3), 2),
+        lambda s: revert_active(JournalState(), "x"),
+        lambda s: revert_active(begin_trial(commit_trial(begin_trial(JournalState(), A)), B), "x"),
     ],
     ids=[
         "commit-without-trial",
@@ -114,6 +154,8 @@ def test_states_are_frozen() -> None:
         "trial-of-the-active",
         "same-sequence",
         "lower-sequence",
+        "revert-without-active",
+        "revert-active-during-trial",
     ],
 )
 def test_illegal_transitions_raise(step: object) -> None:
@@ -153,8 +195,27 @@ def test_save_and_load_round_trip(journal: Journal, clock: ManualClock) -> None:
     assert on_disk["active"] == {"path": A.path, "sha256": A.sha256}
     assert on_disk["phase"] == "trial"
     assert on_disk["director_sequence"] == 12
+    assert on_disk["probation"] is None
     clock.advance(timedelta(minutes=5))
     assert journal.save(commit_trial(saved)).updated_at == START + timedelta(minutes=5)
+
+
+def test_a_probation_survives_the_round_trip(journal: Journal) -> None:
+    until = START + timedelta(seconds=90)
+    state = pause_probation(commit_trial(begin_trial(JournalState(), A), until))
+    saved = journal.save(state)
+    assert journal.load() == saved
+    on_disk = json.loads(journal.path.read_text())
+    assert on_disk["probation"] == {"until": "2026-05-01T12:01:30Z", "paused": True}
+
+
+def test_a_journal_without_the_probation_key_reads_as_none(journal: Journal) -> None:
+    """Journals written before the watchdog existed load unchanged."""
+    saved = journal.save(commit_trial(begin_trial(JournalState(), A)))
+    on_disk = json.loads(journal.path.read_text())
+    del on_disk["probation"]
+    journal.path.write_text(json.dumps(on_disk))
+    assert journal.load() == saved
 
 
 def test_a_crash_during_save_leaves_the_old_journal(
@@ -190,8 +251,23 @@ def test_a_crash_during_save_leaves_the_old_journal(
         b'{"format": 1, "active": {"path": "p", "sha256": "nope"}, "attempts": 0, '
         b'"phase": "idle", "director_sequence": 0}',
         b"",
+        b'{"format": 1, "active": null, "previous": null, "trial": null, "attempts": 0, '
+        b'"phase": "idle", "director_sequence": 0, '
+        b'"probation": {"until": "2026-05-01T12:00:00Z", "paused": false}}',
+        b'{"format": 1, "active": null, "previous": null, "trial": null, "attempts": 0, '
+        b'"phase": "idle", "director_sequence": 0, "probation": {"paused": "yes"}}',
     ],
-    ids=["syntax", "list", "missing", "negative", "trial-mismatch", "bad-sha", "empty"],
+    ids=[
+        "syntax",
+        "list",
+        "missing",
+        "negative",
+        "trial-mismatch",
+        "bad-sha",
+        "empty",
+        "probation-without-active",
+        "bad-probation",
+    ],
 )
 def test_a_corrupt_journal_is_kept_and_reported(journal: Journal, content: bytes) -> None:
     journal.path.parent.mkdir(parents=True)

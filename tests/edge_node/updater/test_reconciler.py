@@ -1,48 +1,36 @@
-"""Reconciler over MemoryNodeLink with real TUF metadata and real director signatures.
-
-The control plane's own helpers build the fleet's repository (tests may import
-control_plane; the product code may not): root, targets with two model versions, their
-reference pairs and a floor, snapshot and timestamp, served through MemoryLinkPeer.
-"""
+"""Reconciler over MemoryNodeLink with real TUF metadata and real director signatures
+(the fleet in memory: `tests.edge_node.updater._world`)."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from securesystemslib.signer import CryptoSigner
-from tuf.api.metadata import Metadata, Snapshot, Timestamp
 
-from control_plane.director.assignments import sign_assignment
-from control_plane.trust import repository as repo
 from control_plane.trust.custom import model_target_path
-from edge_node.clock import ManualClock
-from edge_node.link.memory import MemoryLinkPeer, MemoryNodeLink
-from edge_node.updater.journal import Journal, JournalState, ModelRef, Phase
+from edge_node.link.memory import MemoryNodeLink
+from edge_node.updater.journal import JournalState, ModelRef, Phase
 from edge_node.updater.reconciler import (
     OutcomeKind,
-    Reconciler,
-    ReconcilerLimits,
     UpdatePhase,
 )
 from edge_node.updater.selftest import SelfTestResult, self_test
 from edge_node.updater.store import DiskUsage, ModelStore
-from edge_node.updater.tuf_fetch import TufClient
-from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
-from tests.control_plane.trust.helpers import MONTH, Fleet
-from tests.edge_node.updater._models import model_bytes, reference_bytes
+from tests.edge_node.updater._world import (
+    MODEL,
+    Crash,
+    Release,
+    World,
+    assert_consistent,
+    install_first,
+    make_world,
+)
 
 pytestmark = pytest.mark.anyio
-
-NODE = "n-0123456789ab"
-FLEET = "gates"
-MODEL = "det"
 
 
 @pytest.fixture
@@ -50,184 +38,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class Crash(BaseException):
-    """Stands for SIGKILL: not an Exception, so no revert runs."""
-
-
-@dataclass
-class Release:
-    version: str
-    path: str
-    data: bytes
-    sha256: str
-
-
-@dataclass
-class World:
-    tmp: Path
-    fleet: Fleet
-    peer: MemoryLinkPeer
-    director: CryptoSigner
-    releases: dict[str, Release] = field(default_factory=dict)
-    snapshot: Metadata[Snapshot] | None = None
-    timestamp: Metadata[Timestamp] | None = None
-    sequence: int = 0
-    free: int = 10**12
-    reports: list[tuple[UpdatePhase, str]] = field(default_factory=list)
-    activated: list[Path] = field(default_factory=list)
-
-    def release(
-        self,
-        version: str,
-        add: float,
-        counter: int,
-        *,
-        reference_add: float | None = None,
-        content: bytes | None = None,
-    ) -> Release:
-        data = content if content is not None else model_bytes(self.tmp, add)
-        ref = reference_bytes(self.tmp, add if reference_add is None else reference_add)
-        self.fleet.release_model(MODEL, version, counter, content=data, reference=ref)
-        self.publish()
-        rel = Release(
-            version, model_target_path(MODEL, version), data, hashlib.sha256(data).hexdigest()
-        )
-        self.releases[version] = rel
-        return rel
-
-    def raise_floor(self, floor: int) -> None:
-        md, content = repo.raise_floor(self.fleet.targets, MODEL, floor, self.fleet.now + MONTH)
-        self.fleet.artifacts[hashlib.sha256(content).hexdigest()] = content
-        md.sign(self.fleet.release)
-        self.fleet.accept(md)
-        self.publish()
-
-    def publish(self) -> None:
-        targets = self.fleet.targets
-        now = self.fleet.now
-        self.peer.metadata[f"{targets.signed.version}.targets.json"] = repo.to_bytes(targets)
-        snapshot = repo.make_snapshot(targets, previous=self.snapshot, expires=now + MONTH)
-        snapshot.sign(self.fleet.snapshot)
-        timestamp = repo.make_timestamp(
-            snapshot.signed.version, previous=self.timestamp, expires=now + MONTH
-        )
-        timestamp.sign(self.fleet.timestamp)
-        self.peer.metadata[f"{snapshot.signed.version}.snapshot.json"] = repo.to_bytes(snapshot)
-        self.peer.metadata["timestamp.json"] = repo.to_bytes(timestamp)
-        self.snapshot, self.timestamp = snapshot, timestamp
-        self.peer.artifacts.update(self.fleet.artifacts)
-
-    def assign(
-        self,
-        rel: Release,
-        *,
-        node_id: str = NODE,
-        sequence: int | None = None,
-        length: int | None = None,
-    ) -> SignedDirectorAssignment:
-        if sequence is None:
-            self.sequence += 1
-            sequence = self.sequence
-        now = self.fleet.now
-        return sign_assignment(
-            self.director,
-            fleet=FLEET,
-            node_id=node_id,
-            sequence=sequence,
-            target_path=rel.path,
-            sha256=rel.sha256,
-            length=len(rel.data) if length is None else length,
-            issued_at=now - timedelta(minutes=1),
-            expires_at=now + timedelta(hours=1),
-        )
-
-    @property
-    def store(self) -> ModelStore:
-        return ModelStore(
-            self.tmp / "node" / "models",
-            disk_usage=lambda _: DiskUsage(10**13, 0, self.free),
-        )
-
-    @property
-    def journal(self) -> Journal:
-        return Journal(self.tmp / "node" / "journal.json", ManualClock(self.fleet.now))
-
-    def reconciler(
-        self,
-        *,
-        link: MemoryNodeLink | None = None,
-        selftest: Callable[[Path, Path, float, float], SelfTestResult] | None = None,
-        activate: Callable[[Path], Any] | None = None,
-        store: ModelStore | None = None,
-    ) -> Reconciler:
-        link = link or MemoryNodeLink(self.peer)
-        tuf = TufClient(
-            link,
-            asyncio.get_running_loop(),
-            metadata_dir=self.tmp / "node" / "tuf",
-            trusted_root=self.tmp / "node" / "tuf-root.json",
-        )
-
-        async def default_activate(path: Path) -> None:
-            self.activated.append(path)
-
-        async def report(phase: UpdatePhase, detail: str) -> None:
-            self.reports.append((phase, detail))
-
-        def default_selftest(model: Path, ref: Path, atol: float, rtol: float) -> SelfTestResult:
-            return self_test(
-                model, ref, atol=atol, rtol=rtol, latency_budget_s=5.0, memory_budget_bytes=1 << 34
-            )
-
-        return Reconciler(
-            journal=self.journal,
-            store=store or self.store,
-            link=link,
-            tuf_client_factory=tuf.refresh,
-            director_key=self.director.public_key,
-            node_id=NODE,
-            fleet=FLEET,
-            clock=ManualClock(self.fleet.now),
-            selftest=selftest or default_selftest,
-            activate=activate or default_activate,
-            report=report,
-            limits=ReconcilerLimits(space_margin_bytes=1000, download_attempts=2),
-            sleep=lambda _: asyncio.sleep(0),
-        )
-
-    def phases(self) -> list[str]:
-        return [phase.value for phase, _ in self.reports]
-
-
 @pytest.fixture
 def world(tmp_path: Path) -> World:
-    fleet = Fleet.create(root_keys=1, root_threshold=1, now=datetime.now(UTC))
-    peer = MemoryLinkPeer()
-    root = repo.to_bytes(fleet.root)
-    peer.metadata["1.root.json"] = root
-    (tmp_path / "node").mkdir()
-    (tmp_path / "node" / "tuf-root.json").write_bytes(root)
-    w = World(tmp_path, fleet, peer, CryptoSigner.generate_ed25519())
-    w.publish()
-    w.release("1.0.0", add=1.0, counter=1)
-    w.release("1.1.0", add=2.0, counter=2)
-    return w
-
-
-def assert_consistent(w: World, state: JournalState) -> None:
-    assert state.phase is Phase.IDLE and state.trial is None
-    store = w.store
-    for ref in (state.active, state.previous):
-        if ref is not None:
-            assert store.verify(ref.sha256), ref
-    assert store.installed() <= state.referenced_sha256s()
-
-
-async def install_first(w: World) -> Release:
-    rel = w.releases["1.0.0"]
-    outcome = await w.reconciler().apply(w.assign(rel))
-    assert outcome.kind is OutcomeKind.APPLIED, outcome
-    return rel
+    return make_world(tmp_path)
 
 
 # ------------------------------------------------------------------------ cases
@@ -277,7 +90,9 @@ async def test_assignment_for_another_node(world: World) -> None:
     )
     assert (outcome.kind, outcome.reason) == (OutcomeKind.REJECTED, "wrong-node")
     assert world.journal.load() == JournalState()
-    assert world.reports == [(UpdatePhase.FAILED, "wrong-node")]
+    assert [(r.phase, r.reason, r.target_path) for r in world.reports] == [
+        (UpdatePhase.FAILED, "wrong-node", "")
+    ]
 
 
 async def test_stale_assignment_is_refused(world: World) -> None:
@@ -463,3 +278,189 @@ async def test_resume_falls_back_to_previous_when_active_is_gone(world: World) -
     state = await world.reconciler().resume_after_crash()
     assert state.active == ModelRef(first.path, first.sha256)
     assert_consistent(world, state)
+
+
+# ------------------------------------------------------------------ reports
+
+
+async def test_reports_name_the_target_and_the_sequence(world: World) -> None:
+    rel = world.releases["1.0.0"]
+    await world.reconciler().apply(world.assign(rel))
+    assert [(r.phase.value, r.target_path, r.sequence) for r in world.reports] == [
+        ("downloading", rel.path, 1),
+        ("verifying", rel.path, 1),
+        ("self-testing", rel.path, 1),
+        ("active", rel.path, 1),
+    ]
+    bad = world.release("2.0.0", add=3.0, counter=3, reference_add=4.0)
+    await world.reconciler().apply(world.assign(bad))
+    failed, reverted = world.reports[-2:]
+    assert (failed.phase, failed.reason) == (UpdatePhase.FAILED, "self-test: output-mismatch")
+    assert "out of tolerance" in failed.text
+    assert (reverted.phase, reverted.target_path, reverted.sequence) == (
+        UpdatePhase.REVERTED,
+        bad.path,
+        2,
+    )
+    assert reverted.detail == f"serving {rel.path}"
+
+
+# --------------------------------------------------------------- staging
+
+
+async def test_a_trial_drops_other_partial_downloads_and_a_commit_drops_all(
+    world: World,
+) -> None:
+    staging = world.store.staging_dir
+    stale = staging / f"{'0' * 64}.part"
+    stale.write_bytes(b"an abandoned download")
+    rel = world.releases["1.0.0"]
+    seen: list[list[str]] = []
+
+    def peek_selftest(model: Path, ref: Path, atol: float, rtol: float) -> SelfTestResult:
+        seen.append(sorted(p.name for p in staging.iterdir()))
+        return self_test(
+            model, ref, atol=atol, rtol=rtol, latency_budget_s=5, memory_budget_bytes=1 << 34
+        )
+
+    await world.reconciler(selftest=peek_selftest).apply(world.assign(rel))
+    assert seen == [[]]  # the stale part went when the trial began; the downloads installed
+    assert list(staging.iterdir()) == []
+
+
+async def test_a_failed_trial_keeps_its_partial_download_for_the_retry(world: World) -> None:
+    rel = world.releases["1.0.0"]
+    world.peer.artifacts[rel.sha256] = rel.data[:10]
+    await world.reconciler().apply(world.assign(rel))
+    assert [p.name for p in world.store.staging_dir.iterdir()] == [f"{rel.sha256}.part"]
+
+
+# -------------------------------------------------------------- watchdog
+
+
+async def test_a_commit_opens_the_watchdog_window_in_the_same_save(world: World) -> None:
+    rel = world.releases["1.0.0"]
+    await world.reconciler(watchdog_s=90).apply(world.assign(rel))
+    state = world.journal.load()
+    assert state.active == ModelRef(rel.path, rel.sha256)
+    assert state.probation is not None and not state.probation.paused
+    assert state.probation.until == world.fleet.now + timedelta(seconds=90)
+    assert world.reports[-1].detail.startswith("on watch until ")
+
+
+async def test_revert_active_swaps_back_then_journals(world: World) -> None:
+    first = await install_first(world)
+    new = world.releases["1.1.0"]
+    rec = world.reconciler(watchdog_s=60)
+    await rec.apply(world.assign(new))
+    outcome = await rec.revert_active(
+        ModelRef(new.path, new.sha256), "watchdog-errors", "12 inference errors"
+    )
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.REVERTED, "watchdog-errors")
+    assert world.activated[-1] == world.store.path_of(first.sha256)
+    state = world.journal.load()
+    assert (state.active, state.previous, state.probation) == (
+        ModelRef(first.path, first.sha256),
+        None,
+        None,
+    )
+    assert (state.failed, state.attempts) == (ModelRef(new.path, new.sha256), 1)
+    last = world.reports[-1]
+    assert (last.phase, last.reason, last.target_path) == (
+        UpdatePhase.REVERTED,
+        "watchdog-errors",
+        new.path,
+    )
+    assert last.detail == f"12 inference errors; serving {first.path}"
+    assert_consistent(world, state)
+    # The model it reverted is no longer active: a second verdict changes nothing.
+    again = await rec.revert_active(ModelRef(new.path, new.sha256), "watchdog-errors", "late")
+    assert again.kind is OutcomeKind.UNCHANGED
+
+
+async def test_revert_active_without_a_previous_model_keeps_serving(world: World) -> None:
+    rel = world.releases["1.0.0"]
+    rec = world.reconciler(watchdog_s=60)
+    await rec.apply(world.assign(rel))
+    outcome = await rec.revert_active(ModelRef(rel.path, rel.sha256), "watchdog-errors", "x")
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.REJECTED, "revert-impossible")
+    state = world.journal.load()
+    assert (state.active, state.probation) == (ModelRef(rel.path, rel.sha256), None)
+    assert world.reports[-1].phase is UpdatePhase.FAILED
+    assert "no previous model" in world.reports[-1].detail
+
+
+async def test_revert_active_when_the_previous_model_cannot_be_served(world: World) -> None:
+    await install_first(world)
+    new = world.releases["1.1.0"]
+    await world.reconciler(watchdog_s=60).apply(world.assign(new))
+
+    async def refuse(path: Path) -> None:
+        raise RuntimeError("cannot load")
+
+    outcome = await world.reconciler(activate=refuse).revert_active(
+        ModelRef(new.path, new.sha256), "watchdog-errors", "x"
+    )
+    assert outcome.kind is OutcomeKind.REJECTED
+    assert world.journal.load().active == ModelRef(new.path, new.sha256)
+    assert "cannot be served: cannot load" in world.reports[-1].detail
+
+
+async def test_end_and_pause_of_the_watchdog_window(world: World) -> None:
+    rel = world.releases["1.0.0"]
+    rec = world.reconciler(watchdog_s=60)
+    await rec.apply(world.assign(rel))
+    paused = await rec.pause_probation()
+    assert paused.probation is not None and paused.probation.paused
+    ended = await rec.end_probation(ModelRef(rel.path, rel.sha256))
+    assert ended.probation is None and world.journal.load().probation is None
+    assert (world.reports[-1].phase, world.reports[-1].detail) == (
+        UpdatePhase.ACTIVE,
+        "watchdog window passed",
+    )
+    assert rec.state == world.journal.load()
+
+
+async def test_a_restart_on_watch_reverts_the_model_it_died_with(world: World) -> None:
+    first = await install_first(world)
+    new = world.releases["1.1.0"]
+    signed = world.assign(new)
+    await world.reconciler(watchdog_s=60).apply(signed)
+
+    state = await world.reconciler().resume_after_crash()  # the process died on watch
+
+    assert state.active == ModelRef(first.path, first.sha256)
+    assert (state.failed, state.attempts) == (ModelRef(new.path, new.sha256), 1)
+    assert (world.reports[-1].phase, world.reports[-1].reason) == (
+        UpdatePhase.REVERTED,
+        "restarted-on-watch",
+    )
+    assert_consistent(world, state)
+    # A re-delivery of the same assignment retries it (within the attempt limit).
+    assert (await world.reconciler().apply(signed)).kind is OutcomeKind.APPLIED
+
+
+async def test_a_restart_after_a_clean_stop_on_watch_keeps_the_model(world: World) -> None:
+    await install_first(world)
+    new = world.releases["1.1.0"]
+    rec = world.reconciler(watchdog_s=60)
+    await rec.apply(world.assign(new))
+    await rec.pause_probation()
+    state = await world.reconciler().resume_after_crash()
+    assert state.active == ModelRef(new.path, new.sha256)
+    assert state.probation is not None and state.probation.paused
+
+
+async def test_a_restart_during_a_trial_blames_the_trial_not_the_model_on_watch(
+    world: World,
+) -> None:
+    await install_first(world)
+    watched = world.releases["1.1.0"]
+    await world.reconciler(watchdog_s=60).apply(world.assign(watched))
+    third = world.release("2.0.0", add=5.0, counter=3)
+    with pytest.raises(Crash):
+        await world.reconciler(**_crash_in("self-testing", world)).apply(world.assign(third))
+    state = await world.reconciler().resume_after_crash()
+    assert state.active == ModelRef(watched.path, watched.sha256)
+    assert state.failed == ModelRef(third.path, third.sha256)
+    assert state.probation is not None and state.probation.paused  # watched again

@@ -135,6 +135,21 @@ def test_gc_keeps_only_what_the_journal_references(store: ModelStore) -> None:
     assert store.gc({shas[1], shas[3]}) == []
 
 
+def test_clear_staging_keeps_only_the_named_partial_downloads(store: ModelStore) -> None:
+    keep_sha = hashlib.sha256(b"wanted").hexdigest()
+    other_sha = hashlib.sha256(b"stale").hexdigest()
+    (store.staging_dir / f"{keep_sha}.part").write_bytes(b"want")
+    (store.staging_dir / f"{other_sha}.part").write_bytes(b"stale")
+    (store.staging_dir / "junk").mkdir()
+
+    removed = store.clear_staging({keep_sha})
+
+    assert removed == sorted([f"{other_sha}.part", "junk"])
+    assert [p.name for p in store.staging_dir.iterdir()] == [f"{keep_sha}.part"]
+    assert store.clear_staging(()) == [f"{keep_sha}.part"]
+    assert list(store.staging_dir.iterdir()) == []
+
+
 class FakeDisk:
     def __init__(self, free: int) -> None:
         self.free = free

@@ -1,0 +1,406 @@
+"""The agent's updater task: when to reconcile, what to serve at start, and the watchdog.
+
+`NodeUpdater` owns the node's `Reconciler` (journal `<data dir>/updater/journal.json`,
+model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it:
+
+- `start()` (before the agent's tasks run): `resume_after_crash()`, then serve the
+  journal's active model again (`activate` is the agent's `on_model_ready`), so a
+  restarted node runs what it ran; a model still on watch is watched again.
+- `on_control()` takes `DesiredState` messages from the uplink without blocking it: the
+  newest assignment waits in a one-slot mailbox (a newer one replaces one not yet
+  started), and `run()` applies them one at a time — never two applies at once.
+- After an apply that activated a model, the watchdog window: the model's own run
+  counters (`model_health`) are judged every `poll_s` (`updater.watchdog.judge`); a
+  failing model is reverted to `previous` at once, without waiting for the control
+  plane. The window runs between applies: an apply in progress delays a verdict, and
+  cannot lose one (the counters belong to the session).
+- Every phase becomes an `UpdateStatus` on the link. The control plane keeps only the
+  latest status of a node and a Hello resets it, so the last status is sent again after
+  every (re)connect (`on_connect`); a status sent while the link is down is not queued
+  — the last one is what counts, and it is always sent again.
+
+`fault_point(name)` is a test seam, inert unless given: called with each reported phase
+(right after its journal write) and with "activated" (right after a hot swap, before the
+commit is journalled); `python -m edge_node` turns EDGEFLEET_NODE_TEST_KILL_AT=<name>
+into a SIGKILL there.
+
+Not here: the update steps themselves (`edge_node.updater.reconciler`), the hot swap
+(`Agent.on_model_ready`), settings (`edge_node.config`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import anyio
+from google.protobuf.timestamp_pb2 import Timestamp
+from securesystemslib.signer import Key
+
+from edge_node.clock import Clock
+from edge_node.enroll import EnrollmentFiles
+from edge_node.errors import StorageError
+from edge_node.link.base import LinkError, NodeLink, node_message
+from edge_node.updater.config import UpdaterConfig
+from edge_node.updater.journal import Journal, JournalCorruptError, JournalState, ModelRef
+from edge_node.updater.reconciler import (
+    Outcome,
+    OutcomeKind,
+    Reconciler,
+    ReconcilerLimits,
+    UpdatePhase,
+    UpdateReport,
+)
+from edge_node.updater.selftest import SelfTestResult, self_test
+from edge_node.updater.store import ModelStore
+from edge_node.updater.tuf_fetch import TufClient
+from edge_node.updater.watchdog import ModelHealth, judge
+from protos.edgefleet.fleet.v1 import link_pb2
+from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
+
+__all__ = [
+    "JOURNAL_PATH",
+    "MODELS_DIR",
+    "TUF_DIR",
+    "FaultPoint",
+    "NodeUpdater",
+    "RunningState",
+]
+
+log = logging.getLogger(__name__)
+
+JOURNAL_PATH: Final = Path("updater") / "journal.json"
+MODELS_DIR: Final = "models"
+TUF_DIR: Final = "tuf"
+_IDLE_WAIT_S: Final = 30.0
+_MAX_STATUS_DETAIL: Final = 500
+
+FaultPoint = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunningState:
+    """The Hello's view of the journal: the active target, the targets kept in the
+    store (active and previous), the highest director sequence accepted."""
+
+    active_target: str = ""
+    installed_targets: tuple[str, ...] = ()
+    director_sequence: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Watch:
+    target: ModelRef
+    model: str
+    baseline: ModelHealth
+    deadline: float  # anyio.current_time()
+
+
+class NodeUpdater:
+    def __init__(
+        self,
+        *,
+        config: UpdaterConfig,
+        files: EnrollmentFiles,
+        link: NodeLink,
+        clock: Clock,
+        data_dir: Path,
+        memory_budget_bytes: int,
+        activate: Callable[[Path], Awaitable[None]],
+        model_health: Callable[[], ModelHealth | None],
+        initial_model: Path | None = None,
+        fault_point: FaultPoint | None = None,
+    ) -> None:
+        self._config = config
+        self._files = files
+        self._link = link
+        self._clock = clock
+        self._data_dir = Path(data_dir)
+        self._memory_budget = memory_budget_bytes
+        self._activate_cb = activate
+        self._model_health = model_health
+        self._initial_model = initial_model
+        self._fault_point = fault_point
+        self._journal = Journal(self._data_dir / JOURNAL_PATH, clock)
+        self._store: ModelStore | None = None
+        self._reconciler: Reconciler | None = None
+        self._trust_problem: tuple[str, str] | None = None
+        self._pending: SignedDirectorAssignment | None = None
+        self._wake = anyio.Event()
+        self._watch: _Watch | None = None
+        self._last_status: link_pb2.NodeMessage | None = None
+        self.applied = 0
+        """Assignments taken through `Reconciler.apply` (any outcome)."""
+
+    # ------------------------------------------------------------------ agent seams
+
+    @property
+    def reconciler(self) -> Reconciler:
+        if self._reconciler is None:
+            raise RuntimeError("NodeUpdater.start() has not run")
+        return self._reconciler
+
+    def running(self) -> RunningState:
+        """What the node runs, for its Hello (empty before `start()`)."""
+        state = None if self._reconciler is None else self._reconciler.state
+        if state is None:
+            return RunningState()
+        installed = tuple(ref.path for ref in (state.active, state.previous) if ref is not None)
+        return RunningState(
+            "" if state.active is None else state.active.path,
+            installed,
+            state.director_sequence,
+        )
+
+    async def on_control(self, message: link_pb2.ControlMessage) -> None:
+        """Take a DesiredState (never blocks: the uplink's receive loop calls this)."""
+        if message.WhichOneof("body") != "desired" or not message.desired.HasField("assignment"):
+            return
+        replaced = self._pending is not None
+        self._pending = message.desired.assignment
+        self._wake.set()
+        if replaced:
+            log.info("a newer assignment replaces one that was still waiting")
+
+    async def on_connect(self) -> None:
+        """The link (re)connected and its Hello reset the control plane's view of this
+        node: send the last update status again."""
+        if self._last_status is not None:
+            await self._send(self._last_status)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> JournalState:
+        """Recover the journal and serve its active model (or `initial_model`)."""
+        loop = asyncio.get_running_loop()
+        self._store = store = await anyio.to_thread.run_sync(
+            ModelStore, self._data_dir / MODELS_DIR
+        )
+        director_keys = self._director_keys()
+        tuf = TufClient(
+            self._link,
+            loop,
+            metadata_dir=self._data_dir / TUF_DIR,
+            trusted_root=self._files.tuf_root_path,
+        )
+        config = self._config
+        self._reconciler = reconciler = Reconciler(
+            journal=self._journal,
+            store=store,
+            link=self._link,
+            tuf_client_factory=tuf.refresh,
+            director_key=director_keys,
+            node_id=self._files.node_id,
+            fleet=self._files.fleet,
+            clock=self._clock,
+            selftest=self._self_test,
+            activate=self._activate,
+            report=self._report,
+            limits=ReconcilerLimits(
+                max_artifact_bytes=config.max_artifact_bytes,
+                space_margin_bytes=config.space_margin_bytes,
+                max_attempts=config.max_attempts,
+                watchdog_s=config.watchdog.window_s,
+            ),
+        )
+        try:
+            state = await reconciler.resume_after_crash()
+        except JournalCorruptError as exc:
+            # A copy is kept beside it. Starting empty costs a re-download of what the
+            # director assigns; refusing to start would leave the box unmanageable.
+            log.error("%s; starting with an empty journal", exc.message)
+            await anyio.to_thread.run_sync(self._journal.save, JournalState())
+            await self._report(
+                UpdateReport(UpdatePhase.FAILED, reason="journal-corrupt", detail=exc.message)
+            )
+            state = await reconciler.resume_after_crash()
+        return await self._serve_at_start(state)
+
+    async def run(self, stop: anyio.Event) -> None:
+        """Apply assignments one at a time and run the watchdog, until `stop`."""
+        if self._reconciler is None:
+            await self.start()
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._wake_on, stop)
+                await self._serve(stop)
+                group.cancel_scope.cancel()
+        finally:
+            if self._watch is not None:
+                # A stop is not the model's fault: the next start watches it again.
+                with anyio.CancelScope(shield=True):
+                    await self.reconciler.pause_probation()
+
+    # ------------------------------------------------------------------ internals
+
+    async def _wake_on(self, stop: anyio.Event) -> None:
+        await stop.wait()
+        self._wake.set()
+
+    async def _serve(self, stop: anyio.Event) -> None:
+        while not stop.is_set():
+            signed, self._pending = self._pending, None
+            if signed is not None:
+                await self._apply(signed)
+                await self._check_watch()
+                continue
+            with anyio.move_on_after(self._next_wait()):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            if not stop.is_set():
+                await self._check_watch()
+
+    def _next_wait(self) -> float:
+        watch = self._watch
+        if watch is None:
+            return _IDLE_WAIT_S
+        left = watch.deadline - anyio.current_time()
+        return max(0.0, min(self._config.watchdog.poll_s, left))
+
+    async def _apply(self, signed: SignedDirectorAssignment) -> None:
+        self.applied += 1
+        if self._trust_problem is not None:
+            reason, detail = self._trust_problem
+            await self._report(UpdateReport(UpdatePhase.FAILED, reason=reason, detail=detail))
+            return
+        outcome = await self.reconciler.apply(signed)
+        _log_outcome(outcome)
+        if outcome.kind is OutcomeKind.APPLIED and outcome.target is not None:
+            self._arm_watch(outcome.target)
+
+    def _arm_watch(self, target: ModelRef) -> None:
+        watchdog = self._config.watchdog
+        if not watchdog.enabled:
+            return
+        model = str(self.reconciler.store.path_of(target.sha256))
+        health = self._model_health()
+        baseline = health if health is not None and health.model == model else None
+        self._watch = _Watch(
+            target,
+            model,
+            baseline or ModelHealth(model, 0, 0),
+            anyio.current_time() + watchdog.window_s,
+        )
+        log.info("watching %s for %.0fs", target.path, watchdog.window_s)
+
+    async def _check_watch(self) -> None:
+        watch = self._watch
+        if watch is None:
+            return
+        health = self._model_health()
+        if health is not None and health.model == watch.model:
+            verdict = judge(watch.baseline, health, self._config.watchdog)
+            if verdict is not None:
+                self._watch = None
+                log.warning("watchdog: %s fails (%s); reverting", watch.target.path, verdict.detail)
+                outcome = await self.reconciler.revert_active(
+                    watch.target, verdict.reason, verdict.detail
+                )
+                _log_outcome(outcome)
+                return
+        if anyio.current_time() >= watch.deadline:
+            self._watch = None
+            await self.reconciler.end_probation(watch.target)
+            log.info("watchdog window of %s passed", watch.target.path)
+
+    async def _serve_at_start(self, state: JournalState) -> JournalState:
+        reconciler = self.reconciler
+        active = state.active
+        if active is None:
+            if self._initial_model is not None:
+                # The configured model (runtime.model_path) serves until an assignment
+                # replaces it; it cannot load: fatal, as without the updater.
+                await self._activate_cb(self._initial_model)
+            return state
+        path = reconciler.store.path_of(active.sha256)
+        try:
+            await self._activate_cb(path)
+        except Exception as exc:
+            log.error("cannot serve the active model %s: %s", active.path, exc)
+            outcome = await reconciler.revert_active(
+                active, "active-load-failed", f"{type(exc).__name__}: {exc}"
+            )
+            _log_outcome(outcome)
+            return reconciler.state or state
+        if state.probation is not None:
+            if self._config.watchdog.enabled:
+                self._arm_watch(active)  # a clean stop paused it: watch a full window again
+            else:
+                state = await reconciler.end_probation(active)
+        return state
+
+    def _director_keys(self) -> list[Key]:
+        """The director key from enrollment; without it (or the TUF root) every
+        assignment is refused with a clear status, and the node keeps what it runs."""
+        if not self._files.tuf_root_path.is_file():
+            self._trust_problem = (
+                "no-tuf-root",
+                f"{self._files.tuf_root_path} is missing: enroll the node again",
+            )
+            return []
+        try:
+            return [self._files.director_key()]
+        except StorageError as exc:
+            self._trust_problem = ("no-director-key", f"{exc.message}: enroll the node again")
+            return []
+
+    def _self_test(self, model: Path, reference: Path, atol: float, rtol: float) -> SelfTestResult:
+        return self_test(
+            model,
+            reference,
+            atol=atol,
+            rtol=rtol,
+            latency_budget_s=self._config.selftest_latency_budget_s,
+            memory_budget_bytes=self._memory_budget,
+        )
+
+    async def _activate(self, path: Path) -> None:
+        await self._activate_cb(path)
+        self._fault("activated")
+
+    async def _report(self, report: UpdateReport) -> None:
+        level = logging.WARNING if report.phase in _BAD else logging.INFO
+        log.log(
+            level,
+            "update %s %s (sequence %d): %s",
+            report.phase.value,
+            report.target_path or "-",
+            report.sequence,
+            report.text or "-",
+        )
+        at = Timestamp()
+        at.FromDatetime(self._clock.now())
+        message = node_message(
+            update_status=link_pb2.UpdateStatus(
+                target_path=report.target_path,
+                phase=report.phase.value,
+                detail=report.text[:_MAX_STATUS_DETAIL],
+                director_sequence=report.sequence,
+                at=at,
+            )
+        )
+        self._last_status = message
+        self._fault(report.phase.value)
+        await self._send(message)
+
+    async def _send(self, message: link_pb2.NodeMessage) -> None:
+        try:
+            await self._link.send(message)
+        except LinkError as exc:  # sent again after the next connect
+            log.debug("update status not sent now (%s); resent on reconnect", exc.message)
+
+    def _fault(self, name: str) -> None:
+        if self._fault_point is not None:
+            self._fault_point(name)
+
+
+_BAD: Final = frozenset({UpdatePhase.FAILED, UpdatePhase.REVERTED})
+
+
+def _log_outcome(outcome: Outcome) -> None:
+    target = "-" if outcome.target is None else outcome.target.path
+    log.info("update outcome %s for %s (%s)", outcome.kind.value, target, outcome.reason or "-")

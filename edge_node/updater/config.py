@@ -1,0 +1,48 @@
+"""The updater's settings as the agent runs with them: plain, frozen, checked.
+
+Built by `edge_node.config` from the `updater:` section of node.yaml; nothing here reads
+files or the environment. Not here: what the settings do (the agent's updater task and
+the reconciler).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Final
+
+from edge_node.errors import InvalidInputError
+from edge_node.updater.watchdog import WatchdogConfig
+
+__all__ = ["UpdaterConfig"]
+
+_GIB: Final = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class UpdaterConfig:
+    enabled: bool = True
+    """Off: the agent ignores assignments and serves `runtime.model_path`, if any."""
+    max_artifact_bytes: int = 4 * _GIB
+    """A model (or its reference pair) larger than this is refused before download."""
+    space_margin_bytes: int = 256 << 20
+    """Free disk that must remain after a download; less refuses it ("disk-full")."""
+    max_attempts: int = 3
+    """Failed trials of one target after which a re-delivery is no longer retried."""
+    selftest_latency_budget_s: float = 1.0
+    """Median latency of the reference input on the candidate model, at most."""
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("max_artifact_bytes", "max_attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInputError(f"updater {name} must be an integer >= 1, got {value!r}")
+        margin = self.space_margin_bytes
+        if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
+            raise InvalidInputError(f"updater space_margin_bytes must be >= 0, got {margin!r}")
+        budget = self.selftest_latency_budget_s
+        if not (math.isfinite(budget) and 0 < budget <= 600):
+            raise InvalidInputError(
+                f"updater selftest_latency_budget_s must be in (0, 600], got {budget!r}"
+            )

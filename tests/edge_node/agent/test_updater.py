@@ -1,0 +1,344 @@
+"""The agent's updater task over an in-memory link and fleet: serial applies, status
+messages (and their resend on reconnect), serving the journal's model at start, and the
+watchdog that reverts a failing model without the control plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import pytest
+
+from edge_node.agent.updater import JOURNAL_PATH, NodeUpdater
+from edge_node.clock import ManualClock
+from edge_node.enroll import EnrollmentFiles
+from edge_node.link.memory import MemoryNodeLink
+from edge_node.updater.config import UpdaterConfig
+from edge_node.updater.journal import Journal, JournalState, ModelRef
+from edge_node.updater.watchdog import ModelHealth, WatchdogConfig
+from protos.edgefleet.fleet.v1 import link_pb2
+from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
+from tests.edge_node.updater._world import (
+    FLEET,
+    NODE,
+    Release,
+    World,
+    make_world,
+    write_trust_anchors,
+)
+
+pytestmark = pytest.mark.anyio
+
+WATCH = WatchdogConfig(window_s=0.6, max_errors=3, max_error_ratio=0.5, min_frames=4, poll_s=0.02)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    w = make_world(tmp_path)
+    write_trust_anchors(w, tmp_path / "node")
+    return w
+
+
+@dataclass
+class Runtime:
+    """The agent's side: what is served, and the served model's run counters."""
+
+    served: list[Path] = field(default_factory=list)
+    counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+    refuse: set[Path] = field(default_factory=set)
+    gate: anyio.Event | None = None
+    busy: int = 0
+    most_busy: int = 0
+
+    async def activate(self, path: Path) -> None:
+        self.busy += 1
+        self.most_busy = max(self.most_busy, self.busy)
+        try:
+            if self.gate is not None:
+                with anyio.fail_after(10):
+                    await self.gate.wait()
+            if path in self.refuse:
+                raise RuntimeError(f"cannot load {path.name}")
+            self.served.append(path)
+        finally:
+            self.busy -= 1
+
+    def health(self) -> ModelHealth | None:
+        if not self.served:
+            return None
+        model = str(self.served[-1])
+        frames, errors = self.counters.get(model, (0, 0))
+        return ModelHealth(model, frames, errors)
+
+
+def desired(signed: SignedDirectorAssignment) -> link_pb2.ControlMessage:
+    return link_pb2.ControlMessage(
+        protocol_version=1, desired=link_pb2.DesiredState(assignment=signed)
+    )
+
+
+def statuses(w: World) -> list[link_pb2.UpdateStatus]:
+    return [m.update_status for m in w.peer.sent if m.WhichOneof("body") == "update_status"]
+
+
+def phases(w: World) -> list[str]:
+    return [s.phase for s in statuses(w)]
+
+
+def journal(w: World) -> JournalState:
+    return Journal(w.tmp / "node" / JOURNAL_PATH).load()
+
+
+def ref(rel: Release) -> ModelRef:
+    return ModelRef(rel.path, rel.sha256)
+
+
+async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
+@dataclass
+class Node:
+    updater: NodeUpdater
+    link: MemoryNodeLink
+
+
+def make_updater(
+    w: World, runtime: Runtime, *, watchdog: WatchdogConfig = WATCH, **extra: object
+) -> Node:
+    link = MemoryNodeLink(w.peer)
+    updater = NodeUpdater(
+        config=UpdaterConfig(watchdog=watchdog, selftest_latency_budget_s=5.0),
+        files=EnrollmentFiles(directory=w.tmp / "node", node_id=NODE, fleet=FLEET),
+        link=link,
+        clock=ManualClock(w.fleet.now),
+        data_dir=w.tmp / "node",
+        memory_budget_bytes=1 << 34,
+        activate=runtime.activate,
+        model_health=runtime.health,
+        **extra,  # type: ignore[arg-type]
+    )
+    return Node(updater, link)
+
+
+@asynccontextmanager
+async def running(node: Node) -> AsyncIterator[anyio.Event]:
+    """The updater started (its link connected) and run until the block ends."""
+    updater = node.updater
+    await node.link.connect(link_pb2.Hello())
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        await updater.start()
+        group.start_soon(updater.run, stop)
+        try:
+            yield stop
+        finally:
+            stop.set()
+
+
+async def applied(w: World, updater: NodeUpdater, rel: Release) -> None:
+    await updater.on_control(desired(w.assign(rel)))
+    await until(lambda: journal(w).active == ref(rel))
+
+
+# ------------------------------------------------------------------------ cases
+
+
+async def test_every_phase_is_an_update_status_with_target_and_sequence(world: World) -> None:
+    runtime = Runtime()
+    node = make_updater(world, runtime, watchdog=WatchdogConfig(window_s=0))
+    updater = node.updater
+    rel = world.releases["1.0.0"]
+    async with running(node):
+        await applied(world, updater, rel)
+        await until(lambda: phases(world)[-1:] == ["active"])
+    sent = statuses(world)
+    assert [s.phase for s in sent] == ["downloading", "verifying", "self-testing", "active"]
+    assert {(s.target_path, s.director_sequence) for s in sent} == {(rel.path, 1)}
+    assert all(s.HasField("at") for s in sent)
+    assert runtime.served == [updater.reconciler.store.path_of(rel.sha256)]
+    assert journal(world).probation is None  # no watchdog window configured
+    running_now = updater.running()
+    assert (running_now.active_target, running_now.director_sequence) == (rel.path, 1)
+
+
+async def test_the_last_status_is_sent_again_after_a_reconnect(world: World) -> None:
+    runtime = Runtime()
+    node = make_updater(world, runtime, watchdog=WatchdogConfig(window_s=0))
+    updater = node.updater
+    async with running(node):
+        world.peer.up = False  # the link drops: statuses cannot go out now
+        await updater.on_control(desired(world.assign(world.releases["1.0.0"])))
+        await until(lambda: journal(world).active is not None)
+        assert statuses(world) == []
+        world.peer.up = True
+        await node.link.connect(link_pb2.Hello())
+        await updater.on_connect()
+        await updater.on_connect()  # every reconnect: a Hello resets it upstream
+    assert phases(world) == ["active", "active"]
+
+
+async def test_assignments_are_applied_one_at_a_time_and_the_newest_wins(world: World) -> None:
+    runtime = Runtime(gate=anyio.Event())
+    node = make_updater(world, runtime, watchdog=WatchdogConfig(window_s=0))
+    updater = node.updater
+    first, second = world.releases["1.0.0"], world.releases["1.1.0"]
+    third = world.release("2.0.0", add=7.0, counter=3)
+    async with running(node):
+        await updater.on_control(desired(world.assign(first)))
+        await until(lambda: runtime.busy == 1)  # the first apply is swapping its model in
+        await updater.on_control(desired(world.assign(second)))
+        await updater.on_control(desired(world.assign(third)))  # replaces the waiting one
+        assert runtime.gate is not None
+        runtime.gate.set()
+        await until(lambda: journal(world).active == ref(third))
+    assert runtime.most_busy == 1
+    assert updater.applied == 2  # `second` was superseded before it started
+    state = journal(world)
+    assert (state.previous, state.director_sequence) == (ref(first), 3)
+
+
+async def test_a_restarted_updater_serves_the_journals_model_again(world: World) -> None:
+    rel = world.releases["1.0.0"]
+    first_run = Runtime()
+    node = make_updater(world, first_run, watchdog=WatchdogConfig(window_s=0))
+    updater = node.updater
+    async with running(node):
+        await applied(world, updater, rel)
+
+    restarted = Runtime()
+    again_node = make_updater(world, restarted, initial_model=world.tmp / "factory.onnx")
+    again = again_node.updater
+    state = await again.start()
+    assert state.active == ref(rel)
+    # The journal's model, not the configured one: an assignment replaced that.
+    assert restarted.served == [again.reconciler.store.path_of(rel.sha256)]
+
+
+async def test_without_an_active_model_the_configured_one_is_served(world: World) -> None:
+    runtime = Runtime()
+    factory = world.tmp / "factory.onnx"
+    await make_updater(world, runtime, initial_model=factory).updater.start()
+    assert runtime.served == [factory]
+
+
+async def test_the_watchdog_reverts_a_failing_model_at_once(world: World) -> None:
+    runtime = Runtime()
+    node = make_updater(world, runtime)
+    updater = node.updater
+    first, second = world.releases["1.0.0"], world.releases["1.1.0"]
+    async with running(node):
+        await applied(world, updater, first)
+        await until(lambda: journal(world).probation is None)  # its window passed
+        assert statuses(world)[-1].detail == "watchdog window passed"
+
+        await applied(world, updater, second)
+        assert journal(world).probation is not None
+        bad = str(updater.reconciler.store.path_of(second.sha256))
+        runtime.counters[bad] = (40, 3)  # 3 frames failed: the limit
+        await until(lambda: journal(world).active == ref(first))
+    store = updater.reconciler.store
+    assert runtime.served[-1] == store.path_of(first.sha256)
+    last = statuses(world)[-1]
+    assert (last.phase, last.target_path) == ("reverted", second.path)
+    assert last.detail.startswith("watchdog-errors: 3 inference errors in 40 frames")
+    assert last.detail.endswith(f"serving {first.path}")
+    state = journal(world)
+    assert (state.failed, state.attempts, state.probation) == (ref(second), 1, None)
+    assert store.installed() == {first.sha256}  # the reverted model is collected
+
+
+async def test_a_stop_on_watch_pauses_it_and_the_next_start_watches_again(
+    world: World,
+) -> None:
+    long_watch = WatchdogConfig(window_s=60, max_errors=3, poll_s=0.02)
+    rel = world.releases["1.0.0"]
+    node = make_updater(world, Runtime(), watchdog=long_watch)
+    updater = node.updater
+    async with running(node):
+        await applied(world, updater, rel)
+    probation = journal(world).probation
+    assert probation is not None and probation.paused
+
+    runtime = Runtime()
+    again_node = make_updater(world, runtime, watchdog=long_watch)
+    again = again_node.updater
+    async with running(again_node):
+        assert journal(world).active == ref(rel)  # a clean stop is not the model's fault
+        assert runtime.served == [again.reconciler.store.path_of(rel.sha256)]
+        runtime.counters[str(runtime.served[-1])] = (5, 5)  # watched again: it trips
+        await until(lambda: phases(world)[-1:] == ["failed"])
+    # Nothing to go back to: reported, and the model keeps serving (not a dark box).
+    last = statuses(world)[-1]
+    assert last.detail.startswith("watchdog-errors: 5 inference errors")
+    assert "no previous model" in last.detail
+    state = journal(world)
+    assert (state.active, state.probation) == (ref(rel), None)
+
+
+async def test_a_model_that_cannot_be_served_at_start_falls_back(world: World) -> None:
+    first, second = world.releases["1.0.0"], world.releases["1.1.0"]
+    node = make_updater(world, Runtime(), watchdog=WatchdogConfig(window_s=0))
+    updater = node.updater
+    async with running(node):
+        await applied(world, updater, first)
+        await applied(world, updater, second)
+    store = updater.reconciler.store
+    runtime = Runtime(refuse={store.path_of(second.sha256)})
+    again_node = make_updater(world, runtime, watchdog=WatchdogConfig(window_s=0))
+    again = again_node.updater
+    await again_node.link.connect(link_pb2.Hello())
+    state = await again.start()
+    assert state.active == ref(first)
+    assert runtime.served == [store.path_of(first.sha256)]
+    last = statuses(world)[-1]
+    assert (last.phase, last.target_path) == ("reverted", second.path)
+    assert last.detail.startswith("active-load-failed: RuntimeError: cannot load")
+
+
+async def test_without_the_director_key_assignments_are_refused_clearly(world: World) -> None:
+    (world.tmp / "node" / "director-key.json").unlink()
+    runtime = Runtime()
+    node = make_updater(world, runtime)
+    updater = node.updater
+    async with running(node):
+        await updater.on_control(desired(world.assign(world.releases["1.0.0"])))
+        await until(lambda: phases(world) == ["failed"])
+    status = statuses(world)[0]
+    assert status.detail.startswith("no-director-key: ")
+    assert (status.target_path, status.director_sequence) == ("", 0)
+    assert runtime.served == [] and journal(world) == JournalState()
+
+
+async def test_a_corrupt_journal_is_kept_aside_and_the_node_starts_empty(world: World) -> None:
+    path = world.tmp / "node" / JOURNAL_PATH
+    path.parent.mkdir(parents=True)
+    path.write_text("{torn")
+    runtime = Runtime()
+    node = make_updater(world, runtime, watchdog=WatchdogConfig(window_s=0))
+    updater = node.updater
+    async with running(node):
+        state = journal(world)
+        assert state.active is None and state.updated_at is not None
+        await applied(world, updater, world.releases["1.0.0"])
+    assert [p.name for p in path.parent.iterdir() if ".corrupt-" in p.name]
+    assert statuses(world)[0].detail.startswith("journal-corrupt: ")
+
+
+async def test_other_control_messages_are_left_alone(world: World) -> None:
+    node = make_updater(world, Runtime())
+    updater = node.updater
+    await updater.on_control(link_pb2.ControlMessage(ack=link_pb2.Ack(record_ids=["x"])))
+    await updater.on_control(link_pb2.ControlMessage(desired=link_pb2.DesiredState()))
+    assert updater.applied == 0
