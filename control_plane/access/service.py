@@ -99,9 +99,18 @@ class AuditedMutations:
 
     @contextmanager
     def mutation(
-        self, ctx: RequestContext, action: str, target: str, *, needs: Role
+        self,
+        ctx: RequestContext,
+        action: str,
+        target: str,
+        *,
+        needs: Role,
+        details: dict[str, Any] | None = None,
     ) -> Iterator[Session]:
-        """Check the caller's role, run the body in a transaction, audit either outcome."""
+        """Check the caller's role, run the body in a transaction, audit either outcome.
+
+        `details` goes into the audit row as it is at commit, so the body may fill it in.
+        """
         session = self._sessions()
         try:
             ctx.principal.require(needs, action)
@@ -109,7 +118,14 @@ class AuditedMutations:
             # deadlock on the lock upgrade. Other backends ignore the option.
             session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
             yield session
-            record_audit(session, ctx, at=self._clock.now(), action=action, target=target)
+            record_audit(
+                session,
+                ctx,
+                at=self._clock.now(),
+                action=action,
+                target=target,
+                details=dict(details) if details else None,
+            )
             session.commit()
         except EdgefleetError as exc:
             session.rollback()

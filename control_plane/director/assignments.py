@@ -9,6 +9,7 @@ returns bytes; it decides nothing about which node runs what (that is `DirectorS
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_ASSIGNMENT_BYTES",
     "load_or_create_director_key",
     "sign_assignment",
+    "sign_assignments",
 ]
 
 FORMAT_VERSION: Final = 1
@@ -59,14 +61,36 @@ def sign_assignment(
     public key. Values are checked here (InvalidInputError) so that nothing a node
     would refuse for its shape is ever signed.
     """
+    [signed] = sign_assignments(
+        signer,
+        fleet=fleet,
+        nodes=[(node_id, sequence)],
+        target_path=target_path,
+        sha256=sha256,
+        length=length,
+        issued_at=issued_at,
+        expires_at=expires_at,
+    )
+    return signed
+
+
+def sign_assignments(
+    signer: Signer,
+    *,
+    fleet: str,
+    nodes: Iterable[tuple[str, int]],
+    target_path: str,
+    sha256: str,
+    length: int,
+    issued_at: datetime,
+    expires_at: datetime,
+) -> list[SignedDirectorAssignment]:
+    """`sign_assignment` for many (node id, sequence) pairs of one fleet and target, in
+    order: what they share is checked, and the keyid derived, once."""
     key = signer.public_key
     _require_ed25519(key)
     if not _NAME.fullmatch(fleet):
         raise InvalidInputError(f"{fleet!r} is not a fleet name", field="fleet")
-    if not _NAME.fullmatch(node_id):
-        raise InvalidInputError(f"{node_id!r} is not a node id", field="node_id")
-    if isinstance(sequence, bool) or not 1 <= sequence <= _MAX_UINT64:
-        raise InvalidInputError(f"sequence must be 1..2^64-1, got {sequence}", field="sequence")
     parsed = parse_target_path(target_path)
     if parsed is None or parsed.kind != "model":
         raise InvalidInputError(
@@ -82,24 +106,34 @@ def sign_assignment(
     if expires <= issued:
         raise InvalidInputError("expires_at must be after issued_at", field="expires_at")
 
-    assignment = DirectorAssignment(
+    keyid = canonical_keyid(key)
+    shared = DirectorAssignment(
         fleet=fleet,
-        node_id=node_id,
-        sequence=sequence,
         target_path=target_path,
         sha256=sha256,
         length=length,
         format_version=FORMAT_VERSION,
     )
-    assignment.issued_at.FromDatetime(issued)
-    assignment.expires_at.FromDatetime(expires)
-    payload = assignment.SerializeToString(deterministic=True)
-    signature = signer.sign(payload)
-    return SignedDirectorAssignment(
-        assignment=payload,
-        keyid=canonical_keyid(key),
-        signature=bytes.fromhex(signature.signature),
-    )
+    shared.issued_at.FromDatetime(issued)
+    shared.expires_at.FromDatetime(expires)
+    signed: list[SignedDirectorAssignment] = []
+    for node_id, sequence in nodes:
+        if not _NAME.fullmatch(node_id):
+            raise InvalidInputError(f"{node_id!r} is not a node id", field="node_id")
+        if isinstance(sequence, bool) or not 1 <= sequence <= _MAX_UINT64:
+            raise InvalidInputError(f"sequence must be 1..2^64-1, got {sequence}", field="sequence")
+        assignment = DirectorAssignment()
+        assignment.CopyFrom(shared)
+        assignment.node_id = node_id
+        assignment.sequence = sequence
+        payload = assignment.SerializeToString(deterministic=True)
+        signature = signer.sign(payload)
+        signed.append(
+            SignedDirectorAssignment(
+                assignment=payload, keyid=keyid, signature=bytes.fromhex(signature.signature)
+            )
+        )
+    return signed
 
 
 def load_or_create_director_key(directory: Path) -> CryptoSigner:

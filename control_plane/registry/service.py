@@ -459,15 +459,39 @@ class RegistryService:
         return result
 
     def get_version(self, fleet: str, model: str, version: str) -> ModelVersionInfo:
-        for info in self.list_versions(fleet, model):
-            if info.version == version:
-                return info
-        raise NotFoundError(
-            f"no version {version!r} of model {model!r} in fleet {fleet!r}",
-            fleet=fleet,
-            model=model,
-            version=version,
-        )
+        """One version and its model's floor: two indexed reads, however many versions the
+        model has (the director looks a version up for every pin)."""
+        with self._sessions() as session:
+            row = self._fleet_row(session, fleet)
+            found = session.scalar(
+                select(ModelVersionRow).where(
+                    ModelVersionRow.fleet_id == row.id,
+                    ModelVersionRow.model == model,
+                    ModelVersionRow.version == version,
+                )
+            )
+            if found is None:
+                known = session.scalar(
+                    select(ModelVersionRow.id)
+                    .where(ModelVersionRow.fleet_id == row.id, ModelVersionRow.model == model)
+                    .limit(1)
+                )
+                if known is None:
+                    raise NotFoundError(
+                        f"no model {model!r} in fleet {fleet!r}", fleet=fleet, model=model
+                    )
+                raise NotFoundError(
+                    f"no version {version!r} of model {model!r} in fleet {fleet!r}",
+                    fleet=fleet,
+                    model=model,
+                    version=version,
+                )
+            floor = session.scalar(
+                select(ModelFloorRow.floor).where(
+                    ModelFloorRow.fleet_id == row.id, ModelFloorRow.model == model
+                )
+            )
+            return _version_info(fleet, found, floor or 0)
 
     # --------------------------------------------------------------- freshness
 
