@@ -1,5 +1,6 @@
 """Getting a new signed assignment to its node at once: the port the director calls after
-a pin commits, and the fan-out over whatever transports run in this process.
+a pin commits (`deliver`) or after each committed chunk of a bulk pin (`deliver_many`),
+and the fan-out over whatever transports run in this process.
 
 Delivery is a shortcut, never the only path: every Hello a node sends is answered with
 its current assignment (gRPC on the stream, MQTT on its ``desired`` topic), so a node
@@ -16,13 +17,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, TypeAlias
 
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 
-__all__ = ["AssignmentDelivery", "FanOutDelivery"]
+__all__ = ["AssignmentDelivery", "Delivered", "FanOutDelivery"]
 
 log = logging.getLogger(__name__)
+
+Delivered: TypeAlias = dict[str, tuple[str, ...]]
+"""Of a `deliver_many`: node id -> the transports that took its assignment (only the nodes
+some transport took)."""
 
 
 class AssignmentDelivery(Protocol):
@@ -34,6 +40,13 @@ class AssignmentDelivery(Protocol):
         self, node_id: str, fleet: str, signed: SignedDirectorAssignment
     ) -> tuple[str, ...]:
         """Hand `signed` to the node; the names of the transports that took it."""
+        ...
+
+    def deliver_many(
+        self, fleet: str, assignments: Sequence[tuple[str, SignedDirectorAssignment]]
+    ) -> Delivered:
+        """Hand each (node id, assignment) of one fleet over in one go (a bulk pin's chunk):
+        one hop into the transport for the lot, not one per node."""
         ...
 
 
@@ -91,3 +104,40 @@ class FanOutDelivery:
                 extra={"node_id": node_id},
             )
         return tuple(taken)
+
+    def deliver_many(
+        self, fleet: str, assignments: Sequence[tuple[str, SignedDirectorAssignment]]
+    ) -> Delivered:
+        with self._lock:
+            deliveries = list(self._deliveries)
+        taken: Delivered = {}
+        for delivery in deliveries:
+            try:
+                got = delivery.deliver_many(fleet, assignments)
+            except Exception:  # a bug in one transport must not cost the others
+                log.exception(
+                    "delivering %d assignments of fleet %s failed in %s",
+                    len(assignments),
+                    fleet,
+                    type(delivery).__name__,
+                )
+                continue
+            for node_id, via in got.items():
+                taken[node_id] = taken.get(node_id, ()) + via
+        missed = len({node_id for node_id, _ in assignments} - taken.keys())
+        if not deliveries:
+            log.info(
+                "no transport running here; %d nodes of fleet %s get their assignments at "
+                "their next Hello",
+                len(assignments),
+                fleet,
+            )
+        elif missed:
+            log.info(
+                "%d of %d nodes of fleet %s are not reachable from here now; they get their "
+                "assignments at their next Hello",
+                missed,
+                len(assignments),
+                fleet,
+            )
+        return taken

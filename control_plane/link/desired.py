@@ -5,14 +5,18 @@ MQTT bridge, each pushing a freshly signed assignment to the node it is for.
 connected to this replica (and only then). `MqttDelivery` rings the node's retained
 ``desired`` doorbell with the assignment, so the broker hands it over now or when the
 node next subscribes. Neither raises for a node it cannot reach; the node gets its
-current assignment at its next Hello anyway.
+current assignment at its next Hello anyway. `deliver_many` (a bulk pin's chunk) is one
+hop into the gRPC event loop for the whole chunk, or every doorbell published at once
+and their PUBACKs awaited under one deadline.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+from control_plane.director.delivery import Delivered
 from control_plane.errors import UnavailableError
 from control_plane.link import wire
 from control_plane.link.hub import LinkHub
@@ -28,6 +32,9 @@ log = logging.getLogger(__name__)
 # How long a pin waits for the broker to confirm the doorbell; unconfirmed, it stays
 # queued in the bridge's client and goes out when the broker is back.
 MQTT_CONFIRM_S: Final = 2.0
+# A chunk of doorbells: this long for the lot, plus a little per message (a broker on
+# loopback confirms about 10,000 a second).
+MQTT_CONFIRM_PER_MESSAGE_S: Final = 0.002
 
 
 class HubDelivery:
@@ -40,6 +47,16 @@ class HubDelivery:
         self, node_id: str, fleet: str, signed: SignedDirectorAssignment
     ) -> tuple[str, ...]:
         return ("grpc",) if self._hub.send(node_id, wire.desired(signed)) else ()
+
+    def deliver_many(
+        self, fleet: str, assignments: Sequence[tuple[str, SignedDirectorAssignment]]
+    ) -> Delivered:
+        queued = self._hub.send_many(
+            [(node_id, wire.desired(signed)) for node_id, signed in assignments]
+        )
+        return {
+            node_id: ("grpc",) for (node_id, _), ok in zip(assignments, queued, strict=True) if ok
+        }
 
 
 class MqttDelivery:
@@ -68,3 +85,34 @@ class MqttDelivery:
             )
             return ()
         return ("mqtt",)
+
+    def deliver_many(
+        self, fleet: str, assignments: Sequence[tuple[str, SignedDirectorAssignment]]
+    ) -> Delivered:
+        timeout_s = self._confirm_s + MQTT_CONFIRM_PER_MESSAGE_S * len(assignments)
+        try:
+            confirmed = self._bridge.publish_desired_many(fleet, assignments, timeout_s=timeout_s)
+        except UnavailableError as exc:
+            log.warning(
+                "%d doorbells of fleet %s were not published (%s); the nodes get their "
+                "assignments at their next Hello",
+                len(assignments),
+                fleet,
+                exc.message,
+            )
+            return {}
+        missing = len(assignments) - sum(confirmed)
+        if missing:
+            log.warning(
+                "%d of %d doorbells of fleet %s are not confirmed by the broker within "
+                "%.1f s; they go out when the bridge reconnects",
+                missing,
+                len(assignments),
+                fleet,
+                timeout_s,
+            )
+        return {
+            node_id: ("mqtt",)
+            for (node_id, _), ok in zip(assignments, confirmed, strict=True)
+            if ok
+        }

@@ -2,8 +2,9 @@
 
 The gRPC `Sync` handler attaches a session when a node's Hello is accepted and detaches
 it when the stream ends; whatever decides what a node should do (rollouts, operator
-commands) calls `LinkHub.send(node_id, ControlMessage)`. It holds no state worth keeping:
-a node that is not connected here gets its desired state when it next says Hello.
+commands) calls `LinkHub.send(node_id, ControlMessage)`, or `LinkHub.send_many` for a
+whole wave of nodes (one hop into the event loop for the lot). It holds no state worth
+keeping: a node that is not connected here gets its desired state when it next says Hello.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Final
 
 from control_plane.errors import ConflictError, EdgefleetError, UnavailableError
@@ -23,6 +25,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PENDING: Final = 64
 _THREADSAFE_TIMEOUT_S: Final = 5.0
+# `send_many` hands the loop back after this many nodes, so the streams write meanwhile
+# and other connections are served; and waits for the loop this much longer per node.
+SEND_MANY_SLICE: Final = 256
+_THREADSAFE_PER_NODE_S: Final = 0.001
 
 
 class DownlinkSession:
@@ -123,6 +129,50 @@ class LinkHub:
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             future.cancel()
             return False
+
+    def send_many(self, items: Sequence[tuple[str, link_pb2.ControlMessage]]) -> list[bool]:
+        """`send` for many nodes at once; whether each item was queued, in order.
+
+        From another thread it is one `run_coroutine_threadsafe` hop into the loop for
+        the whole list (not a round trip per node), and the loop is handed back every
+        `SEND_MANY_SLICE` nodes so that the streams start writing while the rest is
+        queued. On the loop itself it queues everything at once, without yielding. If
+        the loop does not get through the list in time, what it had not reached counts
+        as not queued (an item queued in the last moment may be reported as not queued;
+        never the other way round).
+        """
+        results = [False] * len(items)
+        loop = self._loop
+        if loop is None or not items:
+            return results
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            for index, (node_id, message) in enumerate(items):
+                results[index] = self._offer(node_id, message)
+            return results
+        if loop.is_closed():
+            return results
+
+        async def offer_all() -> None:
+            for index, (node_id, message) in enumerate(items):
+                results[index] = self._offer(node_id, message)
+                if index % SEND_MANY_SLICE == SEND_MANY_SLICE - 1:
+                    await asyncio.sleep(0)
+
+        future = asyncio.run_coroutine_threadsafe(offer_all(), loop)
+        try:
+            future.result(timeout=_THREADSAFE_TIMEOUT_S + _THREADSAFE_PER_NODE_S * len(items))
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            future.cancel()
+            log.warning(
+                "the event loop did not take %d downlink messages in time; %d were queued",
+                len(items),
+                sum(results),
+            )
+        return list(results)
 
     def connected(self) -> list[str]:
         with self._lock:
