@@ -1,40 +1,58 @@
-"""The director: decides which model target one node shall run, signs it, keeps the history.
+"""The director: decides which model target nodes shall run, signs it, keeps the history.
 
-`pin` is the operator's decision for one node (rollouts will call the same path later);
-every assignment gets the node's next sequence and is stored signed, exactly as the node
-receives it. Once the pin has committed it goes to the `AssignmentDelivery` port (the
-transports running in this process push it to a connected node); the transports also
-answer every node's Hello with `current(node_id)`, so a node that was not reachable gets
-it then. The signing rules live in `control_plane.director.assignments`; no transport is
-imported here.
+`pin` is the operator's decision for one node; `pin_many` the same decision for many
+nodes of one fleet (by id or by labels), made in chunks of one transaction each, so a
+10,000-node change is a few statements per thousand nodes rather than per node (rollouts
+will call it too). Every assignment gets its node's next sequence and is stored signed,
+exactly as the node receives it. Once a pin, or a chunk, has committed it goes to the
+`AssignmentDelivery` port (the transports running in this process push it to connected
+nodes); the transports also answer every node's Hello with `current(node_id)`, so a node
+that was not reachable gets it then. The signing rules live in
+`control_plane.director.assignments`; no transport is imported here.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
 from securesystemslib.signer import Signer
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.roles import Role
 from control_plane.access.service import AuditedMutations, RequestContext
 from control_plane.clock import Clock
-from control_plane.director.assignments import sign_assignment
+from control_plane.director.assignments import sign_assignment, sign_assignments
 from control_plane.director.delivery import AssignmentDelivery, FanOutDelivery
-from control_plane.errors import ConflictError, InvalidInputError, NotFoundError, PolicyError
+from control_plane.errors import (
+    ConflictError,
+    EdgefleetError,
+    InvalidInputError,
+    NotFoundError,
+    PolicyError,
+)
+from control_plane.identity.bootstrap import validate_labels
 from control_plane.nodes.service import NodeService
-from control_plane.registry.service import RegistryService
+from control_plane.registry.service import ModelVersionInfo, RegistryService
 from control_plane.storage.models import DirectorAssignmentRow, FleetRow, NodeRow
 from control_plane.trust.custom import parse_target_path, validate_model_name, validate_version
 from control_plane.trust.keys import public_key_dict
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 
-__all__ = ["DEFAULT_ASSIGNMENT_TTL", "Assignment", "DirectorService"]
+__all__ = [
+    "DEFAULT_ASSIGNMENT_TTL",
+    "MAX_PIN_NODE_IDS",
+    "PIN_CHUNK",
+    "Assignment",
+    "DirectorService",
+    "PinManyResult",
+    "SkippedNode",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +60,16 @@ DEFAULT_ASSIGNMENT_TTL: Final = timedelta(days=7)
 _MIN_TTL: Final = timedelta(minutes=1)
 _MAX_TTL: Final = timedelta(days=366)
 _MAX_NODE_ID: Final = 64
+
+PIN_CHUNK: Final = 1000
+"""Nodes per transaction of `pin_many`: long enough to amortise the round trips, short
+enough that row locks are held for tens of milliseconds and a chunk's delivery starts
+early."""
+_MAX_PIN_CHUNK: Final = 10_000
+MAX_PIN_NODE_IDS: Final = 50_000
+"""Explicit node ids one `pin_many` takes (a label selector is bounded by the fleet)."""
+_ID_QUERY_BATCH: Final = 500  # ids per IN (...) list: well inside every backend's limit
+_MAX_NAMED: Final = 20  # unknown node ids named in an error message
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +96,37 @@ class Assignment:
 
     def signed_message(self) -> SignedDirectorAssignment:
         return SignedDirectorAssignment.FromString(self.signed)
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedNode:
+    """A selected node that got no assignment, and why ("revoked")."""
+
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PinManyResult:
+    """What one `pin_many` did: the assignments in node-id order, the nodes skipped, and how
+    many of the assignments a transport running here took at once."""
+
+    fleet: str
+    model: str
+    version: str
+    target_path: str
+    assignments: tuple[Assignment, ...]
+    skipped: tuple[SkippedNode, ...]
+    delivered: int
+    chunks: int
+
+    @property
+    def pinned(self) -> int:
+        return len(self.assignments)
+
+    @property
+    def selected(self) -> int:
+        return len(self.assignments) + len(self.skipped)
 
 
 class DirectorService:
@@ -135,15 +194,7 @@ class DirectorService:
                 )
             fleet = session.get_one(FleetRow, row.fleet_id).name
             info = self._registry.get_version(fleet, model, version)
-            if info.revoked:
-                raise PolicyError(
-                    f"version {version!r} of model {model!r} (release counter "
-                    f"{info.release_counter}) is below the fleet's floor and may not run; "
-                    "pin a newer version",
-                    model=model,
-                    version=version,
-                    release_counter=info.release_counter,
-                )
+            _require_runnable(info)
             last = session.scalar(
                 select(func.max(DirectorAssignmentRow.sequence)).where(
                     DirectorAssignmentRow.node_id == node_id
@@ -190,6 +241,266 @@ class DirectorService:
         )
         self._deliver(assignment)
         return assignment
+
+    def pin_many(
+        self,
+        ctx: RequestContext,
+        model: str,
+        version: str,
+        *,
+        fleet: str,
+        node_ids: Sequence[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        chunk_size: int = PIN_CHUNK,
+    ) -> PinManyResult:
+        """Assign `model` `version` to many nodes of `fleet`: the nodes named in `node_ids`,
+        or every node whose labels include all of `labels` (``{}``: the whole fleet).
+
+        Checked before anything is written (and audited as refused, "node.pin_many"):
+        the caller's role, the names, that every id is a node of `fleet` (NotFoundError
+        naming the others: nothing is pinned), and the version, looked up once (a version
+        below its floor: PolicyError). Revoked nodes are skipped and reported, not fatal.
+        Then, `chunk_size` nodes per transaction: the rows are locked (PostgreSQL
+        ``FOR UPDATE``, in id order; SQLite's write lock serialises anyway), one grouped
+        query reads each node's last sequence, every assignment is signed, one insert
+        stores them, one audit entry ("node.pin_many" on "fleet:NAME") records the chunk;
+        after the commit the chunk goes to the delivery port in one call. A pin of one
+        node running meanwhile takes its turn on the row lock and never shares a
+        sequence. A failure part way raises and leaves the earlier chunks committed and
+        delivered; asking again pins every node again, each with a newer sequence.
+        """
+        action, target = "node.pin_many", f"fleet:{fleet}"
+        try:
+            ctx.principal.require(Role.OPERATOR, action)
+            validate_model_name(model)
+            validate_version(version)
+            if not 1 <= chunk_size <= _MAX_PIN_CHUNK:
+                raise InvalidInputError(
+                    f"chunk size must be 1..{_MAX_PIN_CHUNK}, got {chunk_size}",
+                    chunk_size=chunk_size,
+                )
+            fleet_id, selected = self._select_nodes(fleet, node_ids, labels)
+            info = self._registry.get_version(fleet, model, version)
+            _require_runnable(info)
+        except EdgefleetError as exc:
+            self._mutations.record_refusal(ctx, action, target, exc)
+            raise
+
+        issued_at = self._clock.now().replace(microsecond=0)
+        expires_at = issued_at + self._ttl
+        chunks = [selected[i : i + chunk_size] for i in range(0, len(selected), chunk_size)]
+        assignments: list[Assignment] = []
+        skipped: list[SkippedNode] = []
+        delivered = 0
+        for number, chunk in enumerate(chunks, start=1):
+            details: dict[str, Any] = {
+                "model": model,
+                "version": version,
+                "target_path": info.target_path,
+                "chunk": number,
+                "chunks": len(chunks),
+            }
+            with self._mutations.mutation(
+                ctx, action, target, needs=Role.OPERATOR, details=details
+            ) as session:
+                pinned, passed = self._pin_chunk(
+                    session, ctx, fleet, fleet_id, chunk, info, issued_at, expires_at
+                )
+                details.update(
+                    nodes=len(pinned),
+                    sequences=_sequence_range(pinned),
+                    skipped=[f"{s.node_id} ({s.reason})" for s in passed],
+                )
+            log.info(
+                "pinned %d nodes of fleet %s to %s (chunk %d of %d)",
+                len(pinned),
+                fleet,
+                info.target_path,
+                number,
+                len(chunks),
+                extra={"fleet": fleet, "target": info.target_path},
+            )
+            assignments.extend(pinned)
+            skipped.extend(passed)
+            delivered += self._deliver_many(fleet, pinned)
+        return PinManyResult(
+            fleet=fleet,
+            model=model,
+            version=version,
+            target_path=info.target_path,
+            assignments=tuple(assignments),
+            skipped=tuple(skipped),
+            delivered=delivered,
+            chunks=len(chunks),
+        )
+
+    def _select_nodes(
+        self,
+        fleet: str,
+        node_ids: Sequence[str] | None,
+        labels: Mapping[str, str] | None,
+    ) -> tuple[int, list[str]]:
+        """The fleet's id and the selected node ids, sorted (the order rows are locked in)."""
+        if (node_ids is None) == (labels is None):
+            raise InvalidInputError("select nodes by node ids or by labels (one of the two)")
+        if isinstance(node_ids, str):
+            raise InvalidInputError("node ids must be a list of ids")
+        wanted = validate_labels(labels) if labels is not None else None
+        with self._sessions() as session:
+            fleet_id = session.scalar(select(FleetRow.id).where(FleetRow.name == fleet))
+            if fleet_id is None:
+                raise NotFoundError(f"no fleet named {fleet!r}", fleet=fleet)
+            if wanted is not None:
+                rows = session.execute(
+                    select(NodeRow.id, NodeRow.labels).where(NodeRow.fleet_id == fleet_id)
+                )
+                chosen = [
+                    node_id
+                    for node_id, node_labels in rows
+                    if all((node_labels or {}).get(k) == v for k, v in wanted.items())
+                ]
+                return fleet_id, sorted(chosen)
+            assert node_ids is not None
+            ids = sorted(set(node_ids))
+            if not ids:
+                raise InvalidInputError("no node ids given")
+            if len(ids) > MAX_PIN_NODE_IDS:
+                raise InvalidInputError(
+                    f"at most {MAX_PIN_NODE_IDS} node ids per request; select by labels",
+                    count=len(ids),
+                )
+            known: set[str] = set()
+            plausible = [i for i in ids if isinstance(i, str) and 0 < len(i) <= _MAX_NODE_ID]
+            for start in range(0, len(plausible), _ID_QUERY_BATCH):
+                batch = plausible[start : start + _ID_QUERY_BATCH]
+                known.update(
+                    session.scalars(
+                        select(NodeRow.id).where(
+                            NodeRow.id.in_(batch), NodeRow.fleet_id == fleet_id
+                        )
+                    )
+                )
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            named = ", ".join(repr(str(i)[:_MAX_NODE_ID]) for i in unknown[:_MAX_NAMED])
+            more = f" and {len(unknown) - _MAX_NAMED} more" if len(unknown) > _MAX_NAMED else ""
+            raise NotFoundError(
+                f"no node {named}{more} in fleet {fleet!r}; nothing was pinned",
+                fleet=fleet,
+                node_ids=[str(i)[:_MAX_NODE_ID] for i in unknown[:_MAX_NAMED]],
+                unknown=len(unknown),
+            )
+        return fleet_id, ids
+
+    def _pin_chunk(
+        self,
+        session: Session,
+        ctx: RequestContext,
+        fleet: str,
+        fleet_id: int,
+        node_ids: list[str],
+        info: ModelVersionInfo,
+        issued_at: datetime,
+        expires_at: datetime,
+    ) -> tuple[list[Assignment], list[SkippedNode]]:
+        """One chunk inside its transaction: lock, read sequences, sign, insert."""
+        # Locked until commit, in id order (two bulk pins never wait on each other in a
+        # cycle): the sequences below are read-then-write. A node that left the fleet or
+        # was revoked since the selection is skipped here, under the lock.
+        rows = session.execute(
+            select(NodeRow.id, NodeRow.revoked_at)
+            .where(NodeRow.id.in_(node_ids), NodeRow.fleet_id == fleet_id)
+            .order_by(NodeRow.id)
+            .with_for_update()
+        ).all()
+        present = {node_id: revoked_at for node_id, revoked_at in rows}
+        skipped: list[SkippedNode] = []
+        live: list[str] = []
+        for node_id in node_ids:
+            if node_id not in present:
+                skipped.append(SkippedNode(node_id, "gone"))
+            elif present[node_id] is not None:
+                skipped.append(SkippedNode(node_id, "revoked"))
+            else:
+                live.append(node_id)
+        if not live:
+            return [], skipped
+        last: dict[str, int] = {
+            node_id: sequence
+            for node_id, sequence in session.execute(
+                select(DirectorAssignmentRow.node_id, func.max(DirectorAssignmentRow.sequence))
+                .where(DirectorAssignmentRow.node_id.in_(live))
+                .group_by(DirectorAssignmentRow.node_id)
+            )
+        }
+        sequences = [(node_id, (last.get(node_id) or 0) + 1) for node_id in live]
+        signed = sign_assignments(
+            self._key,
+            fleet=fleet,
+            nodes=sequences,
+            target_path=info.target_path,
+            sha256=info.sha256,
+            length=info.length,
+            issued_at=issued_at,
+            expires_at=expires_at,
+        )
+        keyid = signed[0].keyid
+        created_by = ctx.principal.name
+        values: list[dict[str, Any]] = []
+        assignments: list[Assignment] = []
+        for (node_id, sequence), message in zip(sequences, signed, strict=True):
+            data = message.SerializeToString(deterministic=True)
+            values.append(
+                {
+                    "node_id": node_id,
+                    "sequence": sequence,
+                    "target_path": info.target_path,
+                    "sha256": info.sha256,
+                    "length": info.length,
+                    "issued_at": issued_at,
+                    "expires_at": expires_at,
+                    "signed": data,
+                    "created_by": created_by,
+                }
+            )
+            assignments.append(
+                Assignment(
+                    node_id=node_id,
+                    fleet=fleet,
+                    sequence=sequence,
+                    model=info.model,
+                    version=info.version,
+                    target_path=info.target_path,
+                    sha256=info.sha256,
+                    length=info.length,
+                    issued_at=issued_at,
+                    expires_at=expires_at,
+                    created_by=created_by,
+                    keyid=keyid,
+                    signed=data,
+                )
+            )
+        try:
+            session.execute(insert(DirectorAssignmentRow), values)
+        except IntegrityError as exc:  # only if a writer ignored the row locks
+            raise ConflictError(
+                f"another assignment took a sequence of one of {len(live)} nodes; retry",
+                fleet=fleet,
+            ) from exc
+        return assignments, skipped
+
+    def _deliver_many(self, fleet: str, assignments: list[Assignment]) -> int:
+        """Hand a committed chunk to the delivery port; how many nodes it reached now."""
+        if not assignments:
+            return 0
+        try:
+            via = self._delivery.deliver_many(
+                fleet, [(a.node_id, a.signed_message()) for a in assignments]
+            )
+        except Exception:  # committed already: the nodes get it at their next Hello
+            log.exception("delivering %d assignments of fleet %s failed", len(assignments), fleet)
+            return 0
+        return len(via)
 
     def _deliver(self, assignment: Assignment) -> None:
         try:
@@ -252,3 +563,23 @@ def _assignment(row: DirectorAssignmentRow, fleet: str) -> Assignment:
         keyid=signed.keyid,
         signed=row.signed,
     )
+
+
+def _require_runnable(info: ModelVersionInfo) -> None:
+    if info.revoked:
+        raise PolicyError(
+            f"version {info.version!r} of model {info.model!r} (release counter "
+            f"{info.release_counter}) is below the fleet's floor and may not run; "
+            "pin a newer version",
+            model=info.model,
+            version=info.version,
+            release_counter=info.release_counter,
+        )
+
+
+def _sequence_range(assignments: Sequence[Assignment]) -> list[int]:
+    """[lowest, highest] sequence of a chunk's assignments (audit details), or []."""
+    if not assignments:
+        return []
+    sequences = [a.sequence for a in assignments]
+    return [min(sequences), max(sequences)]
