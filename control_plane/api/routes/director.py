@@ -1,4 +1,5 @@
-"""Director assignments: pin a node to a model version, read its assignment, the director key.
+"""Director assignments: pin a node, or many nodes of a fleet, to a model version; read a
+node's assignment; the director key.
 
 Thin: parse, call `DirectorService`, render. The signed assignment travels base64-encoded
 in `signed` (the serialized SignedDirectorAssignment, exactly as the node verifies it).
@@ -14,7 +15,7 @@ from fastapi import APIRouter, status
 from pydantic import BaseModel, Field
 
 from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
-from control_plane.director.service import Assignment
+from control_plane.director.service import MAX_PIN_NODE_IDS, Assignment
 from control_plane.errors import NotFoundError
 
 router = APIRouter(prefix="/v1", tags=["director"])
@@ -23,6 +24,41 @@ router = APIRouter(prefix="/v1", tags=["director"])
 class PinRequest(BaseModel):
     model: str = Field(min_length=1, max_length=128)
     version: str = Field(min_length=1, max_length=64)
+
+
+class PinManyRequest(BaseModel):
+    """Nodes by id (`node_ids`) or by labels (`labels`: every node having all of them;
+    `{}` is the whole fleet); exactly one of the two."""
+
+    model: str = Field(min_length=1, max_length=128)
+    version: str = Field(min_length=1, max_length=64)
+    node_ids: list[str] | None = Field(default=None, min_length=1, max_length=MAX_PIN_NODE_IDS)
+    labels: dict[str, str] | None = None
+
+
+class PinnedNodeOut(BaseModel):
+    node_id: str
+    sequence: int
+
+
+class SkippedNodeOut(BaseModel):
+    node_id: str
+    reason: str = Field(description="revoked | gone (left the fleet meanwhile)")
+
+
+class PinManyOut(BaseModel):
+    fleet: str
+    model: str
+    version: str
+    target_path: str
+    issued_at: datetime | None
+    expires_at: datetime | None
+    selected: int
+    pinned: int
+    delivered: int = Field(description="assignments a transport of this replica took at once")
+    chunks: int
+    assignments: list[PinnedNodeOut]
+    skipped: list[SkippedNodeOut]
 
 
 class AssignmentOut(BaseModel):
@@ -70,6 +106,37 @@ def pin_node(
     """Assign a model version of the node's fleet to the node (a new signed assignment)."""
     assignment = services.director.pin(ctx, node_id, body.model, body.version)
     return _out(assignment, services.clock.now())
+
+
+@router.post("/fleets/{fleet}/pin", status_code=status.HTTP_201_CREATED)
+def pin_fleet_nodes(
+    fleet: str, body: PinManyRequest, ctx: ContextDep, services: ServicesDep
+) -> PinManyOut:
+    """Assign a model version to many nodes of a fleet at once (by ids or by labels).
+
+    Unknown ids refuse the whole request (404, nothing pinned); revoked nodes are skipped
+    and listed in `skipped`.
+    """
+    result = services.director.pin_many(
+        ctx, body.model, body.version, fleet=fleet, node_ids=body.node_ids, labels=body.labels
+    )
+    first = result.assignments[0] if result.assignments else None
+    return PinManyOut(
+        fleet=result.fleet,
+        model=result.model,
+        version=result.version,
+        target_path=result.target_path,
+        issued_at=first.issued_at if first else None,
+        expires_at=first.expires_at if first else None,
+        selected=result.selected,
+        pinned=result.pinned,
+        delivered=result.delivered,
+        chunks=result.chunks,
+        assignments=[
+            PinnedNodeOut(node_id=a.node_id, sequence=a.sequence) for a in result.assignments
+        ],
+        skipped=[SkippedNodeOut(node_id=s.node_id, reason=s.reason) for s in result.skipped],
+    )
 
 
 @router.get("/nodes/{node_id}/assignment")

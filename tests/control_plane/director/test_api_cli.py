@@ -79,9 +79,11 @@ def release(
     api.close()
 
 
-def enroll_node(server: LiveServer) -> str:
+def enroll_node(server: LiveServer, labels: dict[str, str] | None = None) -> str:
     with server.api() as api:
-        token = api.json("POST", f"/v1/fleets/{FLEET}/node-tokens", json={})["token"]
+        token = api.json("POST", f"/v1/fleets/{FLEET}/node-tokens", json={"labels": labels or {}})[
+            "token"
+        ]
     with server.api(token="") as anonymous:
         enrolled = anonymous.json(
             "POST", "/v1/enroll", json={"token": token, "csr_pem": make_csr().decode()}
@@ -215,3 +217,117 @@ def test_rest_refusals(cli: Cli, release: ReleaseClient) -> None:
         with pytest.raises(ApiError) as anonymous_read:
             anonymous.json("GET", f"/v1/nodes/{node_id}/assignment")
         assert anonymous_read.value.status == 401
+
+
+def test_pin_many_through_the_cli_by_labels_and_by_ids(
+    cli: Cli, release: ReleaseClient, tmp_path: Path
+) -> None:
+    north = [enroll_node(cli.server, {"site": "north", "role": "gate"}) for _ in range(2)]
+    south = enroll_node(cli.server, {"site": "south", "role": "gate"})
+    revoked = enroll_node(cli.server, {"site": "north", "role": "gate"})
+    cli.json("node", "revoke", revoked)
+    cli.json("nodes", "pin", north[0], "--model", "det", "--version", "1.0.0")
+
+    result = cli.json(
+        "nodes", "pin", "--fleet", FLEET, "--label", "site=north", "--label", "role=gate",
+        "--model", "det", "--version", "1.1.0",
+    )  # fmt: skip
+    assert (result["fleet"], result["model"], result["version"]) == (FLEET, "det", "1.1.0")
+    assert result["target_path"] == "models/det/1.1.0/model.onnx"
+    assert (result["selected"], result["pinned"], result["chunks"]) == (3, 2, 1)
+    assert result["delivered"] == 0  # no node link runs in this server
+    assert {a["node_id"]: a["sequence"] for a in result["assignments"]} == {
+        north[0]: 2,
+        north[1]: 1,
+    }
+    assert result["skipped"] == [{"node_id": revoked, "reason": "revoked"}]
+    # Each node verifies its own against the fleet's TUF metadata.
+    verified = node_verifies(cli.server, north[0], tmp_path / "a", last_sequence=1)
+    assert (verified.sequence, verified.model, verified.release_counter) == (2, "det", 2)
+
+    # By ids, as a table: a summary, then the skipped nodes.
+    code, table, err = cli.run(
+        "nodes", "pin", south, north[1], "--fleet", FLEET, "--model", "det", "--version", "1.0.0"
+    )
+    assert code == 0, err
+    assert "models/det/1.0.0/model.onnx" in table
+    assert "1-2" in table  # the sequences this request handed out
+    assert cli.json("nodes", "assignment", north[1])["sequence"] == 2
+    # The whole fleet.
+    everyone = cli.json(
+        "nodes", "pin", "--fleet", FLEET, "--all", "--model", "det", "--version", "1.1.0"
+    )
+    assert (everyone["pinned"], len(everyone["skipped"])) == (3, 1)
+
+    entries = cli.json("audit", "list", "--action", "node.pin_many")
+    assert [e["outcome"] for e in entries] == ["ok", "ok", "ok"]
+    assert {e["target"] for e in entries} == {f"fleet:{FLEET}"}
+    assert {e["details"]["nodes"] for e in entries} == {2, 3}
+
+
+def test_pin_many_refusals(cli: Cli, release: ReleaseClient) -> None:
+    node_id = enroll_node(cli.server)
+    code, _, err = cli.run(
+        "nodes", "pin", node_id, "n-000000000000", "--fleet", FLEET,
+        "--model", "det", "--version", "1.1.0",
+    )  # fmt: skip
+    assert code == 1
+    assert "n-000000000000" in err and "nothing was pinned" in err
+    with cli.server.api() as api:
+        with pytest.raises(ApiError) as none_pinned:
+            api.json("GET", f"/v1/nodes/{node_id}/assignment")
+        assert none_pinned.value.status == 404
+        with pytest.raises(ApiError) as unknown:
+            api.json(
+                "POST",
+                f"/v1/fleets/{FLEET}/pin",
+                json={"model": "det", "version": "1.1.0", "node_ids": ["n-000000000000"]},
+            )
+        assert unknown.value.status == 404
+        assert unknown.value.problem["node_ids"] == ["n-000000000000"]
+        with pytest.raises(ApiError) as neither:
+            api.json("POST", f"/v1/fleets/{FLEET}/pin", json={"model": "det", "version": "1.1.0"})
+        assert neither.value.status in (400, 422)
+        with pytest.raises(ApiError) as empty:
+            api.json(
+                "POST",
+                f"/v1/fleets/{FLEET}/pin",
+                json={"model": "det", "version": "1.1.0", "node_ids": []},
+            )
+        assert empty.value.status == 422
+        with pytest.raises(ApiError) as no_fleet:
+            api.json(
+                "POST",
+                "/v1/fleets/nowhere/pin",
+                json={"model": "det", "version": "1", "labels": {}},
+            )
+        assert no_fleet.value.status == 404
+    release.revoke(FLEET, "det", "1.0.0")
+    code, _, err = cli.run(
+        "nodes", "pin", "--fleet", FLEET, "--all", "--model", "det", "--version", "1.0.0"
+    )
+    assert code == 1
+    assert "below the fleet's floor" in err
+
+    viewer, _ = cli.server.services.access.create_token(SYSTEM, name="dash", role=Role.VIEWER)
+    with cli.server.api(token=viewer) as as_viewer:
+        with pytest.raises(ApiError) as denied:
+            as_viewer.json(
+                "POST",
+                f"/v1/fleets/{FLEET}/pin",
+                json={"model": "det", "version": "1.1.0", "labels": {}},
+            )
+        assert denied.value.status == 403
+
+    # Usage errors are caught before any request.
+    for args in (
+        ("nodes", "pin", "--label", "site=a", "--model", "det", "--version", "1.1.0"),
+        ("nodes", "pin", "a", "b", "--model", "det", "--version", "1.1.0"),
+        ("nodes", "pin", "--fleet", FLEET, "--model", "det", "--version", "1.1.0"),
+        ("nodes", "pin", "a", "--fleet", FLEET, "--all", "--model", "det", "--version", "1"),
+    ):
+        code, _, err = cli.run(*args)
+        assert code == 2, (args, err)
+    entries = cli.json("audit", "list", "--action", "node.pin_many")
+    assert {e["outcome"] for e in entries} == {"refused"}
+    assert len(entries) == 6
