@@ -303,7 +303,7 @@ class DirectorService:
             with self._mutations.mutation(
                 ctx, action, target, needs=Role.OPERATOR, details=details
             ) as session:
-                pinned, passed = self._pin_chunk(
+                pinned, signed, passed = self._pin_chunk(
                     session, ctx, fleet, fleet_id, chunk, info, issued_at, expires_at
                 )
                 details.update(
@@ -322,7 +322,7 @@ class DirectorService:
             )
             assignments.extend(pinned)
             skipped.extend(passed)
-            delivered += self._deliver_many(fleet, pinned)
+            delivered += self._deliver_many(fleet, signed)
         return PinManyResult(
             fleet=fleet,
             model=model,
@@ -402,8 +402,9 @@ class DirectorService:
         info: ModelVersionInfo,
         issued_at: datetime,
         expires_at: datetime,
-    ) -> tuple[list[Assignment], list[SkippedNode]]:
-        """One chunk inside its transaction: lock, read sequences, sign, insert."""
+    ) -> tuple[list[Assignment], list[tuple[str, SignedDirectorAssignment]], list[SkippedNode]]:
+        """One chunk inside its transaction: lock, read sequences, sign, insert. Returns
+        the assignments, the signed messages to deliver, and the nodes skipped."""
         # Locked until commit, in id order (two bulk pins never wait on each other in a
         # cycle): the sequences below are read-then-write. A node that left the fleet or
         # was revoked since the selection is skipped here, under the lock.
@@ -424,7 +425,7 @@ class DirectorService:
             else:
                 live.append(node_id)
         if not live:
-            return [], skipped
+            return [], [], skipped
         last: dict[str, int] = {
             node_id: sequence
             for node_id, sequence in session.execute(
@@ -487,16 +488,16 @@ class DirectorService:
                 f"another assignment took a sequence of one of {len(live)} nodes; retry",
                 fleet=fleet,
             ) from exc
-        return assignments, skipped
+        return assignments, list(zip(live, signed, strict=True)), skipped
 
-    def _deliver_many(self, fleet: str, assignments: list[Assignment]) -> int:
+    def _deliver_many(
+        self, fleet: str, assignments: list[tuple[str, SignedDirectorAssignment]]
+    ) -> int:
         """Hand a committed chunk to the delivery port; how many nodes it reached now."""
         if not assignments:
             return 0
         try:
-            via = self._delivery.deliver_many(
-                fleet, [(a.node_id, a.signed_message()) for a in assignments]
-            )
+            via = self._delivery.deliver_many(fleet, assignments)
         except Exception:  # committed already: the nodes get it at their next Hello
             log.exception("delivering %d assignments of fleet %s failed", len(assignments), fleet)
             return 0
