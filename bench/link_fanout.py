@@ -3,17 +3,20 @@
 Measures, for N simulated nodes (default 10,000) enrolled for real (bootstrap token + CSR
 each), the time from the first signed assignment until the last node has received its
 own, over gRPC (one mTLS `Sync` stream per node) and over MQTT (a retained doorbell per
-node), along three paths: the link layer called directly (`LinkHub.send`,
+node), along these paths: the link layer called directly (`LinkHub.send`,
 `MqttBridge.publish_desired`, one freshly signed assignment per node), and end to end
-through `DirectorService.pin` (a transaction per node, then its delivery port). Beside
-them, in the same run, the bare transport with the same connections and message sizes: a
-grpc.aio server that pushes one message onto every stream, a paho client that publishes
-to every node's topic. It also reports the control plane's memory per connected node.
+through `DirectorService.pin_many` for the whole fleet (what `POST /v1/fleets/F/pin` and
+`edgefleet nodes pin --fleet F --all` run: chunks of 1,000 nodes, a transaction each,
+then one delivery call per chunk); optionally (``--single-pin-rounds``) through
+`DirectorService.pin` one node at a time, the path before `pin_many`. Beside them, in
+the same run, the bare transport with the same connections and message sizes: a grpc.aio
+server that pushes one message onto every stream, a paho client that publishes to every
+node's topic. It also reports the control plane's memory per connected node.
 
-The control plane runs in this process, pinned to CPU 0 (nothing in the product exposes
-"push to all", so the benchmark calls the services itself); the simulated nodes run in
-child processes pinned to CPU 1. Not a test: it asserts nothing unless ``--check`` is
-given. See docs/benchmarks.md.
+The control plane runs in this process, pinned to CPU 0 (the benchmark calls the
+services itself rather than through REST); the simulated nodes run in child processes
+pinned to CPU 1. Not a test: it asserts nothing unless ``--check`` is given. See
+docs/benchmarks.md.
 
     python -m bench.link_fanout [--nodes 10000] [--transports grpc,mqtt] [--rounds 2]
 """
@@ -94,7 +97,7 @@ class Round:
     """One desired-state change to every node and when each node had it."""
 
     transport: str
-    path: str  # bare, hub-loop, hub-thread, publish_desired, director.pin
+    path: str  # bare, hub-loop, hub-thread, publish_desired, director.pin_many, director.pin
     number: int  # the change: its target is models/detector/1.0.<number>/model.onnx
     nodes: int
     arrived: int = 0
@@ -606,10 +609,25 @@ class Plane:
             )
             session.commit()
 
-    def pin_all(self, node_ids: list[str], result: Round) -> None:
-        """`DirectorService.pin` for every node, one after another, from this thread (as a
-        REST handler or a rollout loop would): a transaction and a signature per node,
-        then the delivery port hands it to the transports running here."""
+    def pin_fleet(self, result: Round) -> None:
+        """`DirectorService.pin_many` for the whole fleet from this thread, as the REST
+        handler runs it: the version looked up once, then per chunk of 1,000 nodes one
+        transaction (lock, grouped max(sequence), signatures, one insert, one audit
+        entry) and one call of the delivery port for the transports running here."""
+        director = self.services.director
+        self.add_model_version(result.number)
+        result.started = time.monotonic()
+        pinned = director.pin_many(
+            self.admin, MODEL, f"1.0.{result.number}", fleet=FLEET, labels={}
+        )
+        result.queued_s = time.monotonic() - result.started
+        result.sign_s = math.nan
+        if pinned.pinned != result.nodes:
+            log.warning("pin_many pinned %d of %d nodes", pinned.pinned, result.nodes)
+
+    def pin_each(self, node_ids: list[str], result: Round) -> None:
+        """`DirectorService.pin` for every node, one after another (the path before
+        `pin_many`): a transaction, a version lookup and a delivery per node."""
         director = self.services.director
         self.add_model_version(result.number)
         result.started = time.monotonic()
@@ -750,12 +768,20 @@ async def _bare_grpc(ca_pem: bytes, key_pem: bytes, cert_pem: bytes, conn: Any) 
         await server.stop(0)
 
 
+@dataclass(frozen=True)
+class PinRounds:
+    """How many changes go through `pin_many` (the fleet at once) and through `pin`."""
+
+    many: int
+    single: int
+
+
 async def grpc_phases(
-    plane: Plane, nodes: list[NodeIdentity], rounds: int, pin_rounds: int, processes: int
+    plane: Plane, nodes: list[NodeIdentity], rounds: int, pins: PinRounds, processes: int
 ) -> list[Phase]:
     return [
         await grpc_bare_phase(plane, nodes, rounds, processes),
-        await grpc_edgefleet_phase(plane, nodes, rounds, pin_rounds, processes),
+        await grpc_edgefleet_phase(plane, nodes, rounds, pins, processes),
     ]
 
 
@@ -823,7 +849,7 @@ async def _recv(conn: Any, timeout_s: float) -> Any:
 
 
 async def grpc_edgefleet_phase(
-    plane: Plane, nodes: list[NodeIdentity], rounds: int, pin_rounds: int, processes: int
+    plane: Plane, nodes: list[NodeIdentity], rounds: int, pins: PinRounds, processes: int
 ) -> Phase:
     from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
 
@@ -868,15 +894,16 @@ async def grpc_edgefleet_phase(
                     finish_round(result, await procs.wait_round(number, ROUND_TIMEOUT_S))
                     phase.rounds.append(result)
                     _print_round(result)
-            for _ in range(pin_rounds):
-                number = plane.next_change()
-                result = Round("grpc", "director.pin", number, phase.connected)
-                dropped = hub.dropped
-                await asyncio.to_thread(plane.pin_all, ids, result)
-                result.dropped = hub.dropped - dropped
-                finish_round(result, await procs.wait_round(number, ROUND_TIMEOUT_S))
-                phase.rounds.append(result)
-                _print_round(result)
+            for path, count in (("director.pin_many", pins.many), ("director.pin", pins.single)):
+                for _ in range(count):
+                    number = plane.next_change()
+                    result = Round("grpc", path, number, phase.connected)
+                    dropped = hub.dropped
+                    await asyncio.to_thread(_pin_round, plane, ids, result)
+                    result.dropped = hub.dropped - dropped
+                    finish_round(result, await procs.wait_round(number, ROUND_TIMEOUT_S))
+                    phase.rounds.append(result)
+                    _print_round(result)
             # The nodes leave first, while the loop still serves their streams' ends.
             await asyncio.to_thread(procs.stop)
         settle_incomplete(phase.rounds, procs)
@@ -885,6 +912,13 @@ async def grpc_edgefleet_phase(
             async with asyncio.timeout(STOP_TIMEOUT_S):
                 await server.stop(1.0)
     return phase
+
+
+def _pin_round(plane: Plane, ids: list[str], result: Round) -> None:
+    if result.path == "director.pin_many":
+        plane.pin_fleet(result)
+    else:
+        plane.pin_each(ids, result)
 
 
 async def _send_from_loop(plane: Plane, hub: Any, ids: list[str], result: Round) -> None:
@@ -988,7 +1022,7 @@ async def mqtt_phases(
     plane: Plane,
     nodes: list[NodeIdentity],
     rounds: int,
-    pin_rounds: int,
+    pins: PinRounds,
     processes: int,
     work: Path,
 ) -> list[Phase]:
@@ -1074,14 +1108,18 @@ async def mqtt_phases(
                 publisher.close()
             delivery = _mqtt_delivery(plane, bridge)
             try:
-                for _ in range(pin_rounds):
-                    number = plane.next_change()
-                    result = Round("mqtt", "director.pin", number, phase.connected)
-                    ids = [n.node_id for n in nodes]
-                    await asyncio.to_thread(plane.pin_all, ids, result)
-                    finish_round(result, await procs.wait_round(number, ROUND_TIMEOUT_S))
-                    phase.rounds.append(result)
-                    _print_round(result)
+                ids = [n.node_id for n in nodes]
+                for path, count in (
+                    ("director.pin_many", pins.many),
+                    ("director.pin", pins.single),
+                ):
+                    for _ in range(count):
+                        number = plane.next_change()
+                        result = Round("mqtt", path, number, phase.connected)
+                        await asyncio.to_thread(_pin_round, plane, ids, result)
+                        finish_round(result, await procs.wait_round(number, ROUND_TIMEOUT_S))
+                        phase.rounds.append(result)
+                        _print_round(result)
             finally:
                 plane.services.delivery.detach(delivery)
             await asyncio.to_thread(bridge.stop)
@@ -1173,13 +1211,13 @@ def _cell(seconds: float) -> str:
 
 def render(rows: list[dict[str, Any]], phases: list[Phase]) -> str:
     header = (
-        f"{'transport':<10}{'server':<26}{'path':<17}{'nodes':>7}{'last s':>8}{'p50 s':>7}"
+        f"{'transport':<10}{'server':<26}{'path':<19}{'nodes':>7}{'last s':>8}{'p50 s':>7}"
         f"{'p99 s':>7}{'sent s':>8}{'sign s':>8}{'rounds':>8}"
     )
     lines = ["fan-out: seconds from the first send until a node had it", header, "-" * len(header)]
     for r in rows:
         lines.append(
-            f"{r['transport']:<10}{r['server']:<26}{r['path']:<17}{r['nodes']:>7}"
+            f"{r['transport']:<10}{r['server']:<26}{r['path']:<19}{r['nodes']:>7}"
             f"{r['last_s']:>8.2f}{r['p50_s']:>7.2f}{r['p99_s']:>7.2f}{r['queued_s']:>8.2f}"
             f"{_cell(r['sign_s']):>8}{r['complete_rounds']:>5}/{r['rounds']:<2}"
         )
@@ -1187,7 +1225,8 @@ def render(rows: list[dict[str, Any]], phases: list[Phase]) -> str:
         "last/p50/p99: medians over rounds of when the last / median / 99th-percentile node "
         "had the change; sent: until the sender had handed over every message; sign: of "
         "which Ed25519 signing (hub and publish_desired paths sign one assignment per node in "
-        "the window; director.pin = the whole pin transaction per node, signing included)",
+        "the window; director.pin_many / director.pin: the whole pin path, signing "
+        "included)",
         "",
         "connections and memory (RSS growth of the server process / broker, per connected node)",
     ]
@@ -1240,8 +1279,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--pin-rounds",
         type=int,
-        default=1,
-        help="end-to-end changes through DirectorService.pin per transport (0: none)",
+        default=2,
+        help="end-to-end changes through DirectorService.pin_many per transport (0: none)",
+    )
+    parser.add_argument(
+        "--single-pin-rounds",
+        type=int,
+        default=0,
+        help="end-to-end changes through DirectorService.pin, one node at a time (about 40 s "
+        "per change for 10,000 nodes; the path before pin_many)",
     )
     parser.add_argument(
         "--node-processes",
@@ -1258,7 +1304,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if not transports or set(transports) - {"grpc", "mqtt"}:
         parser.error("--transports takes grpc and/or mqtt")
-    if args.nodes < 1 or args.rounds < 1 or args.node_processes < 0 or args.pin_rounds < 0:
+    if (
+        args.nodes < 1
+        or args.rounds < 1
+        or args.node_processes < 0
+        or args.pin_rounds < 0
+        or args.single_pin_rounds < 0
+    ):
         parser.error("--nodes, --rounds and --node-processes must be positive")
     args.transports = transports
     args.node_processes = args.node_processes or math.ceil(args.nodes / NODES_PER_PROCESS)
@@ -1291,6 +1343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pin_self(CP_CPU)
     load_start = os.getloadavg()
     phases: list[Phase] = []
+    pins = PinRounds(many=args.pin_rounds, single=args.single_pin_rounds)
     enroll_s = 0.0
     db_per_node = math.nan
     try:
@@ -1309,19 +1362,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if "grpc" in args.transports:
                     print("gRPC:", flush=True)
                     phases += asyncio.run(
-                        grpc_phases(plane, nodes, args.rounds, args.pin_rounds, args.node_processes)
+                        grpc_phases(plane, nodes, args.rounds, pins, args.node_processes)
                     )
                 if "mqtt" in args.transports:
                     print("MQTT:", flush=True)
                     phases += asyncio.run(
-                        mqtt_phases(
-                            plane,
-                            nodes,
-                            args.rounds,
-                            args.pin_rounds,
-                            args.node_processes,
-                            work,
-                        )
+                        mqtt_phases(plane, nodes, args.rounds, pins, args.node_processes, work)
                     )
             finally:
                 plane.close()
