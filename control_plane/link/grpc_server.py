@@ -51,6 +51,7 @@ from control_plane.link import wire
 from control_plane.link.desired import HubDelivery
 from control_plane.link.grpc_status import REASON_TRAILER, reason_of, status_for
 from control_plane.link.hub import DownlinkSession, LinkHub
+from control_plane.link.ingest import LoopGroupCommit
 from control_plane.nodes.service import Node, RefusalCounter
 from control_plane.services import Services
 from protos.edgefleet.fleet.v1 import link_pb2, link_pb2_grpc
@@ -303,7 +304,8 @@ def _unexpected(name: str) -> _InternalError:
 class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
     """The NodeLink methods: thin, each calls the services in a worker thread.
 
-    Database and store calls block, so they never run on the event loop.
+    Database and store calls block, so they never run on the event loop; node records
+    go through a `LoopGroupCommit`, one worker-thread hop per group of batches.
     """
 
     def __init__(
@@ -319,6 +321,8 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
         self._config = config
         self._refusals = refusals
         self.stats = stats
+        # Records of every stream share group commits (one transaction per group).
+        self._group_commit = LoopGroupCommit(services.records)
 
     # ------------------------------------------------------------ enrollment
 
@@ -496,7 +500,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
             try:
                 records = wire.incoming_records(message.records)
                 # Stored with the next group commit; the loop serves other streams meanwhile.
-                ids = await asyncio.wrap_future(self._services.records.submit(node_id, records))
+                ids = await self._group_commit.store(node_id, records)
             except InvalidInputError as exc:
                 self._refuse_message("records", node_id, exc)
                 return

@@ -15,13 +15,14 @@ CPU per message; see docs/benchmarks.md). A group that fails on a constraint (a 
 deleted meanwhile) is retried batch by batch, so one bad batch fails only itself; a
 database outage fails the whole group and every transport keeps its batches unacked.
 
-The insert bypasses the ORM: one `INSERT … SELECT FROM unnest(arrays)` on PostgreSQL (a
-constant statement, whatever the number of rows) and one `executemany` on SQLite, with
-timestamps written in the form `UTCDateTime` reads back.
+The insert bypasses the ORM: a binary `COPY` into a temporary staging table and one
+`INSERT … SELECT … ON CONFLICT DO NOTHING` on PostgreSQL, one `executemany` on SQLite
+with timestamps written in the form `UTCDateTime` reads back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import re
@@ -33,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from sqlalchemy import Connection, func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import Clock
@@ -44,7 +45,10 @@ __all__ = [
     "RECORD_KINDS",
     "IncomingRecord",
     "IngestLimits",
+    "LoopGroupCommit",
+    "Outcome",
     "RecordIngest",
+    "ValidatedBatch",
     "validate_batch",
 ]
 
@@ -54,13 +58,33 @@ RECORD_KINDS = frozenset({"event", "health"})
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _CONTENT_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]{1,32}/[A-Za-z0-9!#$&^_.+-]{1,31}$")
 
-_POSTGRESQL_INSERT: Final = (
+# PostgreSQL: binary COPY into a per-connection staging table, then one INSERT … SELECT
+# that skips what is stored already (COPY itself has no ON CONFLICT). About 1 µs of
+# Python per row against 10 µs for a multi-row INSERT or unnest of arrays.
+_POSTGRESQL_STAGE: Final = (
+    "CREATE TEMPORARY TABLE IF NOT EXISTS node_records_stage "
+    "(LIKE node_records INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_POSTGRESQL_COPY: Final = (
+    "COPY node_records_stage "
+    "(node_id, record_id, seq, kind, created_at, received_at, content_type, payload) "
+    "FROM STDIN (FORMAT BINARY)"
+)
+_POSTGRESQL_COPY_TYPES: Final = (
+    "varchar",
+    "varchar",
+    "int8",
+    "varchar",
+    "timestamptz",
+    "timestamptz",
+    "varchar",
+    "bytea",
+)
+_POSTGRESQL_MOVE: Final = (
     "INSERT INTO node_records "
     "(node_id, record_id, seq, kind, created_at, received_at, content_type, payload) "
-    "SELECT n, r, s, k, c, %s::timestamptz, t, p FROM unnest("
-    "%s::varchar[], %s::varchar[], %s::bigint[], %s::varchar[], %s::timestamptz[], "
-    "%s::varchar[], %s::bytea[]) AS u(n, r, s, k, c, t, p) "
-    "ON CONFLICT (node_id, record_id) DO NOTHING"
+    "SELECT node_id, record_id, seq, kind, created_at, received_at, content_type, payload "
+    "FROM node_records_stage ON CONFLICT (node_id, record_id) DO NOTHING"
 )
 _SQLITE_INSERT: Final = (
     "INSERT INTO node_records "
@@ -121,10 +145,25 @@ def validate_batch(records: Sequence[IncomingRecord], limits: IngestLimits) -> N
             )
 
 
-@dataclass(slots=True)
-class _Pending:
+@dataclass(frozen=True, slots=True)
+class ValidatedBatch:
+    """A node's batch that passed `validate_batch`; only `RecordIngest.validated` makes one."""
+
     node_id: str
     records: Sequence[IncomingRecord]
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.id for r in self.records]
+
+
+# What committing a group gives each of its batches: the ids to ack, or why not.
+Outcome = list[str] | InvalidInputError
+
+
+@dataclass(slots=True)
+class _Pending:
+    batch: ValidatedBatch
     future: Future[list[str]]
 
 
@@ -150,10 +189,32 @@ class RecordIngest:
 
         One transaction of its own, in the calling thread (tools and tests; the
         transports use `submit`)."""
-        validate_batch(records, self.limits)
+        batch = self.validated(node_id, records)
         if records:
-            self._store_group([(node_id, records)])
-        return [r.id for r in records]
+            self._store_group([batch])
+        return batch.ids
+
+    def validated(self, node_id: str, records: Sequence[IncomingRecord]) -> ValidatedBatch:
+        """The batch, checked against this ingest's limits (raises on a malformed one)."""
+        validate_batch(records, self.limits)
+        return ValidatedBatch(node_id, records)
+
+    def commit_group(self, batches: Sequence[ValidatedBatch]) -> list[Outcome]:
+        """Store many batches in one transaction; an outcome per batch, in order.
+
+        A constraint broken by one batch (its node was deleted meanwhile) fails only that
+        batch: the group is retried batch by batch. Anything else (the database is down)
+        raises and nothing is stored.
+        """
+        try:
+            self._store_group(batches)
+        except IntegrityError:
+            if len(batches) == 1:
+                return [_unstorable(batches[0].node_id)]
+            return [outcome for batch in batches for outcome in self.commit_group([batch])]
+        self.groups += 1
+        self.grouped_batches += len(batches)
+        return [batch.ids for batch in batches]
 
     def submit(self, node_id: str, records: Sequence[IncomingRecord]) -> Future[list[str]]:
         """Validate now (raises on a malformed batch), store with the next group commit.
@@ -162,7 +223,7 @@ class RecordIngest:
         error that kept it from committing. Raises `UnavailableError` when closed or when
         `max_queued_batches` are already waiting.
         """
-        validate_batch(records, self.limits)
+        batch = self.validated(node_id, records)
         future: Future[list[str]] = Future()
         if not records:
             future.set_result([])
@@ -173,7 +234,7 @@ class RecordIngest:
         try:
             # Never blocks (the gRPC side calls this on its event loop): a full queue is
             # the database falling behind, answered like an outage.
-            self._queue.put_nowait(_Pending(node_id, records, future))
+            self._queue.put_nowait(_Pending(batch, future))
         except queue.Full:
             raise UnavailableError(
                 f"{self.limits.max_queued_batches} batches are waiting for the database; "
@@ -233,7 +294,7 @@ class RecordIngest:
             # A future whose caller gave up (a cancelled gRPC stream) is dropped: nobody
             # would ack it, and the node resends what is not acked.
             group = [first] if first.future.set_running_or_notify_cancel() else []
-            rows = len(first.records)
+            rows = len(first.batch.records)
             while rows < self.limits.max_group_rows:
                 try:
                     item = self._queue.get_nowait()
@@ -241,29 +302,22 @@ class RecordIngest:
                     break
                 if item.future.set_running_or_notify_cancel():
                     group.append(item)
-                    rows += len(item.records)
+                    rows += len(item.batch.records)
             if group:
                 self._commit(group)
 
     def _commit(self, group: list[_Pending]) -> None:
         try:
-            self._store_group([(p.node_id, p.records) for p in group])
-        except IntegrityError:
-            if len(group) == 1:
-                _fail(group[0], group[0].node_id)
-                return
-            # One batch broke a constraint (its node was deleted meanwhile): find it.
-            for pending in group:
-                self._commit([pending])
-            return
+            outcomes = self.commit_group([p.batch for p in group])
         except Exception as exc:
             for pending in group:
                 pending.future.set_exception(exc)
             return
-        self.groups += 1
-        self.grouped_batches += len(group)
-        for pending in group:
-            pending.future.set_result([r.id for r in pending.records])
+        for pending, outcome in zip(group, outcomes, strict=True):
+            if isinstance(outcome, InvalidInputError):
+                pending.future.set_exception(outcome)
+            else:
+                pending.future.set_result(outcome)
 
     def _fail_waiting(self, error: Exception) -> None:
         while True:
@@ -274,52 +328,40 @@ class RecordIngest:
             if pending.future.set_running_or_notify_cancel():
                 pending.future.set_exception(error)
 
-    def _store_group(self, batches: Sequence[tuple[str, Sequence[IncomingRecord]]]) -> None:
+    def _store_group(self, batches: Sequence[ValidatedBatch]) -> None:
         received_at = self._clock.now()
         with self._sessions() as session:
             _insert(session.connection(), batches, received_at)
             session.commit()
 
 
-def _fail(pending: _Pending, node_id: str) -> None:
-    pending.future.set_exception(
-        InvalidInputError(
-            f"records of node {node_id!r} cannot be stored (unknown node?)",
-            node_id=node_id,
-            reason="constraint",
-        )
+def _unstorable(node_id: str) -> InvalidInputError:
+    return InvalidInputError(
+        f"records of node {node_id!r} cannot be stored (unknown node?)",
+        node_id=node_id,
+        reason="constraint",
     )
 
 
 def _insert(
     connection: Connection,
-    batches: Sequence[tuple[str, Sequence[IncomingRecord]]],
+    batches: Sequence[ValidatedBatch],
     received_at: datetime,
 ) -> None:
     dialect = connection.dialect.name
     if dialect == "postgresql":
-        node_ids: list[str] = []
-        for node_id, records in batches:
-            node_ids.extend([node_id] * len(records))
-        every = [r for _, records in batches for r in records]
-        connection.exec_driver_sql(
-            _POSTGRESQL_INSERT,
-            (
-                received_at,
-                node_ids,
-                [r.id for r in every],
-                [r.seq for r in every],
-                [r.kind for r in every],
-                [r.created_at for r in every],
-                [r.content_type for r in every],
-                [r.payload for r in every],
-            ),
-        )
+        dbapi = connection.dialect.loaded_dbapi
+        try:
+            _copy_postgresql(connection, batches, received_at)
+        except dbapi.Error as exc:
+            # The driver's own error, as SQLAlchemy would have raised it (IntegrityError,
+            # OperationalError, ...), so callers handle one family of errors.
+            raise DBAPIError.instance(_POSTGRESQL_COPY, None, exc, dbapi.Error) from exc
     elif dialect == "sqlite":
         received = _sqlite_datetime(received_at)
         rows: list[tuple[Any, ...]] = [
             (
-                node_id,
+                batch.node_id,
                 r.id,
                 r.seq,
                 r.kind,
@@ -328,13 +370,118 @@ def _insert(
                 r.content_type,
                 r.payload,
             )
-            for node_id, records in batches
-            for r in records
+            for batch in batches
+            for r in batch.records
         ]
         connection.exec_driver_sql(_SQLITE_INSERT, rows)
     else:
         raise InvalidInputError(f"record ingestion does not support the {dialect} dialect")
 
 
+def _copy_postgresql(
+    connection: Connection,
+    batches: Sequence[ValidatedBatch],
+    received_at: datetime,
+) -> None:
+    driver = connection.connection.driver_connection
+    with driver.cursor() as cursor:  # type: ignore[union-attr]
+        cursor.execute(_POSTGRESQL_STAGE)
+        with cursor.copy(_POSTGRESQL_COPY) as copy:
+            copy.set_types(_POSTGRESQL_COPY_TYPES)
+            for batch in batches:
+                node_id = batch.node_id
+                for r in batch.records:
+                    copy.write_row(
+                        (
+                            node_id,
+                            r.id,
+                            r.seq,
+                            r.kind,
+                            r.created_at,
+                            received_at,
+                            r.content_type,
+                            r.payload,
+                        )
+                    )
+        cursor.execute(_POSTGRESQL_MOVE)
+        # ON COMMIT DELETE ROWS empties the stage; a rollback discards it too.
+
+
 def _sqlite_datetime(value: datetime) -> str:
     return value.astimezone(UTC).replace(tzinfo=None).strftime(_SQLITE_DATETIME)
+
+
+class LoopGroupCommit:
+    """Group commit for callers on one asyncio loop (the gRPC link server).
+
+    `store` parks the batch with a loop future; one flusher at a time hands everything
+    parked to `RecordIngest.commit_group` in a worker thread and resolves the futures on
+    the loop. So a message costs the loop a future, not a thread hop of its own; while
+    one group commits, the next gathers. Waiting batches are bounded like `submit`'s.
+    """
+
+    def __init__(self, ingest: RecordIngest) -> None:
+        self._ingest = ingest
+        self._parked: list[tuple[ValidatedBatch, asyncio.Future[list[str]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def store(self, node_id: str, records: Sequence[IncomingRecord]) -> list[str]:
+        """Validate (raises on a malformed batch), then return the ids once committed."""
+        batch = self._ingest.validated(node_id, records)
+        if not records:
+            return []
+        limits = self._ingest.limits
+        if len(self._parked) >= limits.max_queued_batches:
+            raise UnavailableError(
+                f"{limits.max_queued_batches} batches are waiting for the database; retry later",
+                reason="ingest-backlog",
+            )
+        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self._parked.append((batch, future))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush(), name="record-group-commit")
+        # Shielded: a stream that ends meanwhile must not cancel its neighbours' commit.
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        try:
+            while self._parked:
+                group = self._take()
+                try:
+                    outcomes = await asyncio.to_thread(
+                        self._ingest.commit_group, [batch for batch, _ in group]
+                    )
+                except Exception as exc:
+                    for _, future in group:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), outcome in zip(group, outcomes, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(outcome, InvalidInputError):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+        except asyncio.CancelledError:
+            # The server is stopping: nobody will commit what is parked; its senders
+            # get an error (their nodes resend after reconnecting).
+            parked, self._parked = self._parked, []
+            for _, future in parked:
+                if not future.done():
+                    future.set_exception(UnavailableError("the link server is stopping"))
+            raise
+        finally:
+            self._flusher = None
+
+    def _take(self) -> list[tuple[ValidatedBatch, asyncio.Future[list[str]]]]:
+        limit = self._ingest.limits.max_group_rows
+        rows = 0
+        count = 0
+        for batch, _ in self._parked:
+            if count and rows + len(batch.records) > limit:
+                break
+            rows += len(batch.records)
+            count += 1
+        group, self._parked = self._parked[:count], self._parked[count:]
+        return group

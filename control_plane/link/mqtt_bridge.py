@@ -259,6 +259,7 @@ class MqttBridge:
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
         client.on_publish = self._on_publish
+        client.on_socket_open = _no_delay
         self._client = client
         for index, inbox in enumerate(self._queues):
             worker = threading.Thread(
@@ -765,3 +766,9 @@ async def bridge_running(services: Services) -> AsyncIterator[MqttBridge | None]
         # Shielded: the lifespan's task group is usually cancelled by the time we get here.
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(bridge.stop)
+
+
+def _no_delay(client: mqtt.Client, userdata: Any, sock: Any) -> None:
+    """Acks and PUBACKs go out at once (paho leaves Nagle's algorithm on)."""
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -36,6 +36,7 @@ import collections
 import contextlib
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -237,6 +238,7 @@ class MqttNodeLink(NodeLink):
         if config.will_delay_s > 0:
             properties.WillDelayInterval = config.will_delay_s
         client.will_set(self.topic("status"), payload, qos=1, retain=False, properties=properties)
+        client.on_socket_open = _no_delay
         return client
 
     async def _open(self, conn: _Connection) -> None:
@@ -481,3 +483,13 @@ class MqttNodeLink(NodeLink):
 
         with anyio.CancelScope(shield=True):  # also runs when connect() was cancelled
             await anyio.to_thread.run_sync(shut)
+
+
+def _no_delay(client: mqtt.Client, userdata: Any, sock: Any) -> None:
+    """Send small packets (a batch of one, a PUBACK) at once, not after a delayed ACK.
+
+    paho leaves Nagle's algorithm on; with it a stop-and-wait exchange waits tens of
+    milliseconds per round trip. A socket that is not TCP (a test double) is left alone.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -162,6 +163,14 @@ async def test_hello_on_connect_and_records_split_by_kind(peer: Peer, link: Mqtt
     assert ids("events") == [r.id for r in events]
     assert ids("health") == [r.id for r in health]
     assert all(m.qos == 1 for m in peer.received)
+
+
+async def test_small_packets_are_not_held_back_by_nagle(link: MqttNodeLink) -> None:
+    await link.connect(link_pb2.Hello(agent_version="1.0.0"))
+    assert link._conn is not None
+    sock = link._conn.client.socket()
+    assert sock is not None
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 
 async def test_incoming_yields_downlink_messages_and_skips_garbage(

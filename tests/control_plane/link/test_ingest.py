@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import ManualClock
 from control_plane.errors import InvalidInputError, PayloadTooLargeError, UnavailableError
-from control_plane.link.ingest import IncomingRecord, IngestLimits, RecordIngest, validate_batch
+from control_plane.link.ingest import (
+    IncomingRecord,
+    IngestLimits,
+    LoopGroupCommit,
+    RecordIngest,
+    validate_batch,
+)
 from control_plane.nodes.service import NodeService
 from control_plane.storage.models import NodeRecordRow
 from tests.control_plane.identity.helpers import make_csr
@@ -253,3 +260,83 @@ def test_stored_timestamps_read_back_exactly_through_the_orm(
             )
         ).all()
     assert later == [] and earlier == [sent.id]
+
+
+# ------------------------------------------------------- group commit on a loop
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_streams_on_one_loop_share_group_commits(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    gate = GatedSessions(sessions)
+    ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
+    groups = LoopGroupCommit(ingest)
+    first = asyncio.create_task(groups.store(node_id, [record(1)]))
+    assert await asyncio.to_thread(gate.entered.wait, 10)
+    batches = [[record(10 * i + j) for j in range(1, 4)] for i in range(1, 11)]
+    rest = [asyncio.create_task(groups.store(node_id, b)) for b in batches]
+    await asyncio.sleep(0.05)
+    assert not any(task.done() for task in rest)
+    gate.open.set()
+    assert len(await asyncio.wait_for(first, 10)) == 1
+    for task, sent in zip(rest, batches, strict=True):
+        assert await asyncio.wait_for(task, 10) == [r.id for r in sent]
+    assert (ingest.groups, ingest.grouped_batches) == (2, 11)
+    assert ingest.count(node_id) == 31
+
+
+@pytest.mark.anyio
+async def test_a_stream_that_ends_does_not_cancel_its_neighbours(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    gate = GatedSessions(sessions)
+    ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
+    groups = LoopGroupCommit(ingest)
+    held = asyncio.create_task(groups.store(node_id, [record(1)]))
+    assert await asyncio.to_thread(gate.entered.wait, 10)
+    gone = asyncio.create_task(groups.store(node_id, [record(2)]))
+    kept = asyncio.create_task(groups.store(node_id, [record(3)]))
+    await asyncio.sleep(0.05)
+    gone.cancel()  # its stream ended; the group it joined commits anyway
+    gate.open.set()
+    assert await asyncio.wait_for(held, 10) and await asyncio.wait_for(kept, 10)
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert ingest.count(node_id) == 3  # stored, never acked: the node resends, deduplicated
+
+
+@pytest.mark.anyio
+async def test_loop_group_commit_errors_and_limits(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    def down() -> Session:
+        raise OperationalError("COPY", {}, ConnectionRefusedError("database down (test)"))
+
+    failing = LoopGroupCommit(RecordIngest(down, clock))  # type: ignore[arg-type]
+    with pytest.raises(OperationalError):
+        await failing.store(node_id, [record(1)])
+    with pytest.raises(InvalidInputError, match="seq"):
+        await failing.store(node_id, [record(0)])
+    assert await failing.store(node_id, []) == []
+
+    gate = GatedSessions(sessions)
+    ingest = RecordIngest(gate, clock, IngestLimits(max_queued_batches=1))  # type: ignore[arg-type]
+    groups = LoopGroupCommit(ingest)
+    held = asyncio.create_task(groups.store(node_id, [record(2)]))
+    assert await asyncio.to_thread(gate.entered.wait, 10)
+    parked = asyncio.create_task(groups.store(node_id, [record(3)]))
+    await asyncio.sleep(0.05)
+    with pytest.raises(UnavailableError, match="waiting for the database"):
+        await groups.store(node_id, [record(4)])
+    orphan = asyncio.create_task(LoopGroupCommit(ingest).store("no-such-node", [record(5)]))
+    gate.open.set()
+    assert await asyncio.wait_for(held, 10) and await asyncio.wait_for(parked, 10)
+    with pytest.raises(InvalidInputError, match="cannot be stored"):
+        await asyncio.wait_for(orphan, 10)
+    assert ingest.count(node_id) == 2

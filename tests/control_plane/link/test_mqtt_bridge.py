@@ -370,6 +370,13 @@ async def test_a_database_outage_delays_the_ack_until_the_commit(
         bridge.stop()
 
 
+def test_the_bridge_sends_small_packets_at_once(bridge: MqttBridge) -> None:
+    assert bridge._client is not None
+    sock = bridge._client.socket()
+    assert sock is not None
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
 async def test_the_doorbell_is_retained_for_nodes_that_connect_later(
     services: Services, bridge: MqttBridge, link: MqttNodeLink, node: MqttNode
 ) -> None:
