@@ -68,6 +68,7 @@ TRANSPORTS: Final = ("grpc", "mqtt", "rest")
 _MAX_AGENT_VERSION: Final = 64
 _MAX_NODE_ID: Final = 64
 _MAX_LISTED_TOKENS: Final = 1000
+_MAX_TOUCHED: Final = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,8 @@ class NodeService:
         self._config = config or NodeConfig()
         self._mutations = AuditedMutations(sessions, clock)
         self.refusals = RefusalCounter()
+        # node id -> when this process last wrote its last_seen (see `touch`).
+        self._touched: dict[str, datetime] = {}
 
     @property
     def ca(self) -> CertificateAuthority:
@@ -433,6 +436,7 @@ class NodeService:
             if row.revoked_at is None:
                 row.revoked_at = self._clock.now()
             row.online = False
+            self._touched.pop(node_id, None)
             session.flush()
             node = _node(row, _fleet_name(session, row.fleet_id))
         return node
@@ -537,8 +541,17 @@ class NodeService:
             raise
 
     def touch(self, node_id: str, now: datetime | None = None) -> None:
-        """A heartbeat: the node is online; last_seen moves (at most every few seconds)."""
+        """A heartbeat: the node is online; last_seen moves (at most every few seconds).
+
+        Within `touch_resolution` of this process's last write for the node the call
+        returns without a database round trip (a heartbeat was one UPDATE per message).
+        Marking the node offline here forgets that write; one marked offline by another
+        replica shows online again at the first heartbeat after the resolution.
+        """
         now = now or self._clock.now()
+        last = self._touched.get(node_id)
+        if last is not None and timedelta(0) <= now - last < self._config.touch_resolution:
+            return
         with self._write_session() as session:
             session.execute(
                 update(NodeRow)
@@ -555,12 +568,17 @@ class NodeService:
                 .execution_options(synchronize_session=False)
             )
             session.commit()
+        if len(self._touched) >= _MAX_TOUCHED:
+            self._touched.clear()
+        self._touched[node_id] = now
 
     def set_online(self, node_id: str, online: bool, now: datetime | None = None) -> bool:
         """Connection opened (True) or closed / MQTT Last Will (False); False if no such node."""
         values: dict[str, Any] = {"online": online}
         if online:
             values["last_seen"] = now or self._clock.now()
+        else:
+            self._touched.pop(node_id, None)
         with self._write_session() as session:
             query = update(NodeRow).where(NodeRow.id == node_id)
             if online:
@@ -598,6 +616,8 @@ class NodeService:
                 )
             )
             session.commit()
+        for node_id in ids:
+            self._touched.pop(node_id, None)
         if ids:
             log.info("nodes went offline (no heartbeat)", extra={"node_ids": ids[:100]})
         return ids

@@ -407,6 +407,43 @@ def test_heartbeats_write_at_most_every_few_seconds(nodes: NodeService, clock: M
     assert nodes.get_node(enrolled.node_id).last_seen == START + timedelta(seconds=6)
 
 
+class CountingSessions:
+    """Counts the transactions a service opens."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+        self.opened = 0
+
+    def __call__(self) -> Session:
+        self.opened += 1
+        return self._sessions()
+
+
+def test_heartbeats_within_the_resolution_cost_no_database_call(
+    nodes: NodeService, sessions: sessionmaker[Session], clock: ManualClock
+) -> None:
+    enrolled = enroll(nodes)
+    counting = CountingSessions(sessions)
+    quiet = NodeService(counting, nodes.ca, clock)  # type: ignore[arg-type]
+    quiet.touch(enrolled.node_id)
+    for _ in range(10):
+        clock.advance(timedelta(milliseconds=400))
+        quiet.touch(enrolled.node_id)
+    assert counting.opened == 1
+    # Marked offline (stream closed, Last Will): the next heartbeat writes again at once.
+    quiet.set_online(enrolled.node_id, False)
+    clock.advance(timedelta(milliseconds=100))
+    quiet.touch(enrolled.node_id)
+    assert quiet.get_node(enrolled.node_id).online
+    # Offline by the stale sweep: the same.
+    clock.advance(timedelta(minutes=5))
+    quiet.touch(enrolled.node_id)
+    clock.advance(timedelta(minutes=2))
+    assert quiet.mark_offline_stale() == [enrolled.node_id]
+    quiet.touch(enrolled.node_id)
+    assert quiet.get_node(enrolled.node_id).online
+
+
 def test_reported_state_is_bounded_plain_json(nodes: NodeService) -> None:
     enrolled = enroll(nodes)
     with pytest.raises(InvalidInputError):
