@@ -277,6 +277,7 @@ class Agent:
                 model_health=self.model_health,
                 initial_model=config.model_path,
                 fault_point=self._fault_point,
+                hello=self._hello,
             )
         self.updater = updater
         uplink = Uplink(

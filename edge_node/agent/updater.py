@@ -17,7 +17,9 @@ model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it:
 - Every phase becomes an `UpdateStatus` on the link. The control plane keeps only the
   latest status of a node and a Hello resets it, so the last status is sent again after
   every (re)connect (`on_connect`); a status sent while the link is down is not queued
-  — the last one is what counts, and it is always sent again.
+  — the last one is what counts, and it is always sent again. When an update changed
+  what the node runs, a fresh Hello (`hello`) goes out first, so the control plane's
+  view of the active and installed targets is current without waiting for a reconnect.
 
 `fault_point(name)` is a test seam, inert unless given: called with each reported phase
 (right after its journal write) and with "activated" (right after a hot swap, before the
@@ -114,6 +116,7 @@ class NodeUpdater:
         model_health: Callable[[], ModelHealth | None],
         initial_model: Path | None = None,
         fault_point: FaultPoint | None = None,
+        hello: Callable[[], link_pb2.Hello] | None = None,
     ) -> None:
         self._config = config
         self._files = files
@@ -125,6 +128,7 @@ class NodeUpdater:
         self._model_health = model_health
         self._initial_model = initial_model
         self._fault_point = fault_point
+        self._hello = hello
         self._journal = Journal(self._data_dir / JOURNAL_PATH, clock)
         self._store: ModelStore | None = None
         self._reconciler: Reconciler | None = None
@@ -267,10 +271,12 @@ class NodeUpdater:
             reason, detail = self._trust_problem
             await self._report(UpdateReport(UpdatePhase.FAILED, reason=reason, detail=detail))
             return
+        before = self.running()
         outcome = await self.reconciler.apply(signed)
         _log_outcome(outcome)
         if outcome.kind is OutcomeKind.APPLIED and outcome.target is not None:
             self._arm_watch(outcome.target)
+        await self._announce(before)
 
     def _arm_watch(self, target: ModelRef) -> None:
         watchdog = self._config.watchdog
@@ -297,10 +303,12 @@ class NodeUpdater:
             if verdict is not None:
                 self._watch = None
                 log.warning("watchdog: %s fails (%s); reverting", watch.target.path, verdict.detail)
+                before = self.running()
                 outcome = await self.reconciler.revert_active(
                     watch.target, verdict.reason, verdict.detail
                 )
                 _log_outcome(outcome)
+                await self._announce(before)
                 return
         if anyio.current_time() >= watch.deadline:
             self._watch = None
@@ -326,11 +334,17 @@ class NodeUpdater:
             )
             _log_outcome(outcome)
             return reconciler.state or state
+        detail = "served again after a restart"
         if state.probation is not None:
             if self._config.watchdog.enabled:
                 self._arm_watch(active)  # a clean stop paused it: watch a full window again
+                detail += f"; on watch for {self._config.watchdog.window_s:g}s again"
             else:
                 state = await reconciler.end_probation(active)
+        # The control plane forgets a node's last status at its Hello: say what runs.
+        await self._report(
+            UpdateReport(UpdatePhase.ACTIVE, active.path, state.director_sequence, detail=detail)
+        )
         return state
 
     def _director_keys(self) -> list[Key]:
@@ -386,6 +400,15 @@ class NodeUpdater:
         self._last_status = message
         self._fault(report.phase.value)
         await self._send(message)
+
+    async def _announce(self, before: RunningState) -> None:
+        """What the node runs changed: a Hello says so, then the last status again (the
+        Hello resets it upstream)."""
+        if self._hello is None or self.running() == before:
+            return
+        await self._send(node_message(hello=self._hello()))
+        if self._last_status is not None:
+            await self._send(self._last_status)
 
     async def _send(self, message: link_pb2.NodeMessage) -> None:
         try:

@@ -17,8 +17,10 @@ Decisions:
   it blindly would loop. It counts as a failed attempt of that target.
 - Re-delivery of the very assignment last accepted (same sequence, e.g. the retained MQTT
   doorbell or a reconnect) is a no-op when its target is active, and a bounded retry
-  (`max_attempts`) when its last trial failed — so a cut link or a crash is retried
-  without the director having to re-sign, and a bad model is not retried forever.
+  (`max_attempts`) when its last trial failed for a reason that may pass (`RETRIED`: a
+  cut link, a restart, an activation refused while stopping) — so those are retried
+  without the director having to re-sign. A model that failed on its merits (hash,
+  self-test, watchdog) is not retried by re-delivery: a new pin retries it.
 - A refusal for lack of disk space happens before the sequence is accepted, so the same
   assignment is applied once space is free.
 - A restart that finds the active model still on watch (a probation not `paused` by a
@@ -89,6 +91,10 @@ _GIB: Final = 1 << 30
 _MAX_DETAIL: Final = 400
 RESTART_REASON: Final = "interrupted by a restart"
 PROBATION_RESTART_REASON: Final = "restarted-on-watch"
+RETRIED: Final = frozenset(
+    {"link-unavailable", "activate-failed", RESTART_REASON, PROBATION_RESTART_REASON}
+)
+"""Failure reasons (journal `last_error`) that a re-delivery of the assignment retries."""
 
 
 class UpdatePhase(StrEnum):
@@ -275,7 +281,7 @@ class Reconciler:
                 or state.failed.sha256 != target.sha256
                 or (state.active is not None and state.active.sha256 == target.sha256)
             )
-            if handled:
+            if handled or state.last_error not in RETRIED:
                 return Outcome(OutcomeKind.UNCHANGED, "replayed", target, sequence)
             if state.attempts >= self._limits.max_attempts:
                 return await self._rejected("too-many-attempts", None, target, sequence)

@@ -342,3 +342,25 @@ async def test_other_control_messages_are_left_alone(world: World) -> None:
     await updater.on_control(link_pb2.ControlMessage(ack=link_pb2.Ack(record_ids=["x"])))
     await updater.on_control(link_pb2.ControlMessage(desired=link_pb2.DesiredState()))
     assert updater.applied == 0
+
+
+async def test_a_change_of_model_is_announced_by_a_fresh_hello(world: World) -> None:
+    node = make_updater(
+        world,
+        Runtime(),
+        watchdog=WatchdogConfig(window_s=0),
+        hello=lambda: link_pb2.Hello(agent_version="test", active_target="from-the-journal"),
+    )
+    updater = node.updater
+    rel = world.releases["1.0.0"]
+    async with running(node):
+        await applied(world, updater, rel)
+        await until(lambda: [m.WhichOneof("body") for m in world.peer.sent][-2:-1] == ["hello"])
+        # A re-delivery changes nothing: no Hello for it.
+        sent = len(world.peer.sent)
+        await updater.on_control(desired(world.assign(rel, sequence=1)))
+        await until(lambda: updater.applied == 2)
+    kinds = [m.WhichOneof("body") for m in world.peer.sent]
+    assert kinds[-2:] == ["hello", "update_status"]
+    assert len(world.peer.sent) == sent
+    assert world.peer.sent[-1].update_status.phase == "active"  # sent again after it

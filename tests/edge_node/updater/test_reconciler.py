@@ -184,6 +184,22 @@ async def test_redelivery_retries_a_transient_failure(world: World) -> None:
     assert world.journal.load().active == ModelRef(rel.path, rel.sha256)
 
 
+async def test_redelivery_does_not_retry_a_model_that_failed_on_its_merits(
+    world: World,
+) -> None:
+    await install_first(world)
+    bad = world.release("2.0.0", add=3.0, counter=3, reference_add=4.0)
+    signed = world.assign(bad)
+    assert (await world.reconciler().apply(signed)).kind is OutcomeKind.REVERTED
+    reports = len(world.reports)
+    again = await world.reconciler().apply(signed)  # e.g. at every reconnect's Hello
+    assert (again.kind, again.reason) == (OutcomeKind.UNCHANGED, "replayed")
+    assert len(world.reports) == reports
+    # A new pin of it (a new sequence) is a new decision: it is tried again.
+    assert (await world.reconciler().apply(world.assign(bad))).kind is OutcomeKind.REVERTED
+    assert world.journal.load().attempts == 2
+
+
 async def test_redelivery_gives_up_after_max_attempts(world: World) -> None:
     rel = world.releases["1.0.0"]
     world.peer.artifacts[rel.sha256] = rel.data[:10]

@@ -1,0 +1,212 @@
+"""A whole control plane (REST + gRPC) with a signed fleet, and node agents that update
+from it: the fixtures of the end-to-end update tests.
+
+The fleet `parks` gets `det` 1.0.0 and 1.1.0 (`sample_models.tiny_detector`, input
+[1,3,32,32]) pushed and signed as an operator does; more versions can be pushed and
+revoked. Tests may import `control_plane`; the agent under test does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from control_plane.cli.client import ApiClient
+from control_plane.cli.release import ReleaseClient
+from control_plane.registry import sample_models
+from control_plane.services import ServiceConfig
+from control_plane.trust.keys import OperatorKeyset, init_operator_keys
+from edge_node.config import AgentConfig
+from edge_node.link.base import Backoff
+from edge_node.link.uplink import UplinkConfig
+from edge_node.runtime.config import RuntimeConfig, StreamConfig
+from edge_node.updater.config import UpdaterConfig
+from edge_node.updater.watchdog import WatchdogConfig
+from tests.control_plane.link.desired_support import FLEET, RunningPlane, running_plane
+from tests.control_plane.link.grpc_support import ADMIN, node_settings
+
+MODEL = "det"
+SIZE = 32
+FAST_UPLINK = UplinkConfig(
+    idle_poll_s=0.02, heartbeat_s=0.5, ack_timeout_s=3.0, backoff=Backoff(0.05, 0.5)
+)
+QUICK_WATCH = WatchdogConfig(
+    window_s=1.0, max_errors=3, max_error_ratio=0.5, min_frames=10, poll_s=0.05
+)
+
+
+def target_path(version: str) -> str:
+    return f"models/{MODEL}/{version}/model.onnx"
+
+
+@dataclass
+class UpdateStatuses:
+    """Every UpdateStatus the control plane stored, per node, in order."""
+
+    seen: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def of(self, node_id: str) -> list[dict[str, Any]]:
+        return list(self.seen.get(node_id, []))
+
+    def phases(self, node_id: str) -> list[tuple[str, str]]:
+        return [(s["phase"], s["target_path"]) for s in self.of(node_id)]
+
+
+@dataclass
+class FleetPlane:
+    running: RunningPlane
+    keyset: OperatorKeyset
+    workdir: Path
+    statuses: UpdateStatuses
+    sha256: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def services(self) -> Any:
+        return self.running.services
+
+    def _release(self, do: Callable[[ReleaseClient], Any]) -> Any:
+        with ApiClient(self.running.url, self.running.admin_token) as api:
+            return do(ReleaseClient(api, self.keyset))
+
+    async def push(self, model: Path, version: str, reference_input: Path | None = None) -> None:
+        def push(release: ReleaseClient) -> None:
+            release.push_model(
+                FLEET, model, name=MODEL, version=version, reference_input=reference_input
+            )
+
+        await anyio.to_thread.run_sync(self._release, push)
+        self.sha256[version] = hashlib.sha256(model.read_bytes()).hexdigest()
+
+    async def revoke(self, version: str) -> None:
+        """Raise the model's signed floor above `version`."""
+        await anyio.to_thread.run_sync(
+            self._release, lambda release: release.revoke(FLEET, MODEL, version)
+        )
+
+    async def pin(self, node_id: str, version: str) -> dict[str, Any]:
+        """`edgefleet nodes pin` through the live REST API."""
+        headers = {"Authorization": f"Bearer {self.running.admin_token}"}
+        async with httpx.AsyncClient(base_url=self.running.url, headers=headers) as http:
+            response = await http.post(
+                f"/v1/nodes/{node_id}/pin", json={"model": MODEL, "version": version}
+            )
+        assert response.status_code == 201, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    def token(self) -> str:
+        token, _ = self.services.nodes.create_bootstrap_token(ADMIN, FLEET, {}, timedelta(hours=1))
+        return str(token)
+
+    def ca_file(self) -> Path:
+        path = self.workdir / "fleet-ca.pem"
+        path.write_bytes(self.services.ca.ca_pem)
+        return path
+
+    def node_config(self, data_dir: Path, **overrides: Any) -> AgentConfig:
+        """An agent with one camera stream and a one-second watchdog window."""
+        values: dict[str, Any] = {
+            "data_dir": data_dir,
+            "link": node_settings(self.running.node_target),
+            "enroll_address": self.running.enroll_target,
+            "bootstrap_token": self.token(),
+            "ca_file": self.ca_file(),
+            "health_interval_s": 0.5,
+            "shutdown_deadline_s": 5.0,
+            "uplink": FAST_UPLINK,
+            "runtime": RuntimeConfig(streams=(StreamConfig("cam", target_fps=200),)),
+            "updater": UpdaterConfig(watchdog=QUICK_WATCH, selftest_latency_budget_s=5.0),
+        }
+        values.update(overrides)
+        return AgentConfig(**values)
+
+    def reported(self, node_id: str) -> dict[str, Any]:
+        state: dict[str, Any] = self.services.nodes.get_node(node_id).reported_state or {}
+        return state
+
+
+@asynccontextmanager
+async def fleet_plane(config: ServiceConfig, workdir: Path) -> AsyncIterator[FleetPlane]:
+    """A running control plane whose fleet holds det 1.0.0 and 1.1.0, and a record of
+    every update status it stores."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    async with running_plane(config) as running:
+        keyset = await anyio.to_thread.run_sync(
+            lambda: init_operator_keys(
+                workdir / "keys", root_keys=1, root_threshold=1, passphrase=None
+            )
+        )
+        statuses = UpdateStatuses()
+        nodes = running.services.nodes
+        record = nodes.record_update_status
+
+        def recording(node_id: str, status: Any, now: Any = None) -> Any:
+            node = record(node_id, status, now)
+            statuses.seen.setdefault(node_id, []).append(dict(status))
+            return node
+
+        nodes.record_update_status = recording  # the gRPC server calls it per message
+        plane = FleetPlane(running, keyset, workdir, statuses)
+        await anyio.to_thread.run_sync(plane._release, lambda release: release.create_fleet(FLEET))
+        for seed, version in enumerate(("1.0.0", "1.1.0")):
+            model = sample_models.tiny_detector(workdir / f"det-{version}.onnx", seed=seed)
+            await plane.push(model, version)
+        yield plane
+
+
+async def until(condition: Callable[[], object], timeout: float = 20.0) -> None:
+    """Poll `condition` (it may read the database) until true, bounded."""
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.02)
+
+
+# ------------------------------------------------------------- models that misbehave
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _image_input() -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, SIZE, SIZE])
+
+
+def fragile_model(path: Path) -> Path:
+    """Fine on its reference input (values in [0, 1)) and on dark frames; a frame with a
+    white pixel (1.0 after scaling) makes it index past the end of a table, which ONNX
+    Runtime refuses: a model that passes its self-test and then fails on the cameras."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMax", ["images"], ["peak"], keepdims=0),
+            helper.make_node("Floor", ["peak"], ["floored"]),
+            helper.make_node("Cast", ["floored"], ["index"], to=TensorProto.INT64),
+            helper.make_node("Gather", ["table", "index"], ["score"], axis=0),
+        ],
+        "fragile",
+        inputs=[_image_input()],
+        outputs=[helper.make_tensor_value_info("score", TensorProto.FLOAT, [])],
+        initializer=[numpy_helper.from_array(np.array([0.5], dtype=np.float32), "table")],
+    )
+    return _save(graph, path)
+
+
+def frame(value: int) -> np.ndarray[Any, Any]:
+    """A camera frame (HxWx3 uint8) of one grey level."""
+    return np.full((SIZE, SIZE, 3), value, dtype=np.uint8)
