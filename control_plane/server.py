@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Final
 
@@ -38,6 +39,7 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
 HTTP_SHUTDOWN_S: Final = 10.0
 GRPC_GRACE_S: Final = 5.0
 STOP_DEADLINE_S: Final = 15.0
+GIL_SWITCH_INTERVAL_S: Final = 0.001
 
 
 class _Uvicorn(uvicorn.Server):
@@ -134,6 +136,11 @@ def serve(settings: ServerSettings) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # The event loop, gRPC's threads, the record writer and the MQTT bridge hand the GIL
+    # to each other around every database and socket call. With CPython's default 5 ms
+    # switch interval a thread back from PostgreSQL can wait that long for a busy loop to
+    # let go, several times per group commit; 1 ms keeps acks prompt (docs/benchmarks.md).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     services: Services = build_services(service_config(settings))
     if services.admin_token_file.exists():
         log.info("admin token file: %s", services.admin_token_file)

@@ -95,6 +95,8 @@ _SQLITE_INSERT: Final = (
 # How SQLAlchemy's SQLite DateTime stores a (naive UTC) datetime; UTCDateTime reads it.
 _SQLITE_DATETIME: Final = "%Y-%m-%d %H:%M:%S.%f"
 _STOP_POLL_S: Final = 0.5
+# Set in a pooled connection's info once its temporary staging table has committed.
+_STAGE_READY: Final = "edgefleet.node_records_stage"
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +333,13 @@ class RecordIngest:
     def _store_group(self, batches: Sequence[ValidatedBatch]) -> None:
         received_at = self._clock.now()
         with self._sessions() as session:
-            _insert(session.connection(), batches, received_at)
+            connection = session.connection()
+            info = connection.connection.info  # stays with the pooled DBAPI connection
+            _insert(connection, batches, received_at)
             session.commit()
+            # The staging table exists on this connection from now on (a rollback before
+            # this line would have taken it with it).
+            info[_STAGE_READY] = True
 
 
 def _unstorable(node_id: str) -> InvalidInputError:
@@ -385,7 +392,8 @@ def _copy_postgresql(
 ) -> None:
     driver = connection.connection.driver_connection
     with driver.cursor() as cursor:  # type: ignore[union-attr]
-        cursor.execute(_POSTGRESQL_STAGE)
+        if not connection.connection.info.get(_STAGE_READY):
+            cursor.execute(_POSTGRESQL_STAGE)  # once per connection: a round trip less
         with cursor.copy(_POSTGRESQL_COPY) as copy:
             copy.set_types(_POSTGRESQL_COPY_TYPES)
             for batch in batches:

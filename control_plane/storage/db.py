@@ -99,6 +99,9 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+POSTGRESQL_POOL_SIZE = 16
+
+
 def create_engine_for(url: str) -> Engine:
     """An engine for ``url`` (``sqlite:///…`` or ``postgresql+psycopg://…``), tuned per backend."""
     parsed = make_url(url)
@@ -110,7 +113,13 @@ def create_engine_for(url: str) -> Engine:
         _configure_sqlite(engine)
         return engine
     if parsed.get_backend_name() == "postgresql":
-        return create_engine(parsed, pool_pre_ping=True)
+        # Kept open: as many connections as threads that use them at once (the event
+        # loop's worker threads, the record writer, the MQTT bridge's workers). A smaller
+        # pool closes and reopens connections under load, and each reconnect costs
+        # PostgreSQL a process.
+        return create_engine(
+            parsed, pool_pre_ping=True, pool_size=POSTGRESQL_POOL_SIZE, max_overflow=10
+        )
     return create_engine(parsed)
 
 

@@ -340,3 +340,17 @@ async def test_loop_group_commit_errors_and_limits(
     with pytest.raises(InvalidInputError, match="cannot be stored"):
         await asyncio.wait_for(orphan, 10)
     assert ingest.count(node_id) == 2
+
+
+def test_a_failed_first_group_leaves_the_connection_usable(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    # On PostgreSQL the first group of a connection also creates its staging table; a
+    # rollback takes the table with it, and the next group must create it again.
+    ingest = RecordIngest(sessions, clock)
+    with pytest.raises(InvalidInputError, match="cannot be stored"):
+        ingest.submit("no-such-node", [record(1)]).result(10)
+    for seq in range(2, 6):
+        assert ingest.submit(node_id, [record(seq)]).result(10)
+    ingest.close()
+    assert ingest.count(node_id) == 4
