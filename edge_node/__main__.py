@@ -39,7 +39,8 @@ def kill_at(point: str) -> FaultPoint:
     def fault(name: str) -> None:
         if name == point:
             log.warning("%s=%s: killing the process now", TEST_KILL_ENV, point)
-            logging.shutdown()
+            for handler in logging.getLogger().handlers:
+                handler.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
     return fault

@@ -21,10 +21,13 @@ model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it:
   what the node runs, a fresh Hello (`hello`) goes out first, so the control plane's
   view of the active and installed targets is current without waiting for a reconnect.
 
-`fault_point(name)` is a test seam, inert unless given: called with each reported phase
-(right after its journal write) and with "activated" (right after a hot swap, before the
-commit is journalled); `python -m edge_node` turns EDGEFLEET_NODE_TEST_KILL_AT=<name>
-into a SIGKILL there.
+`fault_point(name)` is a test seam, inert unless given: called with the phase of each
+step the reconciler reports (right after that step's journal write: "downloading" after
+the trial is journalled, "verifying" with the downloads complete but not installed,
+"self-testing" with them installed, "active" after the commit, also "failed" and
+"reverted") and with "activated" (right after a hot swap, before the commit is
+journalled); `python -m edge_node` turns EDGEFLEET_NODE_TEST_KILL_AT=<name> into a
+SIGKILL there.
 
 Not here: the update steps themselves (`edge_node.updater.reconciler`), the hot swap
 (`Agent.on_model_ready`), settings (`edge_node.config`).
@@ -203,7 +206,7 @@ class NodeUpdater:
             clock=self._clock,
             selftest=self._self_test,
             activate=self._activate,
-            report=self._report,
+            report=self._step_reported,
             limits=ReconcilerLimits(
                 max_artifact_bytes=config.max_artifact_bytes,
                 space_margin_bytes=config.space_margin_bytes,
@@ -341,10 +344,14 @@ class NodeUpdater:
                 detail += f"; on watch for {self._config.watchdog.window_s:g}s again"
             else:
                 state = await reconciler.end_probation(active)
-        # The control plane forgets a node's last status at its Hello: say what runs.
-        await self._report(
-            UpdateReport(UpdatePhase.ACTIVE, active.path, state.director_sequence, detail=detail)
-        )
+        if self._last_status is None:
+            # The control plane forgets a node's last status at its Hello: say what runs
+            # (unless the recovery above reported something: that is the news).
+            await self._report(
+                UpdateReport(
+                    UpdatePhase.ACTIVE, active.path, state.director_sequence, detail=detail
+                )
+            )
         return state
 
     def _director_keys(self) -> list[Key]:
@@ -376,7 +383,11 @@ class NodeUpdater:
         await self._activate_cb(path)
         self._fault("activated")
 
-    async def _report(self, report: UpdateReport) -> None:
+    async def _step_reported(self, report: UpdateReport) -> None:
+        """The reconciler's report of a step (its journal write, if any, is done)."""
+        await self._report(report, fault_point=True)
+
+    async def _report(self, report: UpdateReport, *, fault_point: bool = False) -> None:
         level = logging.WARNING if report.phase in _BAD else logging.INFO
         log.log(
             level,
@@ -398,7 +409,8 @@ class NodeUpdater:
             )
         )
         self._last_status = message
-        self._fault(report.phase.value)
+        if fault_point:
+            self._fault(report.phase.value)
         await self._send(message)
 
     async def _announce(self, before: RunningState) -> None:

@@ -5,6 +5,7 @@ drains within its deadline, exits 0 and leaves an outbox the next start can open
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -102,3 +103,16 @@ def test_a_bad_config_exits_2_with_a_clear_message(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "server_grpc" in done.stderr and "HOST:PORT" in done.stderr
+
+
+def test_the_kill_hook_fires_only_at_its_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edge_node import __main__ as entry
+
+    killed: list[tuple[int, int]] = []
+    monkeypatch.setattr(entry.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    fault = entry.kill_at("verifying")
+    fault("downloading")
+    fault("activated")
+    assert killed == []
+    fault("verifying")
+    assert killed == [(os.getpid(), signal.SIGKILL)]
