@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from securesystemslib.signer import Signer
 from sqlalchemy import func, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.roles import Role
@@ -408,13 +408,13 @@ class DirectorService:
         # Locked until commit, in id order (two bulk pins never wait on each other in a
         # cycle): the sequences below are read-then-write. A node that left the fleet or
         # was revoked since the selection is skipped here, under the lock.
-        rows = session.execute(
+        locked = session.execute(
             select(NodeRow.id, NodeRow.revoked_at)
             .where(NodeRow.id.in_(node_ids), NodeRow.fleet_id == fleet_id)
             .order_by(NodeRow.id)
             .with_for_update()
         ).all()
-        present = {node_id: revoked_at for node_id, revoked_at in rows}
+        present = {node_id: revoked_at for node_id, revoked_at in locked}
         skipped: list[SkippedNode] = []
         live: list[str] = []
         for node_id in node_ids:
@@ -447,22 +447,22 @@ class DirectorService:
         )
         keyid = signed[0].keyid
         created_by = ctx.principal.name
-        values: list[dict[str, Any]] = []
+        rows: list[tuple[Any, ...]] = []
         assignments: list[Assignment] = []
         for (node_id, sequence), message in zip(sequences, signed, strict=True):
             data = message.SerializeToString(deterministic=True)
-            values.append(
-                {
-                    "node_id": node_id,
-                    "sequence": sequence,
-                    "target_path": info.target_path,
-                    "sha256": info.sha256,
-                    "length": info.length,
-                    "issued_at": issued_at,
-                    "expires_at": expires_at,
-                    "signed": data,
-                    "created_by": created_by,
-                }
+            rows.append(
+                (
+                    node_id,
+                    sequence,
+                    info.target_path,
+                    info.sha256,
+                    info.length,
+                    issued_at,
+                    expires_at,
+                    data,
+                    created_by,
+                )
             )
             assignments.append(
                 Assignment(
@@ -482,7 +482,7 @@ class DirectorService:
                 )
             )
         try:
-            session.execute(insert(DirectorAssignmentRow), values)
+            _insert_assignments(session, rows)
         except IntegrityError as exc:  # only if a writer ignored the row locks
             raise ConflictError(
                 f"another assignment took a sequence of one of {len(live)} nodes; retry",
@@ -584,3 +584,56 @@ def _sequence_range(assignments: Sequence[Assignment]) -> list[int]:
         return []
     sequences = [a.sequence for a in assignments]
     return [min(sequences), max(sequences)]
+
+
+_COLUMNS: Final = (
+    "node_id",
+    "sequence",
+    "target_path",
+    "sha256",
+    "length",
+    "issued_at",
+    "expires_at",
+    "signed",
+    "created_by",
+)
+# PostgreSQL: binary COPY straight into the table (the rows are locked, so there is no
+# conflict to skip): a few µs of Python per row against tens for an ORM executemany.
+_POSTGRESQL_COPY: Final = (
+    f"COPY director_assignments ({', '.join(_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+)
+_POSTGRESQL_COPY_TYPES: Final = (
+    "varchar",
+    "int8",
+    "varchar",
+    "varchar",
+    "int8",
+    "timestamptz",
+    "timestamptz",
+    "bytea",
+    "varchar",
+)
+
+
+def _insert_assignments(session: Session, rows: list[tuple[Any, ...]]) -> None:
+    """Store a chunk's rows (in `_COLUMNS` order) in one statement, in the session's
+    transaction. A duplicate (node, sequence) raises IntegrityError on every backend."""
+    connection = session.connection()
+    if connection.dialect.name != "postgresql":
+        session.execute(
+            insert(DirectorAssignmentRow), [dict(zip(_COLUMNS, r, strict=True)) for r in rows]
+        )
+        return
+    dbapi = connection.dialect.loaded_dbapi
+    driver = connection.connection.driver_connection
+    try:
+        with (
+            driver.cursor() as cursor,  # type: ignore[union-attr]
+            cursor.copy(_POSTGRESQL_COPY) as copy,
+        ):
+            copy.set_types(_POSTGRESQL_COPY_TYPES)
+            for row in rows:
+                copy.write_row(row)
+    except dbapi.Error as exc:
+        # The driver's own error as SQLAlchemy raises it (IntegrityError, OperationalError).
+        raise DBAPIError.instance(_POSTGRESQL_COPY, None, exc, dbapi.Error) from exc

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from securesystemslib.signer import CryptoSigner
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import ManualClock
 from control_plane.director.delivery import Delivered, FanOutDelivery
-from control_plane.director.service import DirectorService, SkippedNode
+from control_plane.director.service import DirectorService, SkippedNode, _insert_assignments
 from control_plane.errors import (
     InvalidInputError,
     NotFoundError,
@@ -430,3 +431,30 @@ def test_the_registry_reads_one_version_with_its_floor(
         registry.get_version("nowhere", "det", "1.0.0")
     with sessions() as session:
         assert session.scalar(select(func.count()).select_from(DirectorAssignmentRow)) == 0
+
+
+def test_a_duplicate_sequence_is_an_integrity_error_on_both_backends(
+    director: DirectorService,
+    nodes: NodeService,
+    versions: dict[str, Version],
+    sessions: sessionmaker[Session],
+) -> None:
+    """The primary key backs up the row locks, whichever way the chunk is stored (binary
+    COPY on PostgreSQL, executemany elsewhere)."""
+    node_id = enroll(nodes)
+    pinned = director.pin_many(OPERATOR, "det", "1.1.0", fleet="gates", node_ids=[node_id])
+    a = pinned.assignments[0]
+    row = (
+        node_id,
+        a.sequence,
+        a.target_path,
+        a.sha256,
+        a.length,
+        a.issued_at,
+        a.expires_at,
+        a.signed,
+        "mallory",
+    )
+    with sessions() as session, pytest.raises(IntegrityError):
+        _insert_assignments(session, [row])
+    assert stored(sessions) == {node_id: [1]}
