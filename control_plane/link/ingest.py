@@ -422,16 +422,22 @@ def _sqlite_datetime(value: datetime) -> str:
 class LoopGroupCommit:
     """Group commit for callers on one asyncio loop (the gRPC link server).
 
-    `store` parks the batch with a loop future; one flusher at a time hands everything
-    parked to `RecordIngest.commit_group` in a worker thread and resolves the futures on
-    the loop. So a message costs the loop a future, not a thread hop of its own; while
-    one group commits, the next gathers. Waiting batches are bounded like `submit`'s.
+    `store` parks the batch with a loop future; a flusher hands everything parked to
+    `RecordIngest.commit_group` in a worker thread and resolves the futures on the loop.
+    So a message costs the loop a future, not a thread hop of its own; while a group
+    commits, the next gathers. Up to `flushers` groups commit at once, on as many
+    connections: one waits for its WAL flush while the next is written, which halves
+    the time a node waits for its Ack when groups are small. Waiting batches are
+    bounded like `submit`'s.
     """
 
-    def __init__(self, ingest: RecordIngest) -> None:
+    def __init__(self, ingest: RecordIngest, *, flushers: int = 2) -> None:
+        if flushers < 1:
+            raise ValueError("a group commit needs at least one flusher")
         self._ingest = ingest
+        self._max_flushers = flushers
         self._parked: list[tuple[ValidatedBatch, asyncio.Future[list[str]]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._flushers: set[asyncio.Task[None]] = set()
 
     async def store(self, node_id: str, records: Sequence[IncomingRecord]) -> list[str]:
         """Validate (raises on a malformed batch), then return the ids once committed."""
@@ -446,8 +452,8 @@ class LoopGroupCommit:
             )
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
         self._parked.append((batch, future))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush(), name="record-group-commit")
+        if len(self._flushers) < self._max_flushers:
+            self._flushers.add(asyncio.create_task(self._flush(), name="record-group-commit"))
         # Shielded: a stream that ends meanwhile must not cancel its neighbours' commit.
         return await asyncio.shield(future)
 
@@ -480,7 +486,11 @@ class LoopGroupCommit:
                     future.set_exception(UnavailableError("the link server is stopping"))
             raise
         finally:
-            self._flusher = None
+            # Synchronously after the last look at `_parked` (no await in between), so a
+            # batch parked later always finds room to start a flusher.
+            current = asyncio.current_task()
+            if current is not None:
+                self._flushers.discard(current)
 
     def _take(self) -> list[tuple[ValidatedBatch, asyncio.Future[list[str]]]]:
         limit = self._ingest.limits.max_group_rows

@@ -276,7 +276,7 @@ async def test_streams_on_one_loop_share_group_commits(
 ) -> None:
     gate = GatedSessions(sessions)
     ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
-    groups = LoopGroupCommit(ingest)
+    groups = LoopGroupCommit(ingest, flushers=1)
     first = asyncio.create_task(groups.store(node_id, [record(1)]))
     assert await asyncio.to_thread(gate.entered.wait, 10)
     batches = [[record(10 * i + j) for j in range(1, 4)] for i in range(1, 11)]
@@ -297,7 +297,7 @@ async def test_a_stream_that_ends_does_not_cancel_its_neighbours(
 ) -> None:
     gate = GatedSessions(sessions)
     ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
-    groups = LoopGroupCommit(ingest)
+    groups = LoopGroupCommit(ingest, flushers=1)
     held = asyncio.create_task(groups.store(node_id, [record(1)]))
     assert await asyncio.to_thread(gate.entered.wait, 10)
     gone = asyncio.create_task(groups.store(node_id, [record(2)]))
@@ -327,7 +327,7 @@ async def test_loop_group_commit_errors_and_limits(
 
     gate = GatedSessions(sessions)
     ingest = RecordIngest(gate, clock, IngestLimits(max_queued_batches=1))  # type: ignore[arg-type]
-    groups = LoopGroupCommit(ingest)
+    groups = LoopGroupCommit(ingest, flushers=1)
     held = asyncio.create_task(groups.store(node_id, [record(2)]))
     assert await asyncio.to_thread(gate.entered.wait, 10)
     parked = asyncio.create_task(groups.store(node_id, [record(3)]))
@@ -354,3 +354,26 @@ def test_a_failed_first_group_leaves_the_connection_usable(
         assert ingest.submit(node_id, [record(seq)]).result(10)
     ingest.close()
     assert ingest.count(node_id) == 4
+
+
+@pytest.mark.anyio
+async def test_a_second_group_commits_while_the_first_waits(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    gate = GatedSessions(sessions)
+    ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
+    groups = LoopGroupCommit(ingest, flushers=2)
+    slow = asyncio.create_task(groups.store(node_id, [record(1)]))
+    assert await asyncio.to_thread(gate.entered.wait, 10)
+    # The first group is stuck on its connection; the next batches do not wait for it.
+    quick = [asyncio.create_task(groups.store(node_id, [record(i)])) for i in range(2, 6)]
+    done, _ = await asyncio.wait(quick, timeout=10)
+    assert len(done) == 4 and not slow.done()
+    gate.open.set()
+    assert await asyncio.wait_for(slow, 10)
+    assert ingest.count(node_id) == 5
+    # Every flusher ended once nothing was parked: later batches start a new one.
+    assert await groups.store(node_id, [record(6)])
+    assert ingest.count(node_id) == 6
+    with pytest.raises(ValueError, match="flusher"):
+        LoopGroupCommit(ingest, flushers=0)
