@@ -571,24 +571,18 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
 
 async def _downlink(session: DownlinkSession) -> AsyncIterator[link_pb2.ControlMessage]:
     """Messages for the node until the session ends; raise the error it ended with."""
-    while True:
-        getter: asyncio.Future[Any] = asyncio.ensure_future(session.queue.get())
-        ended: asyncio.Future[Any] = session.ended
-        try:
-            await asyncio.wait((getter, ended), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not getter.done():
-                getter.cancel()
-        if getter.done() and not getter.cancelled():
-            yield getter.result()
+    mailbox = session.queue
+    while not session.ended.done():
+        if mailbox.empty():
+            await mailbox.wait()  # a message, or the end
             continue
-        error = session.ended.result()
-        if error is not None:
-            raise error
-        # The node closed its side: its last acks are queued already; deliver them.
-        while not session.queue.empty():
-            yield session.queue.get_nowait()
-        return
+        yield mailbox.get_nowait()
+    error = session.ended.result()
+    if error is not None:
+        raise error
+    # The node closed its side: its last acks are queued already; deliver them.
+    while not mailbox.empty():
+        yield mailbox.get_nowait()
 
 
 def _timestamp(value: datetime) -> Timestamp:

@@ -10,6 +10,7 @@ keeping: a node that is not connected here gets its desired state when it next s
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import threading
@@ -19,7 +20,7 @@ from typing import Final
 from control_plane.errors import ConflictError, EdgefleetError, UnavailableError
 from protos.edgefleet.fleet.v1 import link_pb2
 
-__all__ = ["DownlinkSession", "LinkHub"]
+__all__ = ["DownlinkSession", "LinkHub", "Mailbox"]
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,78 @@ SEND_MANY_SLICE: Final = 256
 _THREADSAFE_PER_NODE_S: Final = 0.001
 
 
+class Mailbox:
+    """A bounded FIFO of one stream's ControlMessages, on the event loop.
+
+    The subset of `asyncio.Queue` the link uses, plus `wait()`, which the stream's end
+    also wakes: the downlink waits on one future per idle spell, not on a task per
+    message raced against the end (that race was a fifth of the server's time per Ack).
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self._items: collections.deque[link_pb2.ControlMessage] = collections.deque()
+        self._maxsize = maxsize
+        self._waiter: asyncio.Future[None] | None = None
+        self._room: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def full(self) -> bool:
+        return len(self._items) >= self._maxsize
+
+    def put_nowait(self, message: link_pb2.ControlMessage) -> None:
+        """Raises `asyncio.QueueFull` when `maxsize` messages wait already."""
+        if self.full():
+            raise asyncio.QueueFull
+        self._items.append(message)
+        self.wake()
+
+    async def put(self, message: link_pb2.ControlMessage) -> None:
+        """Waits for room (the stream's reader is cancelled when the stream ends)."""
+        while self.full():
+            room = asyncio.get_running_loop().create_future()
+            self._room.append(room)
+            try:
+                await room
+            finally:
+                if room in self._room:
+                    self._room.remove(room)
+        self.put_nowait(message)
+
+    def get_nowait(self) -> link_pb2.ControlMessage:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        message = self._items.popleft()
+        while self._room:
+            room = self._room.popleft()
+            if not room.done():
+                room.set_result(None)
+                break
+        return message
+
+    async def wait(self) -> None:
+        """Until a message is put or `wake()` is called (returns at once if not empty)."""
+        if self._items:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
 class DownlinkSession:
-    """One node's open stream: a bounded queue of messages and how the stream ended.
+    """One node's open stream: a bounded mailbox of messages and how the stream ended.
 
     `ended` resolves to None when the node closed its side, or to the error the stream
     must end with (revoked, superseded by a newer stream, server shutting down).
@@ -40,7 +111,7 @@ class DownlinkSession:
 
     def __init__(self, node_id: str, max_pending: int) -> None:
         self.node_id = node_id
-        self.queue: asyncio.Queue[link_pb2.ControlMessage] = asyncio.Queue(max_pending)
+        self.queue = Mailbox(max_pending)
         self.ended: asyncio.Future[EdgefleetError | None] = (
             asyncio.get_running_loop().create_future()
         )
@@ -49,6 +120,7 @@ class DownlinkSession:
         """End the stream (first call wins)."""
         if not self.ended.done():
             self.ended.set_result(error)
+            self.queue.wake()
 
 
 class LinkHub:
