@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Final
 
 import anyio
+import anyio.to_thread
 from google.protobuf.timestamp_pb2 import Timestamp
 from securesystemslib.signer import Key
 
