@@ -44,6 +44,8 @@ PURE_CORES = (
     "edge_node/runtime/timing.py",
     "edge_node/updater/director.py",
     "edge_node/updater/journal.py",
+    "edge_node/updater/config.py",
+    "edge_node/updater/watchdog.py",
     "control_plane/link/mqtt_topics.py",
     "control_plane/link/wire.py",
     "control_plane/director/delivery.py",
