@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,12 @@ import httpx
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from securesystemslib.signer import Signer
+from tuf.api.metadata import Metadata, Targets, Timestamp
 
 from control_plane.cli.client import ApiClient
 from control_plane.cli.release import ReleaseClient
+from control_plane.director.assignments import sign_assignment
 from control_plane.registry import sample_models
 from control_plane.services import ServiceConfig
 from control_plane.trust.keys import OperatorKeyset, init_operator_keys
@@ -34,6 +37,7 @@ from edge_node.link.uplink import UplinkConfig
 from edge_node.runtime.config import RuntimeConfig, StreamConfig
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.watchdog import WatchdogConfig
+from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 from tests.control_plane.link.desired_support import FLEET, RunningPlane, running_plane
 from tests.control_plane.link.grpc_support import ADMIN, node_settings
 
@@ -88,6 +92,53 @@ class FleetPlane:
 
         await anyio.to_thread.run_sync(self._release, push)
         self.sha256[version] = hashlib.sha256(model.read_bytes()).hexdigest()
+
+    async def push_signed_by(self, signer: Signer, model: Path, version: str) -> None:
+        """A push whose targets metadata is signed by `signer` instead of the fleet's
+        release key (the operator's own checks pass: they are about the fleet's root)."""
+        keyset = _MisSigningKeyset(
+            self.keyset.root_signers,
+            self.keyset.root_threshold,
+            self.keyset.release_signer,
+            self.keyset.root_public_keys,
+            signer,
+        )
+
+        def push() -> None:
+            with ApiClient(self.running.url, self.running.admin_token) as api:
+                ReleaseClient(api, keyset).push_model(FLEET, model, name=MODEL, version=version)
+
+        await anyio.to_thread.run_sync(push)
+        self.sha256[version] = hashlib.sha256(model.read_bytes()).hexdigest()
+
+    def signed_for(
+        self, signer: Signer, node_id: str, version: str, sequence: int
+    ) -> SignedDirectorAssignment:
+        """A well-formed assignment of `version` to `node_id`, valid for an hour, signed by
+        `signer` (which the node may or may not trust)."""
+        info = self.services.registry.get_version(FLEET, MODEL, version)
+        now = datetime.now(UTC)
+        return sign_assignment(
+            signer,
+            fleet=FLEET,
+            node_id=node_id,
+            sequence=sequence,
+            target_path=info.target_path,
+            sha256=info.sha256,
+            length=info.length,
+            issued_at=now,
+            expires_at=now + timedelta(hours=1),
+        )
+
+    def deliver(self, node_id: str, signed: SignedDirectorAssignment) -> None:
+        """Hand `signed` to the node over its live link, as a pin (or its Hello) does."""
+        assert self.services.delivery.deliver(node_id, FLEET, signed), "node not connected"
+
+    def timestamp_expires(self) -> datetime:
+        """When the fleet's current timestamp.json expires."""
+        data = self.services.registry.metadata_file(FLEET, "timestamp.json")
+        expires: datetime = Metadata[Timestamp].from_bytes(data).signed.expires
+        return expires
 
     async def revoke(self, version: str) -> None:
         """Raise the model's signed floor above `version`."""
@@ -164,6 +215,44 @@ async def fleet_plane(config: ServiceConfig, workdir: Path) -> AsyncIterator[Fle
             model = sample_models.tiny_detector(workdir / f"det-{version}.onnx", seed=seed)
             await plane.push(model, version)
         yield plane
+
+
+@dataclass(frozen=True)
+class _MisSigningKeyset(OperatorKeyset):
+    wrong_signer: Signer | None = None
+
+    def sign_targets(self, md: Metadata[Targets]) -> None:
+        assert self.wrong_signer is not None
+        md.sign(self.wrong_signer, append=False)
+
+
+@dataclass
+class FreshnessDuty:
+    """The control plane's freshness loop (`app.py` re-signs what nears expiry on a
+    schedule), run by the test at test speed so that it can be frozen and thawed."""
+
+    fp: FleetPlane
+    interval_s: float = 0.1
+    frozen: bool = False
+    resigned: int = 0
+
+    async def run(self) -> None:
+        while True:
+            if not self.frozen:
+                refresh = self.fp.services.registry.refresh_expiring
+                self.resigned += len(await anyio.to_thread.run_sync(refresh))
+            await anyio.sleep(self.interval_s)
+
+
+@asynccontextmanager
+async def freshness_duty(fp: FleetPlane, interval_s: float = 0.1) -> AsyncIterator[FreshnessDuty]:
+    duty = FreshnessDuty(fp, interval_s)
+    async with anyio.create_task_group() as group:
+        group.start_soon(duty.run)
+        try:
+            yield duty
+        finally:
+            group.cancel_scope.cancel()
 
 
 async def until(condition: Callable[[], object], timeout: float = 20.0) -> None:
