@@ -393,7 +393,7 @@ async def _grpc_echo(ca_pem: bytes, key_pem: bytes, cert_pem: bytes, port: int) 
     await server.stop(0)
 
 
-def mqtt_echo_server(port: int, username: str, password: str) -> None:
+def mqtt_echo_server(port: int, username: str, password: str, subscribed: Any) -> None:
     """The raw MQTT anchor (spawned, pinned like the control plane): one paho client that
     reads the nodes' health messages through a shared subscription, QoS 1 with manual
     PUBACK and the bridge's Receive Maximum, publishes an Ack of the ids on the node's
@@ -418,6 +418,10 @@ def mqtt_echo_server(port: int, username: str, password: str) -> None:
 
     def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         client.subscribe("$share/bench-raw/edgefleet/v1/+/+/health", qos=1)
+
+    # A shared subscription with no member drops what is published to it: the windows
+    # wait for this before the nodes send anything.
+    client.on_subscribe = lambda *_: subscribed.set()
 
     def on_message(client: Any, userdata: Any, message: Any) -> None:
         body = link_pb2.NodeMessage.FromString(message.payload)
@@ -883,9 +887,12 @@ def run_mqtt(args: argparse.Namespace, kind: str, work: Path) -> Run:
             for broker in brokers:
                 broker.reload()
             password = (plane.data_dir / "mqtt" / "control-plane-password").read_text().strip()
+            subscribed = multiprocessing.get_context("spawn").Event()
             with spawned(
-                mqtt_echo_server, brokers[0].port, "edgefleet-control-plane", password
+                mqtt_echo_server, brokers[0].port, "edgefleet-control-plane", password, subscribed
             ) as echo:
+                if not subscribed.wait(START_TIMEOUT_S):
+                    raise TimeoutError("the MQTT echo did not subscribe")
                 # The bridge retries its refused login with backoff; the first window's
                 # connect waits for it (the warm-up is not measured).
                 run.server_rss_start = rss_bytes(plane.pid)
