@@ -14,8 +14,10 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
+from control_plane.errors import NotFoundError, PolicyError
 from control_plane.identity.bootstrap import parse_selector
 from control_plane.nodes.service import BootstrapTokenInfo, Node
+from control_plane.services import Services
 
 router = APIRouter(prefix="/v1", tags=["nodes"])
 
@@ -63,6 +65,11 @@ class EnrollmentOut(BaseModel):
     director_public_key: dict[str, Any] = Field(
         description="the director's public key (TUF key dict plus keyid): the only key "
         "the node trusts for its assignments"
+    )
+    tuf_root: str | None = Field(
+        default=None,
+        description="the fleet's 1.root.json as stored (the node's TUF trust anchor); "
+        "null while the fleet has no root",
     )
 
 
@@ -169,7 +176,16 @@ def enroll(body: EnrollRequest, request: Request, services: ServicesDep) -> Enro
         mqtt_username=enrollment.mqtt_username,
         mqtt_password=enrollment.mqtt_password,
         director_public_key=services.director.director_public_key(),
+        tuf_root=_first_root(services, enrollment.fleet),
     )
+
+
+def _first_root(services: Services, fleet: str) -> str | None:
+    """The fleet's first root, as the gRPC `Enroll` answers it (`tuf_root`)."""
+    try:
+        return services.registry.metadata_file(fleet, "1.root.json").decode("utf-8")
+    except (PolicyError, NotFoundError):
+        return None  # the fleet has no trust root yet; the node fetches it later
 
 
 @router.get("/ca.pem", response_class=PlainTextResponse)
