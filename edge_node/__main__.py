@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--enroll-grpc", help="HOST:PORT of the enrollment port (first start)")
     run.add_argument("--server-name", help="TLS name of the control plane, if not the host")
     run.add_argument("--transport", choices=["grpc", "mqtt"])
+    run.add_argument("--server-mqtt", help="HOST:PORT of the MQTT broker (transport mqtt)")
+    run.add_argument(
+        "--server-http", help="URL of the control plane's REST API (transport mqtt), https://..."
+    )
+    run.add_argument(
+        "--http-ca-file", type=Path, help="CA bundle for --server-http (default: system CAs)"
+    )
     run.add_argument("--bootstrap-token", help="single-use enrollment token (first start)")
     run.add_argument("--ca-file", type=Path, help="the fleet CA, PEM (first start)")
     run.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -105,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         "enroll_grpc": args.enroll_grpc,
         "server_name": args.server_name,
         "transport": args.transport,
+        "server_mqtt": args.server_mqtt,
+        "server_http": args.server_http,
+        "http_ca_file": args.http_ca_file,
         "bootstrap_token": args.bootstrap_token,
         "ca_file": args.ca_file,
     }

@@ -35,6 +35,7 @@ from edge_node.runtime.config import (
 )
 from edge_node.runtime.errors import RuntimeConfigError
 from edge_node.updater.config import UpdaterConfig
+from edge_node.updater.https_fetch import HttpsRepositoryConfig
 from edge_node.updater.watchdog import WatchdogConfig
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "ENV_PREFIX",
     "AgentConfig",
     "ConfigError",
+    "MqttTransportConfig",
     "NodeSettings",
     "RuntimeSettings",
     "UpdaterSettings",
@@ -126,6 +128,11 @@ class NodeSettings(BaseSettings):
     server_grpc: str | None = None
     enroll_grpc: str | None = None
     server_name: str | None = None
+    # transport mqtt: the broker, and the REST API (enrollment, TUF metadata and models).
+    server_mqtt: str | None = None
+    server_http: str | None = None
+    http_ca_file: Path | None = None
+    mqtt_login_grace_s: float = Field(default=3600.0, ge=0, le=30 * 86400)
     bootstrap_token: SecretStr | None = None
     ca_file: Path | None = None
     memory_budget_mb: int = Field(default=512, gt=0, le=1 << 20)
@@ -135,7 +142,7 @@ class NodeSettings(BaseSettings):
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     updater: UpdaterSettings = Field(default_factory=UpdaterSettings)
 
-    _check_addresses = field_validator("server_grpc", "enroll_grpc")(_check_address)
+    _check_addresses = field_validator("server_grpc", "enroll_grpc", "server_mqtt")(_check_address)
 
     @classmethod
     def settings_customise_sources(
@@ -151,11 +158,30 @@ class NodeSettings(BaseSettings):
 
 
 @dataclass(frozen=True, slots=True)
+class MqttTransportConfig:
+    """An MQTT node's transport: the broker for messages, HTTPS for enrollment and models."""
+
+    host: str
+    port: int
+    http_url: str  # the control plane's REST API
+    http_ca_file: Path | None = None  # None: the system's CAs verify the HTTPS server
+    # After enrollment the broker may not know the node yet (`edgefleet mqtt acl` and a
+    # reload are the operator's steps): its refusals are retried this long, then final.
+    login_grace_s: float = 3600.0
+    keepalive_s: int = 30
+    connect_timeout_s: float = 10.0
+
+    def repository(self, fleet: str) -> HttpsRepositoryConfig:
+        return HttpsRepositoryConfig(self.http_url, fleet, self.http_ca_file)
+
+
+@dataclass(frozen=True, slots=True)
 class AgentConfig:
-    """What the agent runs with: plain, frozen, checked."""
+    """What the agent runs with: plain, frozen, checked. `link` for transport grpc,
+    `mqtt` for transport mqtt."""
 
     data_dir: Path
-    link: GrpcLinkSettings
+    link: GrpcLinkSettings | None = None
     fleet: str | None = None
     transport: Literal["grpc", "mqtt"] = "grpc"
     enroll_address: str | None = None
@@ -172,6 +198,11 @@ class AgentConfig:
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
     renewal: RenewalConfig = field(default_factory=RenewalConfig)
     agent_version: str = AGENT_VERSION
+    mqtt: MqttTransportConfig | None = None
+
+    def __post_init__(self) -> None:
+        if (self.transport == "mqtt") != (self.mqtt is not None):
+            raise ConfigError("transport mqtt goes with the mqtt settings, and only with them")
 
     @property
     def outbox_path(self) -> Path:
@@ -227,13 +258,14 @@ def load_node_settings(
 
 def to_agent_config(settings: NodeSettings) -> AgentConfig:
     """Cross-field checks and the frozen config; ConfigError for anything unsafe."""
+    link: GrpcLinkSettings | None = None
+    mqtt: MqttTransportConfig | None = None
     if settings.transport == "mqtt":
-        raise ConfigError(
-            "transport 'mqtt' is not supported by the agent yet (enrollment hands out "
-            "gRPC credentials only); use transport: grpc"
-        )
-    if settings.server_grpc is None:
+        mqtt = _mqtt_transport(settings)
+    elif settings.server_grpc is None:
         raise ConfigError("server_grpc (HOST:PORT of the control plane's node port) is required")
+    else:
+        link = GrpcLinkSettings(target=settings.server_grpc, server_name=settings.server_name)
     runtime = settings.runtime
     try:
         runtime_config = RuntimeConfig(
@@ -251,7 +283,8 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
     watchdog = updater.watchdog
     return AgentConfig(
         data_dir=settings.data_dir,
-        link=GrpcLinkSettings(target=settings.server_grpc, server_name=settings.server_name),
+        link=link,
+        mqtt=mqtt,
         fleet=settings.fleet,
         transport=settings.transport,
         enroll_address=settings.enroll_grpc,
@@ -280,6 +313,37 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
         ),
         uplink=UplinkConfig(backoff=Backoff(initial_s=0.5, cap_s=30.0)),
     )
+
+
+def _mqtt_transport(settings: NodeSettings) -> MqttTransportConfig:
+    misplaced = [
+        name for name in ("server_grpc", "enroll_grpc") if getattr(settings, name) is not None
+    ]
+    if misplaced:
+        raise ConfigError(
+            f"{', '.join(misplaced)}: gRPC settings with transport mqtt; an MQTT node uses "
+            "server_mqtt and server_http"
+        )
+    if settings.server_mqtt is None:
+        raise ConfigError("server_mqtt (HOST:PORT of the MQTT broker) is required for mqtt")
+    if settings.server_http is None:
+        raise ConfigError(
+            "server_http (URL of the control plane's REST API, https://...) is required for "
+            "mqtt: the node enrolls and downloads models there"
+        )
+    host, _, port = settings.server_mqtt.rpartition(":")
+    mqtt = MqttTransportConfig(
+        host=host.strip("[]"),
+        port=int(port),
+        http_url=settings.server_http,
+        http_ca_file=settings.http_ca_file,
+        login_grace_s=settings.mqtt_login_grace_s,
+    )
+    try:
+        mqtt.repository(settings.fleet or "fleet")
+    except InvalidInputError as exc:
+        raise ConfigError(f"server_http: {exc.message}") from exc
+    return mqtt
 
 
 def load_agent_config(

@@ -35,14 +35,20 @@ import anyio.to_thread
 import psutil
 
 from edge_node.agent.errors import AgentError, EnrollmentError, NodeRefusedError, TaskFailedError
+from edge_node.agent.transport import NodeTransport, open_transport
 from edge_node.agent.updater import FaultPoint, NodeUpdater
 from edge_node.clock import Clock
 from edge_node.config import AgentConfig
-from edge_node.enroll import IDENTITY_FILE, EnrollmentFiles, enroll_over_grpc
-from edge_node.errors import ClosedError, EdgeNodeError, OutboxFullError
+from edge_node.enroll import IDENTITY_FILE, EnrollmentFiles, enroll_over_grpc, enroll_over_https
+from edge_node.errors import ClosedError, EdgeNodeError, InvalidInputError, OutboxFullError
 from edge_node.identity import recover_pending_renewal, run_renewal
-from edge_node.link.base import Backoff, LinkError, LinkRefusedError, LinkUnavailableError
-from edge_node.link.grpc_link import GrpcNodeLink
+from edge_node.link.base import (
+    Backoff,
+    LinkError,
+    LinkRefusedError,
+    LinkUnavailableError,
+    NodeLink,
+)
 from edge_node.link.uplink import ControlHandler, Uplink, UplinkStats
 from edge_node.outbox import Outbox, OutboxStats
 from edge_node.runtime.pipeline import FrameResult, InferencePipeline
@@ -73,7 +79,7 @@ class AgentContext:
     config: AgentConfig
     files: EnrollmentFiles
     outbox: Outbox
-    link: GrpcNodeLink
+    link: NodeLink
     clock: Clock
     on_model_ready: Callable[[Path], Awaitable[None]]
 
@@ -153,6 +159,7 @@ class Agent:
         self.ready = anyio.Event()  # set once enrolled, the outbox open and tasks started
         self.files: EnrollmentFiles | None = None
         self.uplink: Uplink | None = None
+        self.link: NodeLink | None = None  # the transport's link, once enrolled
         self.updater: NodeUpdater | None = None
         self.health_dropped = 0
 
@@ -263,13 +270,19 @@ class Agent:
                 clock=self._clock,
             )
         )
-        link = GrpcNodeLink(config.link, files.credentials)
+        try:
+            transport = open_transport(config, files, self._clock)
+        except Exception:
+            await anyio.to_thread.run_sync(outbox.close)
+            raise
+        link = self.link = transport.link
         updater = None
         if config.updater.enabled and "updater" not in self._components:
             updater = NodeUpdater(
                 config=config.updater,
                 files=files,
                 link=link,
+                source=transport.source,
                 clock=self._clock,
                 data_dir=config.data_dir,
                 memory_budget_bytes=config.memory_budget_bytes,
@@ -294,12 +307,14 @@ class Agent:
         stop = self._stop
         tasks: dict[str, Callable[[], Awaitable[None]]] = {
             "uplink": lambda: uplink.run(lambda: self._hello(), stop),
-            "renewal": lambda: run_renewal(
-                link, files, stop, clock=self._clock, config=config.renewal
-            ),
             "health": lambda: self._report_health(outbox, uplink, files),
             "runtime": self._run_runtime,
         }
+        grpc_link = transport.grpc
+        if grpc_link is not None:  # an MQTT node presents its certificate nowhere
+            tasks["renewal"] = lambda: run_renewal(
+                grpc_link, files, stop, clock=self._clock, config=config.renewal
+            )
         if updater is not None:
             tasks["updater"] = lambda: updater.run(stop)
         for name, component in self._components.items():
@@ -323,7 +338,7 @@ class Agent:
                 self.ready.set()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._close(link, outbox)
+                await self._close(transport, outbox)
 
     async def _supervise(
         self, name: str, task: Callable[[], Awaitable[None]], scope: anyio.CancelScope
@@ -355,6 +370,12 @@ class Agent:
             if enrolled is None:
                 return None
             files = enrolled
+        if files.transport != config.transport:
+            raise EnrollmentError(
+                f"{config.data_dir} is enrolled for transport {files.transport}, the config "
+                f"says {config.transport}; enroll the node again into an empty data dir",
+                reason="transport-mismatch",
+            )
         if config.fleet is not None and files.fleet != config.fleet:
             raise TaskFailedError(
                 f"{config.data_dir} is enrolled in fleet {files.fleet!r}, the config says "
@@ -364,29 +385,14 @@ class Agent:
         return files
 
     async def _enroll(self) -> EnrollmentFiles | None:
-        """Enroll, retrying while the port is unreachable; None when stopped meanwhile."""
+        """Enroll, retrying while the control plane is unreachable; None when stopped
+        meanwhile. gRPC nodes at the enrollment port, MQTT nodes over HTTPS."""
         config = self._config
-        if not (config.bootstrap_token and config.ca_file and config.enroll_address):
-            raise EnrollmentError(
-                f"{config.data_dir} holds no node identity; the first start needs "
-                "bootstrap_token, ca_file and enroll_grpc"
-            )
-        try:
-            ca_pem = await anyio.to_thread.run_sync(config.ca_file.read_bytes)
-        except OSError as exc:
-            raise EnrollmentError(f"cannot read the CA file {config.ca_file}: {exc}") from exc
+        enroll = self._enroll_over_https if config.mqtt is not None else self._enroll_over_grpc
         attempt = 0
         while True:
             try:
-                files = await enroll_over_grpc(
-                    config.enroll_address,
-                    ca_pem,
-                    config.bootstrap_token,
-                    config.agent_version,
-                    config.data_dir,
-                    server_name=config.link.server_name,
-                    clock=self._clock,
-                )
+                files = await enroll()
             except LinkUnavailableError as exc:
                 delay = _ENROLL_BACKOFF.delay(attempt)
                 attempt += 1
@@ -401,8 +407,61 @@ class Agent:
                     f"the control plane refused the enrollment: {exc.message}",
                     reason=exc.fields.get("reason"),
                 ) from exc
-            log.info("enrolled as node %s in fleet %s", files.node_id, files.fleet)
+            except InvalidInputError as exc:
+                raise EnrollmentError(f"enrollment failed: {exc.message}") from exc
+            log.info(
+                "enrolled as node %s in fleet %s (transport %s)",
+                files.node_id,
+                files.fleet,
+                files.transport,
+            )
             return files
+
+    async def _enroll_over_grpc(self) -> EnrollmentFiles:
+        config = self._config
+        if not (config.bootstrap_token and config.ca_file and config.enroll_address):
+            raise EnrollmentError(
+                f"{config.data_dir} holds no node identity; the first start needs "
+                "bootstrap_token, ca_file and enroll_grpc"
+            )
+        ca_pem = await self._read_ca(config.ca_file)
+        return await enroll_over_grpc(
+            config.enroll_address,
+            ca_pem,
+            config.bootstrap_token,
+            config.agent_version,
+            config.data_dir,
+            server_name=None if config.link is None else config.link.server_name,
+            clock=self._clock,
+        )
+
+    async def _enroll_over_https(self) -> EnrollmentFiles:
+        config = self._config
+        mqtt = config.mqtt
+        assert mqtt is not None
+        if not config.bootstrap_token:
+            raise EnrollmentError(
+                f"{config.data_dir} holds no node identity; the first start needs "
+                "bootstrap_token (and server_http)"
+            )
+        fleet_ca = None if config.ca_file is None else await self._read_ca(config.ca_file)
+        return await enroll_over_https(
+            mqtt.http_url,
+            config.bootstrap_token,
+            config.agent_version,
+            config.data_dir,
+            transport="mqtt",
+            http_ca_file=mqtt.http_ca_file,
+            fleet_ca_pem=fleet_ca,
+            clock=self._clock,
+        )
+
+    @staticmethod
+    async def _read_ca(path: Path) -> bytes:
+        try:
+            return await anyio.to_thread.run_sync(path.read_bytes)
+        except OSError as exc:
+            raise EnrollmentError(f"cannot read the CA file {path}: {exc}") from exc
 
     def _hello(self) -> link_pb2.Hello:
         hello = link_pb2.Hello(agent_version=self._config.agent_version)
@@ -456,7 +515,7 @@ class Agent:
         # Results go nowhere yet: aggregation and events come with their own issue.
         self._results += 1
 
-    async def _close(self, link: GrpcNodeLink, outbox: Outbox) -> None:
+    async def _close(self, transport: NodeTransport, outbox: Outbox) -> None:
         pipeline, self._pipeline = self._pipeline, None
         if pipeline is not None:
             await anyio.to_thread.run_sync(pipeline.stop, _RUNTIME_STOP_S)
@@ -464,7 +523,7 @@ class Agent:
         if standby is not None:
             standby.close()
         try:
-            await link.close()
+            await transport.close()
         except Exception:
             log.exception("closing the link failed")
         await anyio.to_thread.run_sync(outbox.close)

@@ -14,6 +14,8 @@ model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it:
   failing model is reverted to `previous` at once, without waiting for the control
   plane. The window runs between applies: an apply in progress delays a verdict, and
   cannot lose one (the counters belong to the session).
+- TUF metadata and models come from `source` (default: the link itself; an MQTT node
+  passes `HttpsRepository`, its broker carries no models).
 - Every phase becomes an `UpdateStatus` on the link. The control plane keeps only the
   latest status of a node and a Hello resets it, so the last status is sent again after
   every (re)connect (`on_connect`); a status sent while the link is down is not queued
@@ -62,6 +64,7 @@ from edge_node.updater.reconciler import (
     UpdateReport,
 )
 from edge_node.updater.selftest import SelfTestResult, self_test
+from edge_node.updater.source import RepositorySource
 from edge_node.updater.store import ModelStore
 from edge_node.updater.tuf_fetch import TufClient
 from edge_node.updater.watchdog import ModelHealth, judge
@@ -115,6 +118,7 @@ class NodeUpdater:
         link: NodeLink,
         clock: Clock,
         data_dir: Path,
+        source: RepositorySource | None = None,
         memory_budget_bytes: int,
         activate: Callable[[Path], Awaitable[None]],
         model_health: Callable[[], ModelHealth | None],
@@ -125,6 +129,7 @@ class NodeUpdater:
         self._config = config
         self._files = files
         self._link = link
+        self._source: RepositorySource = link if source is None else source
         self._clock = clock
         self._data_dir = Path(data_dir)
         self._memory_budget = memory_budget_bytes
@@ -190,7 +195,7 @@ class NodeUpdater:
         )
         director_keys = self._director_keys()
         tuf = TufClient(
-            self._link,
+            self._source,
             loop,
             metadata_dir=self._data_dir / TUF_DIR,
             trusted_root=self._files.tuf_root_path,
@@ -199,7 +204,7 @@ class NodeUpdater:
         self._reconciler = reconciler = Reconciler(
             journal=self._journal,
             store=store,
-            link=self._link,
+            link=self._source,
             tuf_client_factory=tuf.refresh,
             director_key=director_keys,
             node_id=self._files.node_id,

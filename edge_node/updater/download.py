@@ -1,4 +1,4 @@
-"""Download one TUF target over the link into the store's staging directory, resumably.
+"""Download one TUF target (over the node link or HTTPS) into the store, resumably.
 
 The file grows as `staging/<sha256>.part` (same filesystem as the store, so `install`
 is a rename). After a cut the next call resumes from the file's current size; the
@@ -21,8 +21,9 @@ from typing import Final
 
 from edge_node.errors import EdgeNodeError
 from edge_node.fsutil import fsync_dir, fsync_file
-from edge_node.link.base import LinkUnavailableError, NodeLink
+from edge_node.link.base import LinkUnavailableError
 from edge_node.updater.director import TargetInfo
+from edge_node.updater.source import RepositorySource
 
 __all__ = [
     "ArtifactHashError",
@@ -65,7 +66,7 @@ def partial_path(staging_dir: Path, sha256: str) -> Path:
 
 
 async def download_target(
-    link: NodeLink,
+    link: RepositorySource,
     target: TargetInfo,
     staging_dir: Path,
     *,
@@ -100,7 +101,7 @@ async def download_target(
 
 
 async def _fetch_into(
-    link: NodeLink,
+    link: RepositorySource,
     target: TargetInfo,
     part: Path,
     check_space: Callable[[int], None] | None,

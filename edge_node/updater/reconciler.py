@@ -46,7 +46,7 @@ from tuf.api.exceptions import DownloadError, RepositoryError
 
 from edge_node.clock import Clock
 from edge_node.errors import EdgeNodeError
-from edge_node.link.base import Backoff, LinkError, LinkUnavailableError, NodeLink
+from edge_node.link.base import Backoff, LinkError, LinkUnavailableError
 from edge_node.updater.director import (
     AssignmentRejectedError,
     AssignmentReplayError,
@@ -71,6 +71,7 @@ from edge_node.updater.journal import (
     rollback,
 )
 from edge_node.updater.selftest import SelfTestResult
+from edge_node.updater.source import RepositorySource
 from edge_node.updater.store import DiskFullError, ModelStore, StoreIntegrityError
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 
@@ -218,7 +219,7 @@ class Reconciler:
         *,
         journal: Journal,
         store: ModelStore,
-        link: NodeLink,
+        link: RepositorySource,
         tuf_client_factory: Callable[[], TargetsView],
         director_key: Key | Collection[Key],
         node_id: str,

@@ -1,4 +1,5 @@
-"""TUF over the node's link: `LinkFetcher` feeds `tuf.ngclient.Updater` through `NodeLink`.
+"""TUF over the node's link: `LinkFetcher` feeds `tuf.ngclient.Updater` through a
+`RepositorySource` — the `NodeLink` of a gRPC node, or `HttpsRepository` for an MQTT node.
 
 ngclient is synchronous and the link is asyncio: the fetcher runs each link call on the
 agent's event loop from ngclient's worker thread (`asyncio.run_coroutine_threadsafe`),
@@ -26,8 +27,9 @@ from tuf.api.metadata import TargetFile
 from tuf.ngclient import Updater, UpdaterConfig
 from tuf.ngclient.fetcher import FetcherInterface
 
-from edge_node.link.base import LinkNotFoundError, LinkRequestError, NodeLink
+from edge_node.link.base import LinkNotFoundError, LinkRequestError
 from edge_node.updater.director import TargetInfo
+from edge_node.updater.source import RepositorySource
 
 __all__ = [
     "METADATA_BASE_URL",
@@ -53,7 +55,7 @@ def floor_target_path(model: str) -> str:
 
 
 class LinkFetcher(FetcherInterface):
-    """ngclient's network port over `NodeLink`.
+    """ngclient's network port over a `RepositorySource` (the link, or HTTPS).
 
     URLs are `METADATA_BASE_URL + <file>` (→ `fetch_metadata(file)`) and
     `TARGETS_BASE_URL + <dir>/<sha256>.<name>` (→ `fetch_artifact(<dir>/<name>, sha256)`).
@@ -64,7 +66,7 @@ class LinkFetcher(FetcherInterface):
 
     def __init__(
         self,
-        link: NodeLink,
+        link: RepositorySource,
         loop: asyncio.AbstractEventLoop,
         *,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
@@ -155,7 +157,7 @@ class TufClient:
 
     def __init__(
         self,
-        link: NodeLink,
+        link: RepositorySource,
         loop: asyncio.AbstractEventLoop,
         *,
         metadata_dir: Path,

@@ -67,7 +67,7 @@ def test_everything_from_env_and_flags_without_a_file(monkeypatch: pytest.Monkey
     [
         ("memory_budget_mb: 0\n", "memory_budget_mb"),
         ("transport: carrier-pigeon\n", "transport"),
-        ("transport: mqtt\n", "not supported by the agent yet"),
+        ("transport: mqtt\n", "server_grpc, enroll_grpc|gRPC settings with transport mqtt"),
         ("enroll_grpc: localhost\n", "HOST:PORT"),
         ("enroll_grpc: 'host:99999'\n", "HOST:PORT"),
         ("health_interval_s: -1\n", "health_interval_s"),
@@ -90,6 +90,56 @@ def test_unsafe_or_malformed_settings_are_refused(tmp_path: Path, extra: str, me
     path.write_text("".join(lines) + extra)
     with pytest.raises(ConfigError, match=message):
         load_agent_config(path)
+
+
+MQTT = """\
+data_dir: /var/lib/edgefleet-node
+fleet: gates
+transport: mqtt
+server_mqtt: broker.example.com:8883
+server_http: https://cp.example.com
+"""
+
+
+def test_an_mqtt_node_needs_the_broker_and_the_https_api(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(MQTT)
+    config = load_agent_config(path, {"http_ca_file": tmp_path / "ca.pem"})
+    assert (config.transport, config.link) == ("mqtt", None)
+    assert config.mqtt is not None
+    assert (config.mqtt.host, config.mqtt.port) == ("broker.example.com", 8883)
+    assert config.mqtt.http_url == "https://cp.example.com"
+    assert config.mqtt.http_ca_file == tmp_path / "ca.pem"
+    assert config.mqtt.login_grace_s == 3600.0
+
+
+@pytest.mark.parametrize(
+    ("drop", "extra", "message"),
+    [
+        ("server_mqtt", "", "server_mqtt"),
+        ("server_http", "", "server_http"),
+        ("", "server_grpc: cp.example.com:7443\n", "gRPC settings with transport mqtt"),
+        ("server_mqtt", "server_mqtt: broker\n", "HOST:PORT"),
+        ("server_http", "server_http: http://cp.example.com\n", "plain http to another"),
+        ("server_http", "server_http: ftp://cp.example.com\n", "not an http"),
+        ("", "mqtt_login_grace_s: -1\n", "mqtt_login_grace_s"),
+    ],
+)
+def test_mqtt_settings_that_are_refused(
+    tmp_path: Path, drop: str, extra: str, message: str
+) -> None:
+    lines = [line for line in MQTT.splitlines(keepends=True) if not drop or drop not in line]
+    path = tmp_path / "node.yaml"
+    path.write_text("".join(lines) + extra)
+    with pytest.raises(ConfigError, match=message):
+        load_agent_config(path)
+
+
+def test_plain_http_only_to_this_machine(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(MQTT.replace("https://cp.example.com", "http://127.0.0.1:8080"))
+    config = load_agent_config(path)
+    assert config.mqtt is not None and config.mqtt.http_url == "http://127.0.0.1:8080"
 
 
 def test_the_updater_is_on_by_default_with_a_watchdog(node_yaml: Path) -> None:
