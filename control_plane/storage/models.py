@@ -41,6 +41,11 @@ __all__ = [
     "BootstrapTokenRow",
     "DirectorAssignmentRow",
     "FleetRow",
+    "HealthAlertRow",
+    "HealthCursorRow",
+    "HealthLatestRow",
+    "HealthPointRow",
+    "HealthRollupRow",
     "ModelFloorRow",
     "ModelVersionRow",
     "NodeRecordRow",
@@ -299,3 +304,108 @@ class DirectorAssignmentRow(Base):
     expires_at: Mapped[datetime]
     signed: Mapped[bytes] = mapped_column(LargeBinary, repr=False)
     created_by: Mapped[str] = mapped_column(String(128))
+
+
+class HealthCursorRow(Base):
+    """How far the health processor got through ``node_records``, one row per processor.
+
+    The position is the last processed record's (received_at, node_id, record_id): the
+    processor reads health records strictly after it, in that order, and moves it in the
+    same transaction that stores what it derived from them (see ADR 0016).
+    """
+
+    __tablename__ = "health_cursor"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    received_at: Mapped[datetime | None] = mapped_column(default=None)
+    node_id: Mapped[str] = mapped_column(String(64), default="")
+    record_id: Mapped[str] = mapped_column(String(36), default="")
+    processed: Mapped[int] = mapped_column(BigInteger, default=0)
+    malformed: Mapped[int] = mapped_column(BigInteger, default=0)
+    retention_at: Mapped[datetime | None] = mapped_column(default=None)
+    updated_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class HealthPointRow(Base):
+    """One health report as a raw point of its node's series (kept for hours).
+
+    ``metrics`` is the flat map of numbers the report carried (names in
+    ``control_plane.health.report``); ``latency`` holds per model version and kind the
+    percentiles and, when the node sent it, the mergeable sketch.
+    """
+
+    __tablename__ = "health_points"
+    __table_args__ = (Index("ix_health_points_node_id_at", "node_id", "at"),)
+
+    node_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    record_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    received_at: Mapped[datetime]
+    schema: Mapped[str] = mapped_column(String(64))
+    metrics: Mapped[dict[str, Any]]
+    latency: Mapped[dict[str, Any]]
+
+
+class HealthRollupRow(Base):
+    """A node's health over one minute or one hour: min/max/sum/count per metric and the
+    merged latency sketches, so a roll-up's percentiles come from all of its samples."""
+
+    __tablename__ = "health_rollups"
+    __table_args__ = (
+        CheckConstraint("resolution IN ('minute', 'hour')", name="resolution"),
+        Index("ix_health_rollups_resolution_bucket", "resolution", "bucket"),
+    )
+
+    node_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    resolution: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bucket: Mapped[datetime] = mapped_column(primary_key=True)
+    reports: Mapped[int]
+    stats: Mapped[dict[str, Any]]
+    sketches: Mapped[dict[str, Any]]
+
+
+class HealthLatestRow(Base):
+    """Each node's newest processed report, for the fleet at a glance."""
+
+    __tablename__ = "health_latest"
+
+    node_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    record_id: Mapped[str] = mapped_column(String(36))
+    at: Mapped[datetime]
+    schema: Mapped[str] = mapped_column(String(64))
+    metrics: Mapped[dict[str, Any]]
+    latency: Mapped[dict[str, Any]]
+
+
+class HealthAlertRow(Base):
+    """An alert: raised when its condition starts, cleared when it ends or by an operator.
+
+    At most one open alert (``cleared_at IS NULL``) per node and kind; the health
+    processor is the only writer of new alerts and holds its cursor's lock meanwhile.
+    ``details`` holds the numbers behind it (values and thresholds), updated while open.
+    """
+
+    __tablename__ = "health_alerts"
+    __table_args__ = (
+        Index("ix_health_alerts_node_id_kind", "node_id", "kind"),
+        Index("ix_health_alerts_cleared_at", "cleared_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True, init=False)
+    node_id: Mapped[str] = mapped_column(String(64), ForeignKey("nodes.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    since: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    details: Mapped[dict[str, Any]]
+    cleared_at: Mapped[datetime | None] = mapped_column(default=None)
+    # "condition-ended" or "operator:<name>"
+    cleared_by: Mapped[str | None] = mapped_column(String(160), default=None)
+    # Set once the condition is seen to have ended (an operator's clear silences the
+    # alert until then).
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -38,6 +38,11 @@ TABLES = {
     "bootstrap_tokens",
     "node_records",
     "director_assignments",
+    "health_cursor",
+    "health_points",
+    "health_rollups",
+    "health_latest",
+    "health_alerts",
 }
 
 
