@@ -68,9 +68,7 @@ def upgrade() -> None:
             "resolution IN ('minute', 'hour')", name=op.f("ck_health_rollups_resolution")
         ),
         _node_fk("health_rollups"),
-        sa.PrimaryKeyConstraint(
-            "node_id", "resolution", "bucket", name=op.f("pk_health_rollups")
-        ),
+        sa.PrimaryKeyConstraint("node_id", "resolution", "bucket", name=op.f("pk_health_rollups")),
     )
     op.create_index(
         "ix_health_rollups_resolution_bucket", "health_rollups", ["resolution", "bucket"]
