@@ -481,6 +481,7 @@ async def enroll_over_https(
     fleet_ca_pem: bytes | None = None,
     timeout_s: float = 30.0,
     clock: Clock | None = None,
+    http_transport: httpx.AsyncBaseTransport | None = None,
 ) -> EnrollmentFiles:
     """Enroll with `POST {base_url}/v1/enroll` and write the identity files.
 
@@ -522,6 +523,7 @@ async def enroll_over_https(
             verify=http_verify(http_ca_file),
             timeout=timeout_s,
             follow_redirects=False,
+            transport=http_transport,
         ) as http:
             response = await http.post("/v1/enroll", json=body)
     except httpx.TransportError as exc:
@@ -545,9 +547,12 @@ def _parse_rest_enrollment(response: httpx.Response, transport: str) -> _Enrolle
         data = response.json()
         mqtt = None
         if transport == "mqtt":
-            mqtt = MqttLogin(str(data["mqtt_username"]), str(data["mqtt_password"]))
-            if not mqtt.username or not mqtt.password or mqtt.username == "None":
+            username, password = data.get("mqtt_username"), data.get("mqtt_password")
+            if not (isinstance(username, str) and isinstance(password, str)):
                 raise ValueError("no MQTT login in the answer")
+            if not (username and password):
+                raise ValueError("an empty MQTT login in the answer")
+            mqtt = MqttLogin(username, password)
         root = data.get("tuf_root")
         return _Enrolled(
             node_id=str(data["node_id"]),

@@ -26,7 +26,6 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 from urllib.parse import quote
 
 import httpx
@@ -38,8 +37,6 @@ from edge_node.link.base import LinkNotFoundError, LinkRequestError, LinkUnavail
 __all__ = ["HttpsRepository", "HttpsRepositoryConfig"]
 
 log = logging.getLogger(__name__)
-
-_CHUNK: Final = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +63,15 @@ class HttpsRepository:
     """One HTTP client (connection pool) per node; `close()` is idempotent. Use it from
     one event loop: the one the agent runs in."""
 
-    def __init__(self, config: HttpsRepositoryConfig) -> None:
+    def __init__(
+        self,
+        config: HttpsRepositoryConfig,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        """`transport` replaces the network (tests pass `httpx.MockTransport`)."""
         self._config = config
+        self._transport = transport
         self._client: httpx.AsyncClient | None = None
         base = config.base_url.rstrip("/")
         fleet = quote(config.fleet, safe="")
@@ -81,6 +85,7 @@ class HttpsRepository:
                 verify=http_verify(config.ca_file),
                 timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s),
                 follow_redirects=False,
+                transport=self._transport,
             )
         return self._client
 
@@ -119,7 +124,9 @@ class HttpsRepository:
                 skip = offset if status == 200 else 0  # the server ignored the range
                 if status == 206:
                     _check_range(response, offset, url)
-                async for chunk in response.aiter_bytes(_CHUNK):
+                # As received, not re-chunked: bytes buffered for a bigger chunk would be
+                # lost with a cut connection, and the resume would start before them.
+                async for chunk in response.aiter_bytes():
                     if skip:
                         dropped = min(skip, len(chunk))
                         chunk = chunk[dropped:]
