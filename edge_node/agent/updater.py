@@ -74,6 +74,7 @@ from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 __all__ = [
     "JOURNAL_PATH",
     "MODELS_DIR",
+    "PULL_DESIRED",
     "TUF_DIR",
     "FaultPoint",
     "NodeUpdater",
@@ -86,6 +87,8 @@ JOURNAL_PATH: Final = Path("updater") / "journal.json"
 MODELS_DIR: Final = "models"
 TUF_DIR: Final = "tuf"
 _IDLE_WAIT_S: Final = 30.0
+# The doorbell's command "look for your assignment" (docs/protocol.md, MQTT node link).
+PULL_DESIRED: Final = "pull-desired"
 _MAX_STATUS_DETAIL: Final = 500
 
 FaultPoint = Callable[[str], None]
@@ -170,8 +173,20 @@ class NodeUpdater:
         )
 
     async def on_control(self, message: link_pb2.ControlMessage) -> None:
-        """Take a DesiredState (never blocks: the uplink's receive loop calls this)."""
-        if message.WhichOneof("body") != "desired" or not message.desired.HasField("assignment"):
+        """Take a DesiredState (never blocks: the uplink's receive loop calls this).
+
+        The command `pull-desired` (an MQTT doorbell without the assignment) is answered
+        with a fresh Hello, which the control plane answers with the node's current
+        assignment; then the last status again, since a Hello resets it upstream.
+        """
+        kind = message.WhichOneof("body")
+        if kind == "command" and message.command.name == PULL_DESIRED:
+            if self._hello is not None:
+                await self._send(node_message(hello=self._hello()))
+                if self._last_status is not None:
+                    await self._send(self._last_status)
+            return
+        if kind != "desired" or not message.desired.HasField("assignment"):
             return
         replaced = self._pending is not None
         self._pending = message.desired.assignment

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from edge_node.agent.updater import JOURNAL_PATH, NodeUpdater
+from edge_node.agent.updater import JOURNAL_PATH, PULL_DESIRED, NodeUpdater
 from edge_node.clock import ManualClock
 from edge_node.enroll import EnrollmentFiles
 from edge_node.link.memory import MemoryNodeLink
@@ -187,6 +187,28 @@ async def test_the_last_status_is_sent_again_after_a_reconnect(world: World) -> 
         await updater.on_connect()
         await updater.on_connect()  # every reconnect: a Hello resets it upstream
     assert phases(world) == ["active", "active"]
+
+
+async def test_a_pull_desired_doorbell_is_answered_with_a_hello(world: World) -> None:
+    """The MQTT doorbell may say only "look": the node says Hello (the control plane
+    answers it with the current assignment) and repeats its last status."""
+    runtime = Runtime()
+    hello = link_pb2.Hello(agent_version="9.9.9")
+    node = make_updater(world, runtime, watchdog=WatchdogConfig(window_s=0), hello=lambda: hello)
+    updater = node.updater
+    pull = link_pb2.ControlMessage(protocol_version=1, command=link_pb2.Command(name=PULL_DESIRED))
+    async with running(node):
+        await applied(world, updater, world.releases["1.0.0"])
+        await until(lambda: phases(world)[-1:] == ["active"])
+        before = len(world.peer.sent)
+        await updater.on_control(pull)
+        after = [m.WhichOneof("body") for m in world.peer.sent[before:]]
+        await updater.on_control(
+            link_pb2.ControlMessage(protocol_version=1, command=link_pb2.Command(name="other"))
+        )
+    assert after == ["hello", "update_status"]
+    assert world.peer.sent[before].hello.agent_version == "9.9.9"
+    assert len(world.peer.sent) == before + 2  # an unknown command is ignored
 
 
 async def test_assignments_are_applied_one_at_a_time_and_the_newest_wins(world: World) -> None:
