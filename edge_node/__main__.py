@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--http-ca-file", type=Path, help="CA bundle for --server-http (default: system CAs)"
     )
+    run.add_argument("--mqtt-tls", action="store_true", default=None, help="TLS to the MQTT broker")
+    run.add_argument(
+        "--mqtt-ca-file", type=Path, help="CA bundle for the broker (default: system CAs)"
+    )
     run.add_argument("--bootstrap-token", help="single-use enrollment token (first start)")
     run.add_argument("--ca-file", type=Path, help="the fleet CA, PEM (first start)")
     run.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -115,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         "server_mqtt": args.server_mqtt,
         "server_http": args.server_http,
         "http_ca_file": args.http_ca_file,
+        "mqtt_tls": args.mqtt_tls,
+        "mqtt_ca_file": args.mqtt_ca_file,
         "bootstrap_token": args.bootstrap_token,
         "ca_file": args.ca_file,
     }

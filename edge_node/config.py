@@ -133,6 +133,8 @@ class NodeSettings(BaseSettings):
     server_http: str | None = None
     http_ca_file: Path | None = None
     mqtt_login_grace_s: float = Field(default=3600.0, ge=0, le=30 * 86400)
+    mqtt_tls: bool = False
+    mqtt_ca_file: Path | None = None
     bootstrap_token: SecretStr | None = None
     ca_file: Path | None = None
     memory_budget_mb: int = Field(default=512, gt=0, le=1 << 20)
@@ -168,6 +170,8 @@ class MqttTransportConfig:
     # After enrollment the broker may not know the node yet (`edgefleet mqtt acl` and a
     # reload are the operator's steps): its refusals are retried this long, then final.
     login_grace_s: float = 3600.0
+    tls: bool = False
+    ca_file: Path | None = None  # for TLS to the broker; None: the system's CAs
     keepalive_s: int = 30
     connect_timeout_s: float = 10.0
 
@@ -331,6 +335,8 @@ def _mqtt_transport(settings: NodeSettings) -> MqttTransportConfig:
             "server_http (URL of the control plane's REST API, https://...) is required for "
             "mqtt: the node enrolls and downloads models there"
         )
+    if settings.mqtt_ca_file is not None and not settings.mqtt_tls:
+        raise ConfigError("mqtt_ca_file is for TLS to the broker: set mqtt_tls: true as well")
     host, _, port = settings.server_mqtt.rpartition(":")
     mqtt = MqttTransportConfig(
         host=host.strip("[]"),
@@ -338,6 +344,8 @@ def _mqtt_transport(settings: NodeSettings) -> MqttTransportConfig:
         http_url=settings.server_http,
         http_ca_file=settings.http_ca_file,
         login_grace_s=settings.mqtt_login_grace_s,
+        tls=settings.mqtt_tls,
+        ca_file=settings.mqtt_ca_file,
     )
     try:
         mqtt.repository(settings.fleet or "fleet")

@@ -71,6 +71,8 @@ def open_transport(config: AgentConfig, files: EnrollmentFiles, clock: Clock) ->
             port=mqtt.port,
             keepalive_s=mqtt.keepalive_s,
             connect_timeout_s=mqtt.connect_timeout_s,
+            tls=mqtt.tls,
+            ca_file=None if mqtt.ca_file is None else str(mqtt.ca_file),
         )
     )
     enrolled_at = files.enrolled_at or clock.now()

@@ -16,6 +16,7 @@ Wire (docs/protocol.md, "MQTT"): topics ``edgefleet/v1/<fleet>/<node>/<leaf>``.
   node verifies and pulls signed state either way, so a stale or replayed retained
   message changes nothing. The control plane also answers every Hello with the current
   assignment on ``desired`` (not retained), so the same assignment may arrive twice.
+- TLS (`tls`, `ca_file`): paho's TLS with the server's certificate and host name checked.
 - Session: client id = node id, ``clean_start=False`` and a session expiry, so acks
   published while the node is away wait for it. Subscriptions use retain handling 1:
   the retained doorbell comes again only with a new subscription (a lost session).
@@ -37,6 +38,7 @@ import contextlib
 import logging
 import re
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -129,6 +131,10 @@ class MqttLinkConfig:
     will_delay_s: int = 0
     max_incoming: int = 1000
     max_message_bytes: int = 4 << 20
+    # TLS to the broker (the password travels in CONNECT): verified against `ca_file`
+    # (a PEM bundle) or, without it, the system's CAs; the host name is checked.
+    tls: bool = False
+    ca_file: str | None = None
 
     def __post_init__(self) -> None:
         for what, value in (("fleet", self.fleet), ("node id", self.node_id)):
@@ -136,6 +142,8 @@ class MqttLinkConfig:
                 raise InvalidInputError(f"{what} {value[:80]!r} is not a topic segment")
         if self.max_incoming < 1 or self.max_message_bytes < 1024:
             raise InvalidInputError("max_incoming and max_message_bytes must be positive")
+        if self.ca_file is not None and not self.tls:
+            raise InvalidInputError("ca_file is for TLS to the broker: set tls as well")
 
 
 @dataclass
@@ -234,6 +242,13 @@ class MqttNodeLink(NodeLink):
         )
         client.username_pw_set(config.username, config.password)
         client.connect_timeout = config.connect_timeout_s
+        if config.tls:
+            try:
+                client.tls_set(ca_certs=config.ca_file, cert_reqs=ssl.CERT_REQUIRED)
+            except (OSError, ValueError) as exc:  # unreadable or not PEM
+                raise InvalidInputError(
+                    f"cannot use {config.ca_file} for TLS to the broker: {exc}"
+                ) from exc
         payload, properties = offline_will()
         if config.will_delay_s > 0:
             properties.WillDelayInterval = config.will_delay_s

@@ -111,6 +111,7 @@ def test_an_mqtt_node_needs_the_broker_and_the_https_api(tmp_path: Path) -> None
     assert config.mqtt.http_url == "https://cp.example.com"
     assert config.mqtt.http_ca_file == tmp_path / "ca.pem"
     assert config.mqtt.login_grace_s == 3600.0
+    assert (config.mqtt.tls, config.mqtt.ca_file) == (False, None)
 
 
 @pytest.mark.parametrize(
@@ -123,6 +124,7 @@ def test_an_mqtt_node_needs_the_broker_and_the_https_api(tmp_path: Path) -> None
         ("server_http", "server_http: http://cp.example.com\n", "plain http to another"),
         ("server_http", "server_http: ftp://cp.example.com\n", "not an http"),
         ("", "mqtt_login_grace_s: -1\n", "mqtt_login_grace_s"),
+        ("", "mqtt_ca_file: /ca.pem\n", "set mqtt_tls: true"),
     ],
 )
 def test_mqtt_settings_that_are_refused(
