@@ -35,7 +35,7 @@ import anyio.to_thread
 import psutil
 
 from edge_node.agent.errors import AgentError, EnrollmentError, NodeRefusedError, TaskFailedError
-from edge_node.agent.transport import NodeTransport, open_transport
+from edge_node.agent.transport import BrokerLoginRefusedError, NodeTransport, open_transport
 from edge_node.agent.updater import FaultPoint, NodeUpdater
 from edge_node.clock import Clock
 from edge_node.config import AgentConfig
@@ -546,9 +546,17 @@ def _classify(task: str, exc: BaseException) -> AgentError:
         exc = leaf
     if isinstance(exc, AgentError):
         return exc
-    if isinstance(exc, LinkRefusedError):
-        reason = exc.fields.get("reason") or exc.fields.get("code")
+    if isinstance(exc, BrokerLoginRefusedError):
+        reason = exc.fields.get("reason")
         failure: AgentError = NodeRefusedError(
+            f"{exc.message}; if the node is not revoked, run `edgefleet mqtt acl` and "
+            "reload the broker, otherwise enroll it again with a new bootstrap token",
+            task=task,
+            reason=reason,
+        )
+    elif isinstance(exc, LinkRefusedError):
+        reason = exc.fields.get("reason") or exc.fields.get("code")
+        failure = NodeRefusedError(
             f"the control plane refuses this node ({reason}): {exc.message}; "
             "enroll it again with a new bootstrap token",
             task=task,

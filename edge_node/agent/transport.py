@@ -29,9 +29,16 @@ from edge_node.updater.https_fetch import HttpsRepository
 from edge_node.updater.source import RepositorySource
 from protos.edgefleet.fleet.v1 import link_pb2
 
-__all__ = ["LoginGrace", "NodeTransport", "open_transport"]
+__all__ = ["BrokerLoginRefusedError", "LoginGrace", "NodeTransport", "open_transport"]
 
 log = logging.getLogger(__name__)
+
+
+class BrokerLoginRefusedError(LinkRefusedError):
+    """The broker refuses the node's login after its grace: not in the broker's password
+    file (run `edgefleet mqtt acl` and reload it) or revoked (enroll again)."""
+
+    title = "broker login refused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +124,8 @@ class LoginGrace(NodeLink):
                 raise LinkUnavailableError(
                     f"refused within the login grace: {exc.message}", **exc.fields
                 ) from exc
-            raise LinkRefusedError(
-                f"the MQTT broker refuses node {self._node_id}: {exc.message}. If the node "
-                "is not revoked, run `edgefleet mqtt acl` and reload the broker",
-                **exc.fields,
+            raise BrokerLoginRefusedError(
+                f"the MQTT broker refuses node {self._node_id}: {exc.message}", **exc.fields
             ) from exc
 
     async def send(self, message: link_pb2.NodeMessage) -> None:

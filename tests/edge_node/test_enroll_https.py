@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from securesystemslib.signer import CryptoSigner
 
-from edge_node.agent.transport import LoginGrace
+from edge_node.agent.transport import BrokerLoginRefusedError, LoginGrace
 from edge_node.enroll import EnrollmentFiles, enroll_over_https
 from edge_node.errors import InvalidInputError
 from edge_node.link.base import (
@@ -231,7 +231,8 @@ async def test_refusals_are_outages_within_the_grace_then_final() -> None:
         await grace.connect(link_pb2.Hello())
     assert grace.refusals_forgiven == 1
     clock.at = start + timedelta(hours=1)
-    with pytest.raises(LinkRefusedError, match="edgefleet mqtt acl") as final:
+    with pytest.raises(BrokerLoginRefusedError, match="Not authorized") as final:
         await grace.connect(link_pb2.Hello())
     assert "n-1" in final.value.message
+    assert isinstance(final.value, LinkRefusedError)  # final: the agent exits 3
     assert grace.refusals_forgiven == 1
