@@ -49,6 +49,7 @@ PURE_CORES = (
     "control_plane/link/mqtt_topics.py",
     "control_plane/link/wire.py",
     "control_plane/director/delivery.py",
+    "protos/latency_sketch.py",
 )
 
 
