@@ -50,6 +50,10 @@ PURE_CORES = (
     "control_plane/link/wire.py",
     "control_plane/director/delivery.py",
     "protos/latency_sketch.py",
+    "edge_node/telemetry/config.py",
+    "edge_node/telemetry/latency.py",
+    "edge_node/telemetry/memory.py",
+    "edge_node/telemetry/report.py",
 )
 
 
