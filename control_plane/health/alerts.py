@@ -1,0 +1,163 @@
+"""Alert rules and their life cycle, in pure Python: what a report or a node's liveness
+says about each alert kind, and what that means for the alert already stored.
+
+What it is for: the health processor asks ``conditions(metrics, thresholds)`` for every
+new point and ``offline_condition`` for every node, then ``next_step`` for each kind,
+and writes what it is told. Not for storage: no I/O, no clock (``now`` comes in).
+
+A condition is *unknown* (``None``) when the report does not carry the number behind
+it (an old agent, a box without thermal sensors): unknown never raises nor clears.
+An operator's clear silences an alert until its condition is seen to end; only then
+can the same condition raise a new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from control_plane.health.config import AlertThresholds
+
+__all__ = [
+    "ALERT_KINDS",
+    "AlertState",
+    "Condition",
+    "Step",
+    "conditions",
+    "next_step",
+    "offline_condition",
+]
+
+ALERT_KINDS: Final = (
+    "node_offline",
+    "drift",
+    "leak_suspected",
+    "memory_headroom_low",
+    "throttling",
+    "outbox_near_budget",
+)
+REPORT_KINDS: Final = ALERT_KINDS[1:]
+
+Step = Literal["raise", "update", "clear", "mark-ended", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    active: bool
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertState:
+    """The newest stored alert of one kind for one node."""
+
+    open: bool
+    cleared_by_operator: bool
+    ended: bool
+
+
+def offline_condition(*, online: bool, ever_seen: bool, revoked: bool) -> Condition | None:
+    """Offline is an alert only for a node that was seen once and is not revoked."""
+    if revoked or not ever_seen:
+        return Condition(False, {}) if revoked else None
+    return Condition(not online, {"online": online})
+
+
+def conditions(
+    metrics: Mapping[str, float], thresholds: AlertThresholds
+) -> dict[str, Condition | None]:
+    """Each report-driven alert kind's condition in this report (None: not reported)."""
+    found: dict[str, Condition | None] = {}
+
+    drift = metrics.get("drift_p99_ratio")
+    found["drift"] = (
+        None
+        if drift is None
+        else Condition(
+            drift >= thresholds.drift_ratio,
+            {"p99_ratio": drift, "threshold": thresholds.drift_ratio},
+        )
+    )
+
+    flag = metrics.get("leak_suspected")
+    slope = metrics.get("rss_slope_mb_per_h")
+    limit = thresholds.leak_slope_mb_per_h
+    if flag is None and (slope is None or limit is None):
+        found["leak_suspected"] = None
+    else:
+        by_slope = limit is not None and slope is not None and slope >= limit
+        found["leak_suspected"] = Condition(
+            bool(flag) or by_slope,
+            {
+                "rss_slope_mb_per_h": slope,
+                "node_flag": None if flag is None else bool(flag),
+                "threshold_mb_per_h": limit,
+                "rss_bytes": metrics.get("rss_bytes"),
+            },
+        )
+
+    headroom = metrics.get("headroom_ratio")
+    found["memory_headroom_low"] = (
+        None
+        if headroom is None
+        else Condition(
+            headroom < thresholds.min_headroom_ratio,
+            {
+                "headroom_ratio": headroom,
+                "threshold": thresholds.min_headroom_ratio,
+                "rss_bytes": metrics.get("rss_bytes"),
+                "memory_budget_bytes": metrics.get("memory_budget_bytes"),
+            },
+        )
+    )
+
+    throttled = metrics.get("throttled")
+    found["throttling"] = (
+        None
+        if throttled is None
+        else Condition(
+            bool(throttled),
+            {
+                "throttle_events": metrics.get("throttle_events"),
+                "max_temp_c": metrics.get("max_temp_c"),
+                "cpu_freq_khz": metrics.get("cpu_freq_khz"),
+            },
+        )
+    )
+
+    fill = metrics.get("outbox_fill_ratio")
+    alarm = metrics.get("outbox_alarm")
+    if fill is None and alarm is None:
+        found["outbox_near_budget"] = None
+    else:
+        found["outbox_near_budget"] = Condition(
+            bool(alarm) or (fill is not None and fill >= thresholds.outbox_fill_ratio),
+            {
+                "fill_ratio": fill,
+                "threshold": thresholds.outbox_fill_ratio,
+                "alarm": None if alarm is None else bool(alarm),
+                "outbox_bytes": metrics.get("outbox_bytes"),
+                "outbox_budget_bytes": metrics.get("outbox_budget_bytes"),
+            },
+        )
+    return found
+
+
+def next_step(latest: AlertState | None, condition: Condition | None) -> Step:
+    """What to do with the newest stored alert of a kind, given the condition now."""
+    if condition is None:
+        return "none"
+    if condition.active:
+        if latest is not None and latest.open:
+            return "update"
+        if latest is not None and latest.cleared_by_operator and not latest.ended:
+            return "none"  # silenced by the operator until the condition ends
+        return "raise"
+    if latest is None:
+        return "none"
+    if latest.open:
+        return "clear"
+    if not latest.ended:
+        return "mark-ended"
+    return "none"

@@ -1,0 +1,91 @@
+"""The health store's settings as a frozen dataclass: retention, batching, alert thresholds.
+
+Pure: built at the entry point (``server.main`` / tests) and passed down; no I/O here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Final
+
+__all__ = ["AlertThresholds", "HealthConfig", "parse_duration"]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertThresholds:
+    """When a node's report raises an alert (each documented in the operator guide)."""
+
+    # P99 (end-to-end or compute) of a model version over its post-install baseline.
+    drift_ratio: float = 1.5
+    # (budget - RSS) / budget below this: DESIGN §1 asks for at least 30 % headroom.
+    min_headroom_ratio: float = 0.30
+    # Outbox bytes / outbox budget at or above this, or the node's own outbox alarm.
+    outbox_fill_ratio: float = 0.8
+    # RSS slope (MB/h) that counts as a leak even when the node did not flag one;
+    # None: trust the node's own ``leak_suspected`` flag only.
+    leak_slope_mb_per_h: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.drift_ratio > 1.0:
+            raise ValueError("drift_ratio must be above 1")
+        if not 0.0 < self.min_headroom_ratio < 1.0:
+            raise ValueError("min_headroom_ratio must be in (0, 1)")
+        if not 0.0 < self.outbox_fill_ratio <= 1.0:
+            raise ValueError("outbox_fill_ratio must be in (0, 1]")
+        if self.leak_slope_mb_per_h is not None and not self.leak_slope_mb_per_h > 0:
+            raise ValueError("leak_slope_mb_per_h must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """Retention per resolution, batch sizes and the processor's pace."""
+
+    raw_retention: timedelta = timedelta(hours=12)
+    minute_retention: timedelta = timedelta(days=7)
+    hour_retention: timedelta = timedelta(days=180)
+    # Records per transaction: one cursor move, one batch of inserts.
+    batch_size: int = 500
+    # Batches per pass before the loop yields (a backlog drains in bounded bites).
+    max_batches_per_pass: int = 20
+    # Pause between passes when there was nothing left to do (bounded: 0.1 s .. 60 s).
+    interval_s: float = 2.0
+    # Records younger than this are left for the next pass: a group commit stamps
+    # received_at before it commits, so a slow commit (or a replica's clock a little
+    # behind) must not land behind the cursor. See ADR 0016.
+    settle: timedelta = timedelta(seconds=10)
+    retention_every: timedelta = timedelta(minutes=5)
+    # At most this many points a series read returns (older ones are left out).
+    max_series_points: int = 5000
+    thresholds: AlertThresholds = field(default_factory=AlertThresholds)
+
+    def __post_init__(self) -> None:
+        if not (self.raw_retention <= self.minute_retention <= self.hour_retention):
+            raise ValueError("retention must grow with the resolution: raw <= minute <= hour")
+        if self.raw_retention < timedelta(minutes=10):
+            raise ValueError("raw retention under 10 minutes leaves nothing to look at")
+        if not 1 <= self.batch_size <= 10_000:
+            raise ValueError("batch_size must be in 1..10000")
+        if not 1 <= self.max_batches_per_pass <= 1000:
+            raise ValueError("max_batches_per_pass must be in 1..1000")
+        if not 0.1 <= self.interval_s <= 60.0:
+            raise ValueError("interval_s must be in 0.1..60")
+        if self.settle < timedelta(0):
+            raise ValueError("settle must not be negative")
+
+
+_DURATION_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION: Final = re.compile(r"(\d{1,9})([smhdw])")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``30m``, ``6h``, ``7d``, ``2w``, combined (``1h30m``), or bare seconds."""
+    cleaned = text.strip().lower()
+    if cleaned.isdigit() and len(cleaned) <= 10:
+        return timedelta(seconds=int(cleaned))
+    if not cleaned or _DURATION.sub("", cleaned):
+        raise ValueError(f"{text!r} is not a duration like 30m, 6h or 7d")
+    return timedelta(
+        seconds=sum(int(n) * _DURATION_UNITS[unit] for n, unit in _DURATION.findall(cleaned))
+    )

@@ -1,0 +1,293 @@
+"""Reading a node's health report (``edgefleet.agent.health/1`` and ``/2``) into one point.
+
+What it is for: the health processor hands it a stored record's payload and gets a
+``HealthPoint``: a flat map of numbers (names below, units in the names) and, per model
+version, the latency percentiles with the mergeable sketch when the node sent one. Fields
+it does not know are ignored and a field of the wrong type is left out, so mixed fleets
+and newer agents are read as far as they are understood; a schema version above 2 is
+read like 2. Only a report that cannot be read at all (not JSON, not an object, no
+``edgefleet.agent.health/N`` schema) raises ``MalformedReportError``.
+
+Pure: no I/O, no clock (the caller passes the record's ``created_at`` for reports that
+carry no window end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from protos.latency_sketch import LatencySketch, SketchError
+
+__all__ = [
+    "LATENCY_KINDS",
+    "METRICS",
+    "SCHEMA_PREFIX",
+    "HealthPoint",
+    "MalformedReportError",
+    "parse_report",
+]
+
+SCHEMA_PREFIX: Final = "edgefleet.agent.health/"
+LATENCY_KINDS: Final = ("end_to_end", "compute", "queue")
+_PERCENTILES: Final = ("p50_ms", "p95_ms", "p99_ms", "max_ms")
+MAX_VERSIONS: Final = 16
+MAX_PAYLOAD_BYTES: Final = 512 * 1024
+
+METRICS: Final = {
+    "uptime_s": "seconds since the agent started",
+    "window_s": "length of the report window",
+    "p99_ms": "worst P99 end-to-end latency over the model versions (compute when absent)",
+    "drift_p95_ratio": "worst P95 ratio to the post-install baseline",
+    "drift_p99_ratio": "worst P99 ratio to the post-install baseline",
+    "drift_suspected": "1 when the node flagged drift",
+    "rss_bytes": "process resident memory",
+    "memory_budget_bytes": "the node's memory budget",
+    "headroom_ratio": "(budget - RSS) / budget",
+    "rss_slope_mb_per_h": "robust RSS slope over the node's trend window",
+    "leak_suspected": "1 when the node flagged a leak",
+    "system_available_bytes": "memory the OS could still give",
+    "cpu_process_percent": "agent CPU, percent of one core",
+    "cpu_system_percent": "whole-system CPU percent",
+    "frames": "frames inferred in the window",
+    "frames_per_s": "throughput",
+    "frames_dropped": "frames dropped in the window (all streams)",
+    "frames_skipped": "frames skipped in the window (all streams)",
+    "queue_depth_frames": "frames waiting at the end of the window",
+    "outbox_pending_events": "events waiting for their ack",
+    "outbox_pending_health": "health reports waiting for their ack",
+    "outbox_bytes": "outbox size",
+    "outbox_budget_bytes": "outbox disk budget",
+    "outbox_fill_ratio": "outbox bytes / budget",
+    "outbox_alarm": "1 when the outbox refused events or thinned health",
+    "disk_free_bytes": "free space of the data directory",
+    "max_temp_c": "hottest thermal zone",
+    "throttled": "1 when the CPU was throttled in the window",
+    "throttle_events": "throttle events counted in the window",
+    "cpu_freq_khz": "current CPU frequency",
+    "errors": "errors logged in the window",
+}
+
+
+class MalformedReportError(ValueError):
+    """A health record that cannot be read as a report at all; ``reason`` says why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPoint:
+    """One report, as the health store keeps it."""
+
+    schema: str
+    at: datetime
+    metrics: dict[str, float] = field(default_factory=dict)
+    # model version -> kind ("end_to_end", "compute", "queue") -> {"p50_ms", ..., "sketch_ms"}
+    # and model version -> "drift" -> {"p95_ratio", "p99_ratio"}
+    latency: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    def sketches(self) -> dict[str, dict[str, LatencySketch]]:
+        """The decoded sketches per model version and kind (only those sent)."""
+        found: dict[str, dict[str, LatencySketch]] = {}
+        for model, kinds in self.latency.items():
+            for kind in LATENCY_KINDS:
+                wire = kinds.get(kind, {}).get("sketch_ms")
+                if isinstance(wire, Mapping):
+                    found.setdefault(model, {})[kind] = LatencySketch.from_wire(wire)
+        return found
+
+
+def parse_report(payload: bytes, *, created_at: datetime) -> HealthPoint:
+    """Read one stored health record; raise ``MalformedReportError`` when it is unreadable."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise MalformedReportError("too-large", f"report over {MAX_PAYLOAD_BYTES} bytes")
+    try:
+        doc = json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise MalformedReportError("not-json", f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise MalformedReportError("not-an-object", "a report must be a JSON object")
+    schema = doc.get("schema")
+    version = _schema_version(schema)
+    if version is None:
+        raise MalformedReportError("unknown-schema", f"unknown report schema {schema!r}")
+    assert isinstance(schema, str)
+    if version == 1:
+        return HealthPoint(schema=schema, at=created_at, metrics=_v1_metrics(doc))
+    at = _timestamp(doc.get("window_end")) or created_at
+    latency = _latency(doc.get("latency"))
+    metrics = _v2_metrics(doc)
+    metrics.update(_latency_summary(latency))
+    return HealthPoint(schema=schema, at=at, metrics=metrics, latency=latency)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _schema_version(schema: object) -> int | None:
+    if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+        return None
+    tail = schema[len(SCHEMA_PREFIX) :]
+    if not tail.isdigit() or len(tail) > 4:
+        return None
+    version = int(tail)
+    return version if version >= 1 else None
+
+
+def _timestamp(value: object) -> datetime | None:
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None
+    return parsed.astimezone(UTC)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = doc.get(name)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _put(metrics: dict[str, float], name: str, value: object) -> None:
+    number = _number(value)
+    if number is not None:
+        metrics[name] = number
+
+
+def _outbox(metrics: dict[str, float], outbox: Mapping[str, Any]) -> None:
+    _put(metrics, "outbox_pending_events", outbox.get("pending_events"))
+    _put(metrics, "outbox_pending_health", outbox.get("pending_health"))
+    _put(metrics, "outbox_bytes", outbox.get("bytes"))
+    _put(metrics, "outbox_budget_bytes", outbox.get("budget_bytes"))
+    _put(metrics, "outbox_alarm", outbox.get("alarm"))
+    _put(metrics, "outbox_fill_ratio", outbox.get("fill_ratio"))
+    if "outbox_fill_ratio" not in metrics:
+        size, budget = metrics.get("outbox_bytes"), metrics.get("outbox_budget_bytes")
+        if size is not None and budget:
+            metrics["outbox_fill_ratio"] = round(size / budget, 3)
+
+
+def _headroom(metrics: dict[str, float]) -> None:
+    rss, budget = metrics.get("rss_bytes"), metrics.get("memory_budget_bytes")
+    if "headroom_ratio" not in metrics and rss is not None and budget:
+        metrics["headroom_ratio"] = round((budget - rss) / budget, 3)
+
+
+def _v1_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    _put(metrics, "uptime_s", doc.get("uptime_s"))
+    _put(metrics, "rss_bytes", doc.get("rss_bytes"))
+    _put(metrics, "memory_budget_bytes", doc.get("memory_budget_bytes"))
+    _headroom(metrics)
+    _outbox(metrics, _section(doc, "outbox"))
+    return metrics
+
+
+def _v2_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for name in ("uptime_s", "window_s", "queue_depth_frames", "frames_dropped"):
+        _put(metrics, name, doc.get(name))
+    _put(metrics, "drift_suspected", doc.get("drift_suspected"))
+    throughput = _section(doc, "throughput")
+    _put(metrics, "frames", throughput.get("frames"))
+    _put(metrics, "frames_per_s", throughput.get("frames_per_s"))
+    streams = _section(doc, "streams")
+    skipped = 0.0
+    for stream in streams.values():
+        if isinstance(stream, Mapping):
+            for count in _section(stream, "skipped").values():
+                skipped += _number(count) or 0.0
+    if streams:
+        metrics["frames_skipped"] = skipped
+    memory = _section(doc, "memory")
+    _put(metrics, "rss_bytes", memory.get("rss_bytes"))
+    _put(metrics, "memory_budget_bytes", memory.get("budget_bytes"))
+    _put(metrics, "headroom_ratio", memory.get("headroom_ratio"))
+    _put(metrics, "rss_slope_mb_per_h", memory.get("rss_slope_mb_per_h"))
+    _put(metrics, "leak_suspected", memory.get("leak_suspected"))
+    _put(metrics, "system_available_bytes", memory.get("system_available_bytes"))
+    _headroom(metrics)
+    cpu = _section(doc, "cpu")
+    _put(metrics, "cpu_process_percent", cpu.get("process_percent"))
+    _put(metrics, "cpu_system_percent", cpu.get("system_percent"))
+    disk = _section(doc, "disk")
+    _put(metrics, "disk_free_bytes", disk.get("data_dir_free_bytes"))
+    thermal = _section(doc, "thermal")
+    _put(metrics, "max_temp_c", thermal.get("max_temp_c"))
+    _put(metrics, "throttled", thermal.get("throttled"))
+    _put(metrics, "throttle_events", thermal.get("throttle_events"))
+    _put(metrics, "cpu_freq_khz", thermal.get("cpu_freq_khz"))
+    _outbox(metrics, _section(doc, "outbox"))
+    _put(metrics, "errors", _section(doc, "errors").get("count"))
+    return metrics
+
+
+def _latency(section: object) -> dict[str, dict[str, dict[str, Any]]]:
+    if not isinstance(section, Mapping):
+        return {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for model in sorted(section)[:MAX_VERSIONS]:
+        entry = section[model]
+        if not isinstance(model, str) or not isinstance(entry, Mapping) or len(model) > 200:
+            continue
+        kinds: dict[str, dict[str, Any]] = {}
+        for kind in LATENCY_KINDS:
+            summary = entry.get(kind)
+            if not isinstance(summary, Mapping):
+                continue
+            values: dict[str, Any] = {}
+            for name in _PERCENTILES:
+                number = _number(summary.get(name))
+                if number is not None and not isinstance(summary.get(name), bool):
+                    values[name] = number
+            wire = summary.get("sketch_ms")
+            if isinstance(wire, Mapping):
+                # A bad sketch loses the merge, not the percentiles.
+                with contextlib.suppress(SketchError):
+                    values["sketch_ms"] = LatencySketch.from_wire(wire).to_wire()
+            if values:
+                kinds[kind] = values
+        drift = _section(entry, "drift")
+        ratios: dict[str, Any] = {}
+        for kind in ("end_to_end", "compute"):
+            reading = _section(drift, kind)
+            for name in ("p95_ratio", "p99_ratio"):
+                number = _number(reading.get(name))
+                if number is not None and not isinstance(reading.get(name), bool):
+                    ratios[f"{kind}_{name}"] = number
+        if ratios:
+            kinds["drift"] = ratios
+        if kinds:
+            out[model] = kinds
+    return out
+
+
+def _latency_summary(latency: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, float]:
+    """The fleet-at-a-glance numbers: worst P99 and worst drift over the versions."""
+    summary: dict[str, float] = {}
+    for kinds in latency.values():
+        p99 = kinds.get("end_to_end", {}).get("p99_ms", kinds.get("compute", {}).get("p99_ms"))
+        if p99 is not None:
+            summary["p99_ms"] = max(summary.get("p99_ms", p99), p99)
+        for name, value in kinds.get("drift", {}).items():
+            key = "drift_p99_ratio" if name.endswith("p99_ratio") else "drift_p95_ratio"
+            summary[key] = max(summary.get(key, value), value)
+    return summary

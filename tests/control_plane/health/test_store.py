@@ -1,0 +1,315 @@
+"""The health store on both databases: points, roll-ups, restart safety, retention, alerts."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from control_plane.access.roles import Principal, Role
+from control_plane.access.service import RequestContext
+from control_plane.clock import ManualClock
+from control_plane.errors import ConflictError, PermissionDeniedError
+from control_plane.health.config import HealthConfig
+from control_plane.health.store import HealthStore
+from control_plane.storage.models import (
+    HealthCursorRow,
+    HealthPointRow,
+    HealthRollupRow,
+    NodeRow,
+)
+from tests.control_plane.health.support import START, Sender, v1_report, v2_report
+
+OPERATOR = RequestContext(Principal(token_id="op", name="alice", role=Role.OPERATOR), "req")
+VIEWER = RequestContext(Principal(token_id="v", name="victor", role=Role.VIEWER), "req")
+
+
+def settle(clock: ManualClock, store: HealthStore) -> None:
+    clock.advance(store.config.settle + timedelta(seconds=1))
+
+
+def count(sessions: sessionmaker[Session], row: Any, **where: Any) -> int:
+    with sessions() as session:
+        query = select(func.count()).select_from(row)
+        for name, value in where.items():
+            query = query.where(getattr(row, name) == value)
+        return int(session.scalar(query) or 0)
+
+
+def rollup_reports(sessions: sessionmaker[Session], resolution: str) -> int:
+    with sessions() as session:
+        return int(
+            session.scalar(
+                select(func.sum(HealthRollupRow.reports)).where(
+                    HealthRollupRow.resolution == resolution
+                )
+            )
+            or 0
+        )
+
+
+def test_reports_become_points_and_rollups(
+    store: HealthStore, sender: Sender, clock: ManualClock
+) -> None:
+    sender.send(
+        "n-a",
+        v2_report(START, rss_mb=200, samples=[10, 20]),
+        v2_report(START + timedelta(seconds=20), rss_mb=260, samples=[30]),
+        v2_report(START + timedelta(seconds=70), rss_mb=230, samples=[5]),
+    )
+    sender.send("n-b", v1_report())
+    settle(clock, store)
+    assert store.process_pending() == 4
+
+    raw = store.series("n-a", timedelta(hours=1), now=START + timedelta(minutes=5))
+    assert raw.resolution == "raw"
+    assert [p["metrics"]["rss_bytes"] for p in raw.points] == [200e6, 260e6, 230e6]
+    first = raw.points[0]
+    assert first["metrics"]["frames_skipped"] == 3
+    # End-to-end of [10, 20] is [11, 21]; the sketch's P99 is sorted[floor(0.99 * 1)].
+    assert first["metrics"]["p99_ms"] == pytest.approx(11.0, rel=0.01)
+    assert "sketch_ms" not in first["latency"]["detector/1.0.0"]["compute"]
+
+    minute = store.series(
+        "n-a", timedelta(hours=1), resolution="minute", now=START + timedelta(minutes=5)
+    )
+    assert [p["reports"] for p in minute.points] == [2, 1]
+    rss = minute.points[0]["metrics"]["rss_bytes"]
+    assert (rss["min"], rss["max"], rss["mean"], rss["count"]) == (200e6, 260e6, 230e6, 2)
+    compute = minute.points[0]["latency"]["detector/1.0.0"]["compute"]
+    assert compute["samples"] == 3
+    assert compute["max_ms"] == 30.0
+    assert compute["p50_ms"] == pytest.approx(20.0, rel=0.01)
+
+    hour = store.series("n-a", timedelta(days=30), now=START + timedelta(minutes=5))
+    assert hour.resolution == "hour"
+    assert [p["reports"] for p in hour.points] == [3]
+    assert hour.points[0]["latency"]["detector/1.0.0"]["compute"]["samples"] == 4
+
+    old = store.series("n-b", timedelta(hours=1), now=START + timedelta(minutes=5))
+    assert old.points[0]["metrics"]["headroom_ratio"] == 0.7
+    assert store.latest(["n-a"])["n-a"].metrics["rss_bytes"] == 230e6
+
+
+def test_rollup_percentiles_come_from_merged_sketches(
+    store: HealthStore, sender: Sender, clock: ManualClock
+) -> None:
+    rng = random.Random(5)
+    everything: list[float] = []
+    reports = []
+    for i in range(30):
+        # Windows of very different speed: averaging their P99s would be far off.
+        scale = 5.0 if i % 3 else 60.0
+        samples = [rng.lognormvariate(math.log(scale), 0.4) for _ in range(200)]
+        everything += samples
+        reports.append(v2_report(START + timedelta(seconds=100 * i), samples=samples))
+    for chunk in range(0, 30, 10):
+        sender.send("n-a", *reports[chunk : chunk + 10])
+    settle(clock, store)
+    store.process_pending()
+
+    point = store.series("n-a", timedelta(days=30), now=START + timedelta(hours=1)).points[0]
+    assert point["reports"] == 30
+    compute = point["latency"]["detector/1.0.0"]["compute"]
+    ordered = sorted(everything)
+    for name, q in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)):
+        exact = ordered[math.floor(q * (len(ordered) - 1))]
+        assert abs(compute[name] - exact) <= 0.01 * exact + 1e-9, name
+    assert compute["max_ms"] == pytest.approx(max(everything), abs=1e-3)
+    assert point["metrics"]["p99_ms"]["max"] >= compute["p99_ms"] * 0.99
+
+
+def test_settle_leaves_fresh_records_for_the_next_pass(
+    store: HealthStore, sender: Sender, clock: ManualClock
+) -> None:
+    sender.send("n-a", v2_report(START))
+    assert store.process_pending() == 0
+    settle(clock, store)
+    assert store.process_pending() == 1
+
+
+def test_restart_midway_loses_nothing_and_duplicates_nothing(
+    sessions: sessionmaker[Session],
+    store: HealthStore,
+    sender: Sender,
+    clock: ManualClock,
+    config: HealthConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for i in range(7):
+        sender.send("n-a" if i % 2 else "n-b", v2_report(START + timedelta(seconds=5 * i)))
+    settle(clock, store)
+    assert store.process_batch().processed == 3
+
+    # A crash in the middle of the next batch: nothing of it may stay.
+    def boom(*_: object) -> None:
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(store, "_keep_latest", boom)
+    with pytest.raises(RuntimeError):
+        store.process_batch()
+    assert count(sessions, HealthPointRow) == 3
+    assert rollup_reports(sessions, "hour") == 3
+
+    restarted = HealthStore(sessions, clock, config)
+    restarted.process_pending()
+    assert count(sessions, HealthPointRow) == 7
+    assert rollup_reports(sessions, "minute") == 7
+    assert rollup_reports(sessions, "hour") == 7
+
+    # Replaying everything (a cursor rewound by hand) changes nothing.
+    with sessions() as session:
+        session.execute(update(HealthCursorRow).values(received_at=None, node_id="", record_id=""))
+        session.commit()
+    again = HealthStore(sessions, clock, config)
+    again.process_pending()
+    assert count(sessions, HealthPointRow) == 7
+    assert rollup_reports(sessions, "hour") == 7
+    with sessions() as session:
+        assert session.get(HealthCursorRow, "health").processed == 7  # type: ignore[union-attr]
+
+
+def test_malformed_reports_are_counted_and_skipped(
+    sessions: sessionmaker[Session], store: HealthStore, sender: Sender, clock: ManualClock
+) -> None:
+    bad_sketch = v2_report(START)
+    bad_sketch["latency"]["detector/1.0.0"]["compute"]["sketch_ms"]["bins"] = [1, -5]
+    sender.send(
+        "n-a",
+        b"{not json",
+        json.dumps([1, 2]).encode(),
+        json.dumps({"schema": "someone.else/1"}).encode(),
+        b"\xff\xfe",
+        bad_sketch,
+        v2_report(START + timedelta(seconds=10), window_end="yesterday"),
+    )
+    settle(clock, store)
+    store.process_pending()
+    assert sum(store.malformed.values()) == 4
+    assert store.malformed["not-json"] == 2
+    with sessions() as session:
+        cursor = session.get(HealthCursorRow, "health")
+        assert cursor is not None and (cursor.processed, cursor.malformed) == (2, 4)
+    points = store.series("n-a", timedelta(hours=1), now=START + timedelta(minutes=1)).points
+    assert len(points) == 2
+    # The bad sketch lost its merge, not its percentiles.
+    assert "p99_ms" in points[0]["latency"]["detector/1.0.0"]["compute"]
+
+
+def test_retention_deletes_only_what_is_old(
+    sessions: sessionmaker[Session], sender: Sender, clock: ManualClock
+) -> None:
+    config = HealthConfig(
+        raw_retention=timedelta(hours=1),
+        minute_retention=timedelta(hours=3),
+        hour_retention=timedelta(hours=28),
+    )
+    store = HealthStore(sessions, clock, config)
+    for hours in (0, 2, 4, 30):
+        clock.advance(timedelta(hours=hours) - (clock.now() - START))
+        sender.send("n-a", v2_report(clock.now()))
+        settle(clock, store)
+        store.process_batch()
+    now = START + timedelta(hours=30, minutes=30)
+    deleted = store.apply_retention(now)
+    assert deleted["raw"] == 3
+    assert deleted["minute"] == 3
+    assert deleted["hour"] == 1
+    raw = store.series("n-a", timedelta(days=3), resolution="raw", now=now)
+    assert [p["at"] for p in raw.points] == [(START + timedelta(hours=30)).isoformat()]
+    hourly = store.series("n-a", timedelta(days=3), resolution="hour", now=now)
+    assert [p["reports"] for p in hourly.points] == [1, 1, 1]
+
+
+def kinds(store: HealthStore, node: str = "n-a") -> list[str]:
+    return sorted(a.kind for a in store.list_alerts(node_id=node))
+
+
+def test_alerts_raise_and_clear_with_their_conditions(
+    store: HealthStore, sender: Sender, clock: ManualClock
+) -> None:
+    sender.send(
+        "n-a",
+        v2_report(
+            START,
+            rss_mb=800,
+            leak=True,
+            slope=40.0,
+            drift_ratio=2.0,
+            throttled=True,
+            outbox_fill=0.9,
+        ),
+    )
+    sender.send("n-b", v2_report(START))
+    settle(clock, store)
+    store.process_pending()
+    assert kinds(store) == [
+        "drift",
+        "leak_suspected",
+        "memory_headroom_low",
+        "outbox_near_budget",
+        "throttling",
+    ]
+    assert kinds(store, "n-b") == []
+    (headroom,) = store.list_alerts(node_id="n-a", kind="memory_headroom_low")
+    assert headroom.details["headroom_ratio"] == 0.2
+    assert headroom.details["threshold"] == 0.3
+    assert headroom.since == START
+
+    # The condition ends: the alert clears itself; an unknown value changes nothing.
+    sender.send("n-a", v2_report(START + timedelta(seconds=30), throttled=None))
+    settle(clock, store)
+    store.process_pending()
+    assert kinds(store) == ["throttling"]
+    cleared = store.list_alerts(node_id="n-a", kind="drift", include_cleared=True)
+    assert cleared[0].cleared_by == "condition-ended"
+    assert cleared[0].cleared_at == START + timedelta(seconds=30)
+
+
+def test_operator_clear_silences_until_the_condition_ends(
+    store: HealthStore, sender: Sender, clock: ManualClock
+) -> None:
+    def report(seconds: int, drift: float) -> None:
+        sender.send("n-a", v2_report(START + timedelta(seconds=seconds), drift_ratio=drift))
+        settle(clock, store)
+        store.process_pending()
+
+    report(0, 3.0)
+    (alert,) = store.list_alerts(node_id="n-a")
+    with pytest.raises(PermissionDeniedError):
+        store.clear_alert(VIEWER, alert.id)
+    cleared = store.clear_alert(OPERATOR, alert.id)
+    assert cleared.cleared_by == "operator:alice"
+    with pytest.raises(ConflictError):
+        store.clear_alert(OPERATOR, alert.id)
+    report(10, 3.0)
+    assert store.list_alerts(node_id="n-a") == []  # still drifting, but silenced
+    report(20, 1.0)
+    report(30, 3.0)
+    (again,) = store.list_alerts(node_id="n-a")
+    assert again.id != alert.id and again.kind == "drift"
+
+
+def test_offline_nodes_raise_an_alert_that_clears_when_they_return(
+    sessions: sessionmaker[Session], store: HealthStore
+) -> None:
+    def set_online(online: bool) -> None:
+        with sessions() as session:
+            session.execute(update(NodeRow).where(NodeRow.id == "n-a").values(online=online))
+            session.commit()
+
+    set_online(False)
+    store.process_pending()
+    store.process_pending()
+    assert kinds(store) == ["node_offline"]
+    assert kinds(store, "n-b") == []
+    set_online(True)
+    store.process_pending()
+    assert kinds(store) == []
+    assert store.list_alerts(include_cleared=True)[0].cleared_by == "condition-ended"
