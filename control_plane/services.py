@@ -18,6 +18,8 @@ from control_plane.clock import Clock, SystemClock
 from control_plane.director.assignments import load_or_create_director_key
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
+from control_plane.health.config import HealthConfig
+from control_plane.health.store import HealthStore
 from control_plane.identity.ca import CertificateAuthority
 from control_plane.link.ingest import RecordIngest
 from control_plane.link.mqtt_bridge import MqttBridgeConfig
@@ -38,6 +40,7 @@ class ServiceConfig:
     timestamp_ttl: timedelta = timedelta(days=1)
     refresh_interval_s: float = 300.0
     nodes: NodeConfig = field(default_factory=NodeConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
     # The MQTT bridge runs (in the API's lifespan) only when this is set.
     mqtt: MqttBridgeConfig | None = None
 
@@ -53,6 +56,7 @@ class Services:
     ca: CertificateAuthority
     nodes: NodeService
     records: RecordIngest
+    health: HealthStore
     director: DirectorService
     # New assignments go out through whatever transports run in this process: the gRPC
     # link server and the MQTT bridge attach themselves while they run.
@@ -114,6 +118,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         ca=ca,
         nodes=nodes,
         records=RecordIngest(sessions, clock),
+        health=HealthStore(sessions, clock, config.health),
         director=DirectorService(
             sessions,
             registry,

@@ -20,8 +20,10 @@ from control_plane.api.routes import (
     access,
     artifacts,
     director,
+    fleet_health,
     fleets,
     health,
+    metrics,
     models,
     mqtt,
     nodes,
@@ -51,6 +53,24 @@ async def _freshness_loop(services: Services) -> None:
         await anyio.sleep(services.config.refresh_interval_s)
 
 
+async def _health_loop(services: Services) -> None:
+    """Turn stored health reports into series and alerts (control_plane.health.store).
+
+    A pass drains up to a bounded number of batches; the loop sleeps only when it found
+    nothing left, so a backlog after a restart drains without waiting on the interval.
+    """
+    interval = services.config.health.interval_s
+    while True:
+        busy = False
+        try:
+            done = await anyio.to_thread.run_sync(services.health.process_pending)
+            busy = done >= services.config.health.batch_size
+        except Exception:
+            services.health.failed_passes += 1
+            log.exception("processing health reports failed; retrying next interval")
+        await anyio.sleep(0 if busy else interval)
+
+
 async def _liveness_loop(services: Services) -> None:
     """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
     while True:
@@ -69,6 +89,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
             if run_background:
                 tasks.start_soon(_freshness_loop, services)
                 tasks.start_soon(_liveness_loop, services)
+                tasks.start_soon(_health_loop, services)
             yield
             tasks.cancel_scope.cancel()
 
@@ -80,8 +101,21 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     )
     app.state.services = services
     problems.install(app)
-    for router in (health, fleets, artifacts, models, tuf, access, nodes, director, mqtt):
+    for router in (
+        health,
+        fleets,
+        artifacts,
+        models,
+        tuf,
+        access,
+        nodes,
+        director,
+        mqtt,
+        fleet_health,
+        metrics,
+    ):
         app.include_router(router.router)
+    app.state.metrics_registry = metrics.fleet_registry(services)
     app.add_middleware(
         BodyLimitMiddleware,
         default_limit=services.config.max_json_bytes,

@@ -41,6 +41,33 @@ NODE_DETAIL_COLUMNS = [
     "reported_state",
 ]
 TOKEN_COLUMNS = ["id", "fleet", "labels", "state", "expires_at", "created_by", "node_id"]
+# `nodes list`: the inventory with each node's health at a glance (GET /v1/health/nodes).
+NODE_HEALTH_COLUMNS = [
+    "id",
+    "fleet",
+    "labels",
+    "status",
+    "p99_ms",
+    "drift",
+    "rss_mb",
+    "slope_mb_h",
+    "headroom",
+    "alerts",
+    "agent_version",
+    "last_seen",
+]
+SERIES_COLUMNS = [
+    "at",
+    "reports",
+    "p99_ms",
+    "drift",
+    "rss_mb",
+    "slope_mb_h",
+    "headroom",
+    "cpu_percent",
+    "frames_per_s",
+    "dropped",
+]
 
 _DURATION = re.compile(r"(\d+)([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -185,7 +212,97 @@ def nodes_list(
     if fleet:
         params["fleet"] = fleet
     with cli.client() as api:
-        _emit(cli, api.json("GET", "/v1/nodes", params=params), NODE_COLUMNS)
+        nodes = api.json("GET", "/v1/nodes", params=params)
+        health = {h["id"]: h for h in api.json("GET", "/v1/health/nodes", params=params)}
+    for node in nodes:
+        node["health"] = health.get(node["id"])
+    if cli.output == "json":
+        cli.emit(nodes)
+        return
+    _table(cli, [_glance_row(node) for node in nodes], NODE_HEALTH_COLUMNS)
+
+
+@nodes_app.command("health")
+def nodes_health(
+    ctx: typer.Context,
+    node_id: str,
+    since: Annotated[str, typer.Option(help="how far back: 90m, 6h, 7d")] = "6h",
+    resolution: Annotated[
+        str, typer.Option(help="auto (raw up to 6h, minute up to 3d, else hour), raw, minute, hour")
+    ] = "auto",
+) -> None:
+    """A node's health series: latency, drift, memory, CPU, throughput, drops."""
+    cli = cli_context(ctx)
+    parse_duration(since)  # a typo is reported here, before any request
+    with cli.client() as api:
+        series = api.json(
+            "GET",
+            f"/v1/nodes/{node_id}/health",
+            params={"since": since, "resolution": resolution},
+        )
+    if cli.output == "json":
+        cli.emit(series)
+        return
+    cli.console.print(
+        f"node {series['node_id']}: {len(series['points'])} {series['resolution']} points "
+        f"since {_time_text(series['since'])}"
+        + (" (oldest left out)" if series["truncated"] else "")
+    )
+    _table(cli, [_series_row(p) for p in series["points"]], SERIES_COLUMNS)
+
+
+def _number(value: Any, digits: int = 1, scale: float = 1.0) -> str | None:
+    if value is None:
+        return None
+    return f"{value / scale:.{digits}f}"
+
+
+def _glance_row(node: dict[str, Any]) -> dict[str, Any]:
+    row = _table_row({k: v for k, v in node.items() if k != "health"})
+    health = node.get("health") or {}
+    metrics = health.get("metrics") or {}
+    row["status"] = health.get("status", "online" if node.get("online") else "offline")
+    row["p99_ms"] = _number(metrics.get("p99_ms"))
+    row["drift"] = _number(metrics.get("drift_p99_ratio"), 2)
+    row["rss_mb"] = _number(metrics.get("rss_bytes"), 0, 1e6)
+    row["slope_mb_h"] = _number(metrics.get("rss_slope_mb_per_h"), 1)
+    headroom = metrics.get("headroom_ratio")
+    row["headroom"] = None if headroom is None else f"{headroom:.0%}"
+    row["alerts"] = ",".join(health.get("alerts") or []) or None
+    return row
+
+
+def _series_row(point: dict[str, Any]) -> dict[str, Any]:
+    """One point; a roll-up shows the worst (P99, drift, RSS, slope, headroom), the mean
+    (CPU, throughput) or the total (drops) of its bucket."""
+    metrics = point.get("metrics") or {}
+
+    def pick(name: str, how: str) -> Any:
+        value = metrics.get(name)
+        if isinstance(value, dict):
+            return value.get(how)
+        return value
+
+    p99 = pick("p99_ms", "max")
+    sketched: list[Any] = []
+    for kinds in (point.get("latency") or {}).values():
+        chosen = kinds.get("end_to_end") or kinds.get("compute") or {}
+        sketched.append(chosen.get("p99_ms"))
+    if "until" in point and any(v is not None for v in sketched):
+        p99 = max(v for v in sketched if v is not None)  # from the merged sketches
+    headroom = pick("headroom_ratio", "min")
+    return {
+        "at": _time_text(point.get("at")),
+        "reports": point.get("reports"),
+        "p99_ms": _number(p99),
+        "drift": _number(pick("drift_p99_ratio", "max"), 2),
+        "rss_mb": _number(pick("rss_bytes", "max"), 0, 1e6),
+        "slope_mb_h": _number(pick("rss_slope_mb_per_h", "max"), 1),
+        "headroom": None if headroom is None else f"{headroom:.0%}",
+        "cpu_percent": _number(pick("cpu_process_percent", "mean")),
+        "frames_per_s": _number(pick("frames_per_s", "mean")),
+        "dropped": _number(pick("frames_dropped", "sum"), 0),
+    }
 
 
 @nodes_app.command("show")

@@ -1,0 +1,196 @@
+"""Fleet health over REST and the CLI, /metrics, and the processor in the API lifespan."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+
+from control_plane.api.app import create_app
+from control_plane.cli.main import main
+from control_plane.health.config import HealthConfig
+from control_plane.services import ServiceConfig, Services
+from control_plane.storage import session_factory
+from control_plane.storage.models import NodeRow
+from tests.control_plane.conftest import LiveServer
+from tests.control_plane.health.support import Sender, add_nodes, v1_report, v2_report
+
+
+@pytest.fixture
+def service_config(tmp_path: Path, database_url: str) -> ServiceConfig:
+    data = tmp_path / "server"
+    return ServiceConfig(
+        data_dir=data,
+        database_url=database_url,
+        artifacts_url=(data / "artifacts").as_uri(),
+        refresh_interval_s=3600,
+        health=HealthConfig(settle=timedelta(0), interval_s=0.1),
+    )
+
+
+@pytest.fixture
+def sender(services: Services) -> Sender:
+    add_nodes(session_factory(services.engine), "n-a", "n-b", "n-c")
+    return Sender(services.records)
+
+
+def fill(services: Services, sender: Sender) -> None:
+    now = datetime.now(UTC)
+    sender.send(
+        "n-a",
+        v2_report(now - timedelta(minutes=3), rss_mb=500, slope=1.5),
+        v2_report(now - timedelta(minutes=2), rss_mb=820, slope=42.0, leak=True, drift_ratio=2.1),
+    )
+    sender.send("n-b", v1_report())
+    services.health.process_pending(now + timedelta(seconds=1))
+
+
+class Cli:
+    def __init__(self, server: LiveServer, capsys: pytest.CaptureFixture[str]) -> None:
+        self.server = server
+        self.capsys = capsys
+
+    def run(self, *args: str, token: str | None = None) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        code = main(
+            ["--server", self.server.url, "--token", token or self.server.admin_token, *args]
+        )
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def json(self, *args: str) -> Any:
+        code, out, err = self.run("--output", "json", *args)
+        assert code == 0, err
+        return json.loads(out)
+
+
+@pytest.fixture
+def cli(
+    live_server: LiveServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Cli:
+    monkeypatch.setenv("COLUMNS", "200")
+    return Cli(live_server, capsys)
+
+
+def test_rest_fleet_health_series_and_alerts(
+    client: TestClient, services: Services, sender: Sender
+) -> None:
+    fill(services, sender)
+    glance = {n["id"]: n for n in client.get("/v1/health/nodes").json()}
+    assert glance["n-a"]["status"] == "alert"
+    assert glance["n-a"]["metrics"]["rss_bytes"] == 820e6
+    assert glance["n-a"]["metrics"]["drift_p99_ratio"] == 2.1
+    assert glance["n-a"]["alerts"] == ["drift", "leak_suspected", "memory_headroom_low"]
+    assert glance["n-b"]["status"] == "ok" and glance["n-b"]["schema"].endswith("/1")
+    assert glance["n-c"]["status"] == "no-data"
+
+    series = client.get("/v1/nodes/n-a/health", params={"since": "1h"}).json()
+    assert series["resolution"] == "raw"
+    assert [p["metrics"]["rss_bytes"] for p in series["points"]] == [500e6, 820e6]
+    daily = client.get("/v1/nodes/n-a/health", params={"since": "2d"}).json()
+    assert daily["resolution"] == "minute"
+    assert sum(p["reports"] for p in daily["points"]) == 2
+    bad = client.get("/v1/nodes/n-a/health", params={"since": "soon"})
+    assert bad.status_code == 400
+    assert bad.headers["content-type"].startswith("application/problem+json")
+    assert client.get("/v1/nodes/nope/health").status_code == 404
+
+    alerts = client.get("/v1/alerts", params={"node": "n-a"}).json()
+    assert {a["kind"] for a in alerts} == {"drift", "leak_suspected", "memory_headroom_low"}
+    leak = next(a for a in alerts if a["kind"] == "leak_suspected")
+    assert leak["details"]["rss_slope_mb_per_h"] == 42.0
+
+    viewer_token = client.post("/v1/tokens", json={"name": "v", "role": "viewer"}).json()["token"]
+    viewer = {"Authorization": f"Bearer {viewer_token}"}
+    assert client.get("/v1/alerts", headers=viewer).status_code == 200
+    refused = client.post(f"/v1/alerts/{leak['id']}/clear", headers=viewer)
+    assert refused.status_code == 403
+    cleared = client.post(f"/v1/alerts/{leak['id']}/clear").json()
+    assert cleared["open"] is False and cleared["cleared_by"] == "operator:bootstrap-admin"
+    assert client.post(f"/v1/alerts/{leak['id']}/clear").status_code == 409
+    assert client.get("/v1/alerts", params={"kind": "nonsense"}).status_code == 400
+    actions = [e["action"] for e in client.get("/v1/audit").json()]
+    assert "alert.clear" in actions
+
+
+def test_metrics_are_fleet_level(client: TestClient, services: Services, sender: Sender) -> None:
+    fill(services, sender)
+    sender.send("n-b", b"garbage")
+    services.health.process_pending(datetime.now(UTC) + timedelta(seconds=1))
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    for line in (
+        'edgefleet_nodes{state="online"} 3.0',
+        'edgefleet_alerts_open{kind="drift"} 1.0',
+        'edgefleet_alerts_open{kind="throttling"} 0.0',
+        'edgefleet_node_records_stored_total{kind="health"} 4.0',
+        "edgefleet_health_reports_processed_total 3.0",
+        "edgefleet_health_reports_malformed_total 1.0",
+        "edgefleet_health_processing_lag_seconds 0.0",
+    ):
+        assert line in text, line
+    assert "n-a" not in text  # no per-node labels
+
+
+def test_cli_nodes_list_health_and_alerts(cli: Cli, services: Services, sender: Sender) -> None:
+    fill(services, sender)
+    code, table, err = cli.run("nodes", "list")
+    assert code == 0, err
+    row = next(line for line in table.splitlines() if "n-a" in line)
+    for cell in ("alert", "820", "42.0", "2.10", "18%", "drift,leak_suspected"):
+        assert cell in row, cell
+    listed = {n["id"]: n for n in cli.json("nodes", "list")}
+    assert listed["n-a"]["health"]["metrics"]["p99_ms"] is not None
+
+    code, table, err = cli.run("nodes", "health", "n-a", "--since", "1h")
+    assert code == 0, err
+    assert "2 raw points" in table and "820" in table
+    code, table, err = cli.run("nodes", "health", "n-a", "--since", "2d")
+    assert code == 0 and "minute points" in table
+    series = cli.json("nodes", "health", "n-a", "--since", "60d")
+    assert series["resolution"] == "hour"
+    code, _, err = cli.run("nodes", "health", "n-a", "--since", "later")
+    assert code != 0
+
+    code, table, err = cli.run("alerts", "list")
+    assert code == 0, err
+    assert "memory_headroom_low" in table and "headroom_ratio=0.18" in table
+    alerts = cli.json("alerts", "list", "--node", "n-a", "--kind", "drift")
+    (drift,) = alerts
+    assert cli.json("alerts", "clear", str(drift["id"]))["cleared_by"].startswith("operator:")
+    assert cli.json("alerts", "list", "--kind", "drift") == []
+    assert [a["id"] for a in cli.json("alerts", "list", "--kind", "drift", "--all")] == [
+        drift["id"]
+    ]
+
+
+@pytest.fixture
+def running_client(services: Services, sender: Sender) -> Iterator[TestClient]:
+    with TestClient(create_app(services)) as test_client:
+        yield test_client
+
+
+def test_the_api_lifespan_runs_the_processor(
+    running_client: TestClient, services: Services, sender: Sender
+) -> None:
+    sender.send("n-a", v2_report(datetime.now(UTC), rss_mb=950))
+    with session_factory(services.engine)() as session:
+        session.execute(update(NodeRow).where(NodeRow.id == "n-c").values(online=False))
+        session.commit()
+    deadline = time.monotonic() + 20
+    kinds: set[tuple[str, str]] = set()
+    while time.monotonic() < deadline:
+        kinds = {(a.node_id, a.kind) for a in services.health.list_alerts()}
+        if {("n-a", "memory_headroom_low"), ("n-c", "node_offline")} <= kinds:
+            break
+        time.sleep(0.1)
+    assert {("n-a", "memory_headroom_low"), ("n-c", "node_offline")} <= kinds
