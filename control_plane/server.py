@@ -33,6 +33,7 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         timestamp_ttl=settings.timestamp_ttl,
         refresh_interval_s=settings.refresh_interval_s,
         mqtt=settings.mqtt_bridge_config(),
+        health=settings.health_config(),
     )
 
 

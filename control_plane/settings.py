@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from control_plane.errors import InvalidInputError
+from control_plane.health.config import AlertThresholds, HealthConfig
 from control_plane.link.grpc_server import GrpcLinkConfig
 from control_plane.link.mqtt_acl import CONTROL_PLANE_MQTT_USER
 from control_plane.link.mqtt_bridge import MqttBridgeConfig
@@ -52,6 +53,34 @@ class ServerSettings(BaseSettings):
     grpc_hostnames: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["localhost", "127.0.0.1"]
     )
+
+    # Health store (control_plane.health): retention per resolution and alert thresholds.
+    health_raw_retention_hours: float = Field(default=12, gt=0)
+    health_minute_retention_days: float = Field(default=7, gt=0)
+    health_hour_retention_days: float = Field(default=180, gt=0)
+    alert_drift_ratio: float = Field(default=1.5, gt=1)
+    alert_min_headroom_ratio: float = Field(default=0.30, gt=0, lt=1)
+    alert_outbox_fill_ratio: float = Field(default=0.8, gt=0, le=1)
+    alert_leak_slope_mb_per_h: float | None = Field(
+        default=None, gt=0, description="default: the node's own leak flag only"
+    )
+
+    def health_config(self) -> HealthConfig:
+        """The health store's config; an inconsistent retention fails here, at start."""
+        try:
+            return HealthConfig(
+                raw_retention=timedelta(hours=self.health_raw_retention_hours),
+                minute_retention=timedelta(days=self.health_minute_retention_days),
+                hour_retention=timedelta(days=self.health_hour_retention_days),
+                thresholds=AlertThresholds(
+                    drift_ratio=self.alert_drift_ratio,
+                    min_headroom_ratio=self.alert_min_headroom_ratio,
+                    outbox_fill_ratio=self.alert_outbox_fill_ratio,
+                    leak_slope_mb_per_h=self.alert_leak_slope_mb_per_h,
+                ),
+            )
+        except ValueError as exc:
+            raise InvalidInputError(f"health settings: {exc}") from exc
 
     @field_validator("grpc_hostnames", mode="before")
     @classmethod

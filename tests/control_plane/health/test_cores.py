@@ -116,3 +116,18 @@ def test_config_refuses_unsafe_values_and_durations_parse() -> None:
     assert parse_duration("600") == timedelta(minutes=10)
     with pytest.raises(ValueError):
         parse_duration("6 hours")
+
+
+def test_server_settings_build_the_health_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from control_plane.errors import InvalidInputError
+    from control_plane.settings import ServerSettings
+
+    monkeypatch.setenv("EDGEFLEET_HEALTH_RAW_RETENTION_HOURS", "2")
+    monkeypatch.setenv("EDGEFLEET_ALERT_MIN_HEADROOM_RATIO", "0.25")
+    config = ServerSettings().health_config()
+    assert config.raw_retention == timedelta(hours=2)
+    assert config.thresholds.min_headroom_ratio == 0.25
+    assert config.thresholds.drift_ratio == 1.5
+    monkeypatch.setenv("EDGEFLEET_HEALTH_MINUTE_RETENTION_DAYS", "0.01")
+    with pytest.raises(InvalidInputError, match="retention"):
+        ServerSettings().health_config()
