@@ -15,13 +15,19 @@ alerts_app = typer.Typer(help="Health alerts: list and clear.", no_args_is_help=
 ALERT_COLUMNS = ["id", "node_id", "kind", "since", "cleared_at", "cleared_by", "details"]
 
 
+def _value(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return json.dumps(value) if isinstance(value, bool | None) else str(value)
+
+
 def _row(alert: dict[str, Any]) -> dict[str, Any]:
-    details = {k: v for k, v in (alert.get("details") or {}).items() if v is not None}
+    details = alert.get("details") or {}
     return {
         **alert,
         "since": _time_text(alert.get("since")),
         "cleared_at": _time_text(alert.get("cleared_at")),
-        "details": json.dumps(details, separators=(",", "=")).strip("{}").replace('"', ""),
+        "details": " ".join(f"{k}={_value(v)}" for k, v in details.items() if v is not None),
     }
 
 
