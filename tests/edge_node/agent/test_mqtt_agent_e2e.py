@@ -30,6 +30,7 @@ from edge_node.agent.transport import LoginGrace
 from edge_node.clock import SystemClock
 from edge_node.config import AgentConfig, MqttTransportConfig
 from edge_node.enroll import MQTT_FILE
+from edge_node.link.mqtt_link import MqttNodeLink
 from edge_node.outbox import Outbox
 from edge_node.runtime.config import RuntimeConfig, StreamConfig
 from edge_node.updater.config import UpdaterConfig
@@ -237,6 +238,9 @@ async def test_a_broker_restart_loses_nothing_the_node_recorded(
 
             await until(lambda: agent.uplink is not None and agent.uplink.stats.connects > connects)
             await until(lambda: fp.services.records.count(node_id, "event") > stored_before + 50)
+            grace = agent.link
+            assert isinstance(grace, LoginGrace) and isinstance(grace.inner, MqttNodeLink)
+            assert grace.inner.stats.sessions_resumed >= 1  # the broker kept the session
             await agent.shutdown()
 
         # Every record the node made is stored once, or still in its outbox: none lost.
