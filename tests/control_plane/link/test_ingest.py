@@ -377,3 +377,18 @@ async def test_a_second_group_commits_while_the_first_waits(
     assert ingest.count(node_id) == 6
     with pytest.raises(ValueError, match="flusher"):
         LoopGroupCommit(ingest, flushers=0)
+
+
+def test_a_resent_batch_takes_the_careful_path_on_postgresql(
+    ingest: RecordIngest, sessions: sessionmaker[Session], node_id: str
+) -> None:
+    # PostgreSQL copies a group straight into the table; a record stored already makes
+    # that fail on the primary key, and the group is stored again skipping duplicates.
+    batch = [record(1), record(2)]
+    ingest.store(node_id, batch)
+    assert ingest.resent_groups == 0
+    more = [batch[1], record(3)]
+    assert ingest.store(node_id, more) == [r.id for r in more]
+    postgresql = sessions.kw["bind"].dialect.name == "postgresql"
+    assert ingest.resent_groups == (1 if postgresql else 0)
+    assert ingest.count(node_id) == 3
