@@ -53,7 +53,7 @@ class HealthConfig:
     interval_s: float = 2.0
     # Records younger than this are left for the next pass: a group commit stamps
     # received_at before it commits, so a slow commit (or a replica's clock a little
-    # behind) must not land behind the cursor. See ADR 0016.
+    # behind) must not land behind the cursor. See ADR 0018.
     settle: timedelta = timedelta(seconds=10)
     retention_every: timedelta = timedelta(minutes=5)
     # At most this many points a series read returns (older ones are left out).

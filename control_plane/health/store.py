@@ -3,7 +3,7 @@
 What it is for: ``process_pending`` walks ``node_records`` (kind "health") behind a durable
 cursor and, per batch and in one transaction, stores each report as a raw point, folds it
 into its node's minute and hour roll-ups, keeps the node's latest point, raises and clears
-alerts, and moves the cursor (ADR 0017). ``apply_retention`` deletes what is older than the
+alerts, and moves the cursor (ADR 0018). ``apply_retention`` deletes what is older than the
 configured retention. Reads (``latest``, ``series``, ``alerts``) serve the REST API, the CLI
 and ``/metrics``. Not for policy: the rules live in ``control_plane.health.alerts`` and the
 roll-up math in ``control_plane.health.rollup``.
