@@ -92,9 +92,15 @@ class HealthPoint:
     # model version -> kind ("end_to_end", "compute", "queue") -> {"p50_ms", ..., "sketch_ms"}
     # and model version -> "drift" -> {"p95_ratio", "p99_ratio"}
     latency: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # The sketches of ``latency``, decoded once (decoding is most of a report's cost).
+    decoded: dict[str, dict[str, LatencySketch]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def sketches(self) -> dict[str, dict[str, LatencySketch]]:
         """The decoded sketches per model version and kind (only those sent)."""
+        if self.decoded or not self.latency:
+            return self.decoded
         found: dict[str, dict[str, LatencySketch]] = {}
         for model, kinds in self.latency.items():
             for kind in LATENCY_KINDS:
@@ -122,10 +128,11 @@ def parse_report(payload: bytes, *, created_at: datetime) -> HealthPoint:
     if version == 1:
         return HealthPoint(schema=schema, at=created_at, metrics=_v1_metrics(doc))
     at = _timestamp(doc.get("window_end")) or created_at
-    latency = _latency(doc.get("latency"))
+    decoded: dict[str, dict[str, LatencySketch]] = {}
+    latency = _latency(doc.get("latency"), decoded)
     metrics = _v2_metrics(doc)
     metrics.update(_latency_summary(latency))
-    return HealthPoint(schema=schema, at=at, metrics=metrics, latency=latency)
+    return HealthPoint(schema=schema, at=at, metrics=metrics, latency=latency, decoded=decoded)
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -240,7 +247,9 @@ def _v2_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
     return metrics
 
 
-def _latency(section: object) -> dict[str, dict[str, dict[str, Any]]]:
+def _latency(
+    section: object, decoded: dict[str, dict[str, LatencySketch]]
+) -> dict[str, dict[str, dict[str, Any]]]:
     if not isinstance(section, Mapping):
         return {}
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -262,7 +271,8 @@ def _latency(section: object) -> dict[str, dict[str, dict[str, Any]]]:
             if isinstance(wire, Mapping):
                 # A bad sketch loses the merge, not the percentiles.
                 with contextlib.suppress(SketchError):
-                    values["sketch_ms"] = LatencySketch.from_wire(wire).to_wire()
+                    decoded.setdefault(model, {})[kind] = LatencySketch.from_wire(wire)
+                    values["sketch_ms"] = dict(wire)  # checked by from_wire
             if values:
                 kinds[kind] = values
         drift = _section(entry, "drift")
