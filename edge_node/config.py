@@ -34,6 +34,7 @@ from edge_node.runtime.config import (
     parse_streams,
 )
 from edge_node.runtime.errors import RuntimeConfigError
+from edge_node.telemetry.config import TelemetryConfig, parse_telemetry_config
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.https_fetch import HttpsRepositoryConfig
 from edge_node.updater.watchdog import WatchdogConfig
@@ -143,6 +144,8 @@ class NodeSettings(BaseSettings):
     shutdown_deadline_s: float = Field(default=10.0, gt=0, le=600)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     updater: UpdaterSettings = Field(default_factory=UpdaterSettings)
+    # Health report windows and thresholds: edge_node.telemetry.TelemetryConfig's keys.
+    telemetry: dict[str, Any] = Field(default_factory=dict)
 
     _check_addresses = field_validator("server_grpc", "enroll_grpc", "server_mqtt")(_check_address)
 
@@ -199,6 +202,7 @@ class AgentConfig:
     runtime_workers: int = 1
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     updater: UpdaterConfig = field(default_factory=UpdaterConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
     renewal: RenewalConfig = field(default_factory=RenewalConfig)
     agent_version: str = AGENT_VERSION
@@ -283,6 +287,13 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
     if runtime.model_path is not None and not runtime_config.streams:
         raise ConfigError("runtime.model_path is set but runtime.streams is empty")
     token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+    memory_budget_bytes = settings.memory_budget_mb << 20
+    try:
+        telemetry = parse_telemetry_config(
+            settings.telemetry, memory_budget_bytes=memory_budget_bytes
+        )
+    except InvalidInputError as exc:
+        raise ConfigError(f"invalid telemetry settings: {exc.message}") from exc
     updater = settings.updater
     watchdog = updater.watchdog
     return AgentConfig(
@@ -294,7 +305,7 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
         enroll_address=settings.enroll_grpc,
         bootstrap_token=token or None,
         ca_file=settings.ca_file,
-        memory_budget_bytes=settings.memory_budget_mb << 20,
+        memory_budget_bytes=memory_budget_bytes,
         outbox_budget_bytes=settings.outbox_budget_mb << 20,
         health_interval_s=settings.health_interval_s,
         shutdown_deadline_s=settings.shutdown_deadline_s,
@@ -315,6 +326,7 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
                 poll_s=min(1.0, watchdog.window_s / 10) if watchdog.window_s else 1.0,
             ),
         ),
+        telemetry=telemetry,
         uplink=UplinkConfig(backoff=Backoff(initial_s=0.5, cap_s=30.0)),
     )
 

@@ -5,7 +5,7 @@ Importing this package starts nothing; `python -m edge_node run` is the entry po
 
 from __future__ import annotations
 
-from edge_node.agent.agent import HEALTH_SCHEMA, Agent, AgentContext, Component, health_report
+from edge_node.agent.agent import HEALTH_SCHEMA, Agent, AgentContext, Component
 from edge_node.agent.errors import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -30,5 +30,4 @@ __all__ = [
     "EnrollmentError",
     "NodeRefusedError",
     "TaskFailedError",
-    "health_report",
 ]

@@ -28,11 +28,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import anyio
 import anyio.to_thread
-import psutil
 
 from edge_node.agent.errors import AgentError, EnrollmentError, NodeRefusedError, TaskFailedError
 from edge_node.agent.transport import BrokerLoginRefusedError, NodeTransport, open_transport
@@ -41,6 +40,7 @@ from edge_node.clock import Clock
 from edge_node.config import AgentConfig
 from edge_node.enroll import IDENTITY_FILE, EnrollmentFiles, enroll_over_grpc, enroll_over_https
 from edge_node.errors import ClosedError, EdgeNodeError, InvalidInputError, OutboxFullError
+from edge_node.fsutil import atomic_write
 from edge_node.identity import recover_pending_renewal, run_renewal
 from edge_node.link.base import (
     Backoff,
@@ -49,10 +49,18 @@ from edge_node.link.base import (
     LinkUnavailableError,
     NodeLink,
 )
-from edge_node.link.uplink import ControlHandler, Uplink, UplinkStats
-from edge_node.outbox import Outbox, OutboxStats
+from edge_node.link.uplink import ControlHandler, Uplink
+from edge_node.outbox import Outbox
 from edge_node.runtime.pipeline import FrameResult, InferencePipeline
 from edge_node.runtime.session import ModelSession
+from edge_node.runtime.timing import SystemTicker
+from edge_node.telemetry import (
+    HEALTH_SCHEMA,
+    ErrorLogHandler,
+    SystemProbe,
+    Telemetry,
+    encode_report,
+)
 from edge_node.updater.watchdog import ModelHealth
 from protos.edgefleet.fleet.v1 import link_pb2
 
@@ -61,12 +69,12 @@ __all__ = [
     "Agent",
     "AgentContext",
     "Component",
-    "health_report",
 ]
 
 log = logging.getLogger(__name__)
 
-HEALTH_SCHEMA: Final = "edgefleet.agent.health/1"
+# The drift baselines of every model version seen, kept across restarts.
+BASELINES_FILE: Final = "telemetry-baselines.json"
 _ENROLL_BACKOFF: Final = Backoff(initial_s=1.0, cap_s=60.0)
 _RUNTIME_STOP_S: Final = 5.0
 
@@ -86,46 +94,6 @@ class AgentContext:
 
 # A supervised extra task: runs until `stop` is set; raising is fatal for the agent.
 Component = Callable[[AgentContext, anyio.Event], Awaitable[None]]
-
-
-def health_report(
-    *,
-    node_id: str,
-    agent_version: str,
-    uptime_s: float,
-    rss_bytes: int,
-    memory_budget_bytes: int,
-    outbox: OutboxStats,
-    uplink: UplinkStats,
-    model: str | None,
-    results: int,
-) -> dict[str, Any]:
-    """The small health record the agent appends to its outbox (kind "health")."""
-    return {
-        "schema": HEALTH_SCHEMA,
-        "node_id": node_id,
-        "agent_version": agent_version,
-        "uptime_s": round(uptime_s, 3),
-        "rss_bytes": rss_bytes,
-        "memory_budget_bytes": memory_budget_bytes,
-        "over_memory_budget": rss_bytes > memory_budget_bytes,
-        "outbox": {
-            "pending_events": outbox.pending_events,
-            "pending_health": outbox.pending_health,
-            "bytes": outbox.bytes,
-            "budget_bytes": outbox.budget_bytes,
-            "dropped_health": outbox.dropped_health,
-            "refused_events": outbox.refused_events,
-            "alarm": outbox.alarm,
-        },
-        "uplink": {
-            "connects": uplink.connects,
-            "disconnects": uplink.disconnects,
-            "records_acked": uplink.records_acked,
-            "ack_timeouts": uplink.ack_timeouts,
-        },
-        "runtime": {"model": model, "results": results},
-    }
 
 
 class Agent:
@@ -162,6 +130,15 @@ class Agent:
         self.link: NodeLink | None = None  # the transport's link, once enrolled
         self.updater: NodeUpdater | None = None
         self.health_dropped = 0
+        ticker = SystemTicker()
+        # Latency per model version, drift, RSS trend and the box (edge_node.telemetry):
+        # the pipeline records every frame, `_report_health` asks for a report per window.
+        self.telemetry = Telemetry(
+            config.telemetry,
+            clock=clock,
+            probe=SystemProbe(config.data_dir, ticker=ticker),
+            ticker=ticker,
+        )
 
     @property
     def stopping(self) -> bool:
@@ -481,29 +458,65 @@ class Agent:
             log.debug("control message %s (no handler yet)", message.WhichOneof("body"))
 
     async def _report_health(self, outbox: Outbox, uplink: Uplink, files: EnrollmentFiles) -> None:
-        process = psutil.Process()
-        while not self._stop.is_set():
-            stats = await anyio.to_thread.run_sync(outbox.stats)
-            started = self._started_at or self._clock.now()
-            report = health_report(
-                node_id=files.node_id,
-                agent_version=self._config.agent_version,
-                uptime_s=(self._clock.now() - started).total_seconds(),
-                rss_bytes=int(process.memory_info().rss),
-                memory_budget_bytes=self._config.memory_budget_bytes,
-                outbox=stats,
-                uplink=uplink.stats,
-                model=self._model,
-                results=self._results,
-            )
-            payload = json.dumps(report, sort_keys=True).encode()
-            try:
-                await anyio.to_thread.run_sync(outbox.append, "health", payload)
-            except OutboxFullError as exc:  # counted by the outbox; health is best effort
-                self.health_dropped += 1
-                log.warning("health record not stored: %s", exc.message)
-            with anyio.move_on_after(self._config.health_interval_s):
-                await self._stop.wait()
+        """One `edgefleet.agent.health/2` report per `health_interval_s` into the outbox.
+
+        The report is built in a worker thread (it samples the box); drift baselines are
+        saved with it, so a restarted agent keeps judging drift against them.
+        """
+        telemetry = self.telemetry
+        errors = ErrorLogHandler(telemetry)
+        logging.getLogger("edge_node").addHandler(errors)
+        await anyio.to_thread.run_sync(self._load_baselines)
+        try:
+            while not self._stop.is_set():
+                payload = await anyio.to_thread.run_sync(
+                    self._health_payload, outbox, uplink, files
+                )
+                try:
+                    await anyio.to_thread.run_sync(outbox.append, "health", payload)
+                except OutboxFullError as exc:  # counted by the outbox; best effort
+                    self.health_dropped += 1
+                    log.warning("health record not stored: %s", exc.message)
+                with anyio.move_on_after(self._config.health_interval_s):
+                    await self._stop.wait()
+        finally:
+            logging.getLogger("edge_node").removeHandler(errors)
+
+    def _health_payload(self, outbox: Outbox, uplink: Uplink, files: EnrollmentFiles) -> bytes:
+        pipeline = self._pipeline
+        report = self.telemetry.report(
+            self._clock.now(),
+            node_id=files.node_id,
+            agent_version=self._config.agent_version,
+            active_model=pipeline.session.label if pipeline is not None else self._model,
+            streams=pipeline.stats() if pipeline is not None else None,
+            queue_depth_frames=pipeline.backlog() if pipeline is not None else None,
+            outbox=outbox.stats(),
+            uplink=uplink.stats,
+        )
+        self._save_baselines()
+        return encode_report(report)
+
+    def _baselines_path(self) -> Path:
+        return self._config.data_dir / BASELINES_FILE
+
+    def _load_baselines(self) -> None:
+        path = self._baselines_path()
+        try:
+            data = json.loads(path.read_bytes())
+            self.telemetry.import_baselines(data)
+        except FileNotFoundError:
+            return
+        except (ValueError, TypeError, EdgeNodeError) as exc:
+            # Drift then starts from fresh baselines: worse judgement, never a crash.
+            log.warning("ignoring unreadable drift baselines in %s: %s", path, exc)
+
+    def _save_baselines(self) -> None:
+        data = json.dumps(self.telemetry.export_baselines(), sort_keys=True).encode()
+        try:
+            atomic_write(self._baselines_path(), data, mode=0o600)
+        except OSError as exc:  # a full disk must not stop health reports
+            log.warning("could not save drift baselines: %s", exc)
 
     async def _run_runtime(self) -> None:
         # With the updater, it serves the journal's model (or model_path) at its start.
@@ -512,7 +525,9 @@ class Agent:
         await self._stop.wait()
 
     def _count_result(self, result: FrameResult) -> None:
-        # Results go nowhere yet: aggregation and events come with their own issue.
+        # Latency per model version for health reports; the results themselves go nowhere
+        # yet (aggregation and events come with their own issue).
+        self.telemetry.record_result(result)
         self._results += 1
 
     async def _close(self, transport: NodeTransport, outbox: Outbox) -> None:

@@ -10,7 +10,9 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+from sqlalchemy import Engine, select
 
+from control_plane.storage.models import NodeRecordRow
 from edge_node.agent import (
     EXIT_REFUSED,
     HEALTH_SCHEMA,
@@ -19,14 +21,12 @@ from edge_node.agent import (
     EnrollmentError,
     NodeRefusedError,
     TaskFailedError,
-    health_report,
 )
 from edge_node.clock import SystemClock
 from edge_node.config import AgentConfig
 from edge_node.enroll import IDENTITY_FILE
 from edge_node.link.grpc_link import GrpcLinkSettings
-from edge_node.link.uplink import UplinkStats
-from edge_node.outbox import Outbox, OutboxStats
+from edge_node.outbox import Outbox
 from edge_node.runtime.config import PreprocessConfig, RuntimeConfig, StreamConfig
 from tests.conftest import free_port
 from tests.control_plane.link.grpc_support import ADMIN, until
@@ -34,6 +34,17 @@ from tests.edge_node.agent.support import agent_config, control_plane
 from tests.edge_node.runtime._models import echo_model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+def stored_payloads(engine: Engine, node_id: str, kind: str) -> list[bytes]:
+    with engine.connect() as connection:
+        return list(
+            connection.scalars(
+                select(NodeRecordRow.payload).where(
+                    NodeRecordRow.node_id == node_id, NodeRecordRow.kind == kind
+                )
+            )
+        )
 
 
 @pytest.fixture
@@ -168,35 +179,45 @@ async def test_shutdown_before_run_makes_run_return_at_once(tmp_path: Path) -> N
     assert not (tmp_path / "node").exists()
 
 
-def test_the_health_record_is_small_json_with_a_schema() -> None:
-    stats = OutboxStats(
-        pending_events=1,
-        pending_health=2,
-        bytes=300,
-        budget_bytes=1000,
-        dropped_health=0,
-        refused_events=0,
-        alarm=False,
-        oldest_created_at=None,
-        high_water_seq=3,
-        last_acked_seq=0,
-        disk_bytes=4096,
+async def test_health_records_are_telemetry_reports_with_the_model_latency(
+    tmp_path: Path,
+) -> None:
+    model = echo_model(tmp_path / "v1.onnx", (1, 3, 8, 8))
+    runtime = RuntimeConfig(
+        preprocess=PreprocessConfig(scale=1.0, mean=(0.0,), std=(1.0,)),
+        streams=(StreamConfig("cam"),),
     )
-    report = health_report(
-        node_id="n1",
-        agent_version="0.1.0",
-        uptime_s=1.23456,
-        rss_bytes=2000,
-        memory_budget_bytes=1000,
-        outbox=stats,
-        uplink=UplinkStats(),
-        model=None,
-        results=0,
+    async with control_plane(tmp_path) as plane:
+        config = agent_config(plane, tmp_path / "node", model_path=model, runtime=runtime)
+        agent = Agent(config, SystemClock())
+        async with anyio.create_task_group() as group:
+            group.start_soon(agent.run)
+            with anyio.fail_after(15):
+                await agent.ready.wait()
+            assert agent.files is not None
+            node_id = agent.files.node_id
+            await until(lambda: agent.pipeline is not None)
+            assert agent.pipeline is not None
+            frame = np.zeros((8, 8, 3), dtype=np.uint8)
+            for _ in range(20):
+                agent.pipeline.submit("cam", frame)
+                await anyio.sleep(0.01)
+            await until(lambda: agent._results >= 20)
+            before = plane.services.records.count(node_id, "health")
+            await until(lambda: plane.services.records.count(node_id, "health") > before + 1)
+            await agent.shutdown(5.0)
+        reports = [
+            json.loads(payload)
+            for payload in stored_payloads(plane.services.engine, node_id, "health")
+        ]
+    assert reports and all(
+        r["schema"] == HEALTH_SCHEMA == "edgefleet.agent.health/2" for r in reports
     )
-    assert report["schema"] == HEALTH_SCHEMA
-    assert report["over_memory_budget"] is True
-    assert report["outbox"]["pending_health"] == 2
-    assert len(json.dumps(report)) < 1024
+    assert all(r["node_id"] == node_id and r["memory"]["rss_bytes"] > 0 for r in reports)
+    with_frames = [r for r in reports if r.get("latency")]
+    assert with_frames, "no report carried the frames' latency"
+    # Drift baselines are kept for the next start.
+    assert (tmp_path / "node" / "telemetry-baselines.json").exists()
 
 
 async def test_a_configured_model_is_served_and_the_updater_seam_swaps_it(

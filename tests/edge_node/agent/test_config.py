@@ -80,12 +80,15 @@ def test_everything_from_env_and_flags_without_a_file(monkeypatch: pytest.Monkey
         ("updater:\n  max_attempts: 0\n", "max_attempts"),
         ("updater:\n  selftest_latency_budget_ms: 0\n", "selftest_latency_budget_ms"),
         ("updater:\n  auto_rollback: true\n", "auto_rollback"),
+        ("telemetry:\n  leak_slope_mb_per_h: 0\n", "leak_slope_mb_per_h"),
+        ("telemetry:\n  leak_slope: 5\n", "unknown keys leak_slope"),
+        ("telemetry: 3\n", "telemetry"),
     ],
 )
 def test_unsafe_or_malformed_settings_are_refused(tmp_path: Path, extra: str, message: str) -> None:
     path = tmp_path / "node.yaml"
     lines = BASE.splitlines(keepends=True)
-    if extra.startswith("runtime:") or extra.startswith("updater:"):
+    if extra.startswith(("runtime:", "updater:", "telemetry:")):
         lines = lines[: lines.index("runtime:\n")]
     path.write_text("".join(lines) + extra)
     with pytest.raises(ConfigError, match=message):
@@ -150,6 +153,14 @@ def test_the_updater_is_on_by_default_with_a_watchdog(node_yaml: Path) -> None:
     assert (updater.watchdog.window_s, updater.watchdog.max_errors) == (60.0, 10)
     assert (updater.max_artifact_bytes, updater.space_margin_bytes) == (4 << 30, 256 << 20)
     assert updater.selftest_latency_budget_s == 1.0
+
+
+def test_telemetry_settings_from_the_file_with_the_memory_budget(node_yaml: Path) -> None:
+    node_yaml.write_text(BASE + "telemetry:\n  drift_alert_ratio: 2.0\n  leak_for_s: 60\n")
+    config = load_agent_config(node_yaml)
+    assert (config.telemetry.drift_alert_ratio, config.telemetry.leak_for_s) == (2.0, 60)
+    # The node's memory budget is the telemetry's unless the section sets its own.
+    assert config.telemetry.memory_budget_bytes == config.memory_budget_bytes
 
 
 def test_updater_settings_from_the_file_and_env(
