@@ -150,18 +150,18 @@ class HealthStore:
             return total
 
     def process_batch(self, now: datetime | None = None) -> BatchResult:
-        """One transaction: the next batch of health records after the cursor."""
+        """One transaction: the next batch of health records after the cursor.
+
+        The records are read and parsed before the write transaction begins (on SQLite
+        its lock is the whole database's, and the ingest waits on it); the write then
+        checks that the cursor has not moved meanwhile (another replica's batch), and
+        gives up the batch if it has.
+        """
         now = now or self._clock.now()
         self._ensure_cursor()
         limit = now - self.config.settle
-        with self._write_session() as session:
-            cursor = session.scalars(
-                select(HealthCursorRow)
-                .where(HealthCursorRow.name == CURSOR_NAME)
-                .with_for_update(skip_locked=True)
-            ).first()
-            if cursor is None:
-                return BatchResult(0, 0, 0, more=False)  # another replica holds it
+        with self._sessions() as session:
+            position = _position(session.get(HealthCursorRow, CURSOR_NAME))
             query = (
                 select(
                     NodeRecordRow.node_id,
@@ -174,32 +174,40 @@ class HealthStore:
                 .order_by(NodeRecordRow.received_at, NodeRecordRow.node_id, NodeRecordRow.record_id)
                 .limit(self.config.batch_size)
             )
-            if cursor.received_at is not None:
-                query = query.where(_after(cursor))
+            if position is not None:
+                query = query.where(_after(*position))
             records = session.execute(query).all()
-            if not records:
-                return BatchResult(0, 0, 0, more=False)
+        if not records:
+            return BatchResult(0, 0, 0, more=False)
 
-            points: list[tuple[str, str, datetime, HealthPoint]] = []
-            malformed = 0
-            for node_id, record_id, received_at, created_at, payload in records:
-                try:
-                    point = parse_report(bytes(payload), created_at=created_at)
-                except MalformedReportError as exc:
-                    malformed += 1
-                    self.malformed[exc.reason] += 1
-                    log.warning(
-                        "skipped a malformed health report",
-                        extra={"node_id": node_id, "record_id": record_id, "reason": exc.reason},
-                    )
-                    continue
-                except Exception:  # never let one report stop the store
-                    malformed += 1
-                    self.malformed["unreadable"] += 1
-                    log.exception("skipped an unreadable health report %s/%s", node_id, record_id)
-                    continue
-                points.append((node_id, record_id, received_at, point))
+        points: list[tuple[str, str, datetime, HealthPoint]] = []
+        reasons: list[str] = []
+        for node_id, record_id, received_at, created_at, payload in records:
+            try:
+                point = parse_report(bytes(payload), created_at=created_at)
+            except MalformedReportError as exc:
+                reasons.append(exc.reason)
+                log.warning(
+                    "skipped a malformed health report",
+                    extra={"node_id": node_id, "record_id": record_id, "reason": exc.reason},
+                )
+                continue
+            except Exception:  # never let one report stop the store
+                reasons.append("unreadable")
+                log.exception("skipped an unreadable health report %s/%s", node_id, record_id)
+                continue
+            points.append((node_id, record_id, received_at, point))
 
+        with self._write_session() as session:
+            cursor = session.scalars(
+                select(HealthCursorRow)
+                .where(HealthCursorRow.name == CURSOR_NAME)
+                .with_for_update(skip_locked=True)
+            ).first()
+            if cursor is None:
+                return BatchResult(0, 0, 0, more=False)  # another replica holds it
+            if _position(cursor) != position:
+                return BatchResult(0, 0, 0, more=True)  # it moved meanwhile: read again
             fresh = _without_stored(session, points)
             duplicates = len(points) - len(fresh)
             if fresh:
@@ -207,20 +215,23 @@ class HealthStore:
                 self._fold_rollups(session, fresh)
                 self._keep_latest(session, fresh)
                 self._report_alerts(session, fresh, now)
-
             last = records[-1]
             cursor.received_at, cursor.node_id, cursor.record_id = last[2], last[0], last[1]
             cursor.processed += len(fresh)
-            cursor.malformed += malformed
+            cursor.malformed += len(reasons)
             cursor.updated_at = now
             session.commit()
         self.processed += len(fresh)
+        self.malformed.update(reasons)
         return BatchResult(
-            len(fresh), malformed, duplicates, more=len(records) == self.config.batch_size
+            len(fresh), len(reasons), duplicates, more=len(records) == self.config.batch_size
         )
 
     def _ensure_cursor(self) -> None:
         with self._sessions() as session:
+            if session.get(HealthCursorRow, CURSOR_NAME) is not None:
+                return
+        with self._write_session() as session:
             if session.get(HealthCursorRow, CURSOR_NAME) is not None:
                 return
             session.add(HealthCursorRow(name=CURSOR_NAME))
@@ -635,8 +646,9 @@ class HealthStore:
             pending = select(func.min(NodeRecordRow.received_at)).where(
                 NodeRecordRow.kind == "health"
             )
-            if cursor is not None and cursor.received_at is not None:
-                pending = pending.where(_after(cursor))
+            position = _position(cursor)
+            if position is not None:
+                pending = pending.where(_after(*position))
             oldest = session.scalar(pending)
         return {
             "nodes": {state: states.get(state, 0) for state in ("online", "offline", "revoked")},
@@ -656,18 +668,21 @@ class HealthStore:
             yield session
 
 
-def _after(cursor: HealthCursorRow) -> Any:
-    """Records strictly after the cursor in (received_at, node_id, record_id) order."""
+def _position(cursor: HealthCursorRow | None) -> tuple[datetime, str, str] | None:
+    if cursor is None or cursor.received_at is None:
+        return None
+    return cursor.received_at, cursor.node_id, cursor.record_id
+
+
+def _after(received_at: datetime, node_id: str, record_id: str) -> Any:
+    """Records strictly after a cursor position in (received_at, node_id, record_id) order."""
     return or_(
-        NodeRecordRow.received_at > cursor.received_at,
+        NodeRecordRow.received_at > received_at,
         and_(
-            NodeRecordRow.received_at == cursor.received_at,
+            NodeRecordRow.received_at == received_at,
             or_(
-                NodeRecordRow.node_id > cursor.node_id,
-                and_(
-                    NodeRecordRow.node_id == cursor.node_id,
-                    NodeRecordRow.record_id > cursor.record_id,
-                ),
+                NodeRecordRow.node_id > node_id,
+                and_(NodeRecordRow.node_id == node_id, NodeRecordRow.record_id > record_id),
             ),
         ),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -313,3 +314,31 @@ def test_offline_nodes_raise_an_alert_that_clears_when_they_return(
     store.process_pending()
     assert kinds(store) == []
     assert store.list_alerts(include_cleared=True)[0].cleared_by == "condition-ended"
+
+
+def test_two_replicas_at_once_process_each_record_once(
+    sessions: sessionmaker[Session], sender: Sender, clock: ManualClock, config: HealthConfig
+) -> None:
+    for i in range(40):
+        sender.send("n-a" if i % 2 else "n-b", v2_report(START + timedelta(seconds=i)))
+    settle(clock, HealthStore(sessions, clock, config))
+    replicas = [HealthStore(sessions, clock, config) for _ in range(2)]
+    errors: list[BaseException] = []
+
+    def drain(store: HealthStore) -> None:
+        try:
+            for _ in range(40):
+                store.process_pending()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(r,)) for r in replicas]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert count(sessions, HealthPointRow) == 40
+    assert rollup_reports(sessions, "minute") == 40
+    assert rollup_reports(sessions, "hour") == 40
+    assert sum(r.processed for r in replicas) == 40
