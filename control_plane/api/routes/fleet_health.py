@@ -93,7 +93,8 @@ def fleet_health(
     """Every node's health at a glance: its latest report's key numbers and open alerts."""
     parsed = parse_selector(selector) if selector else None
     nodes = services.nodes.list_nodes(parsed, fleet)
-    ids = [n.id for n in nodes]
+    # The whole fleet: no id list (a long IN list is slow, and SQLite caps its size).
+    ids = None if parsed is None and fleet is None else [n.id for n in nodes]
     latest = services.health.latest(ids)
     alerts = services.health.open_alerts(ids)
     out = []

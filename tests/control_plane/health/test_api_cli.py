@@ -90,6 +90,9 @@ def test_rest_fleet_health_series_and_alerts(
     assert glance["n-a"]["alerts"] == ["drift", "leak_suspected", "memory_headroom_low"]
     assert glance["n-b"]["status"] == "ok" and glance["n-b"]["schema"].endswith("/1")
     assert glance["n-c"]["status"] == "no-data"
+    in_fleet = client.get("/v1/health/nodes", params={"fleet": "gates"}).json()
+    assert [n["alerts"] for n in in_fleet] == [glance[n["id"]]["alerts"] for n in in_fleet]
+    assert len(in_fleet) == 3
 
     series = client.get("/v1/nodes/n-a/health", params={"since": "1h"}).json()
     assert series["resolution"] == "raw"
