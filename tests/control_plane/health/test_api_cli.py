@@ -197,3 +197,25 @@ def test_the_api_lifespan_runs_the_processor(
             break
         time.sleep(0.1)
     assert {("n-a", "memory_headroom_low"), ("n-c", "node_offline")} <= kinds
+
+
+def test_a_failing_pass_is_counted_and_the_loop_goes_on(
+    services: Services, sender: Sender, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = services.health.process_pending
+    calls = {"n": 0}
+
+    def flaky(now: datetime | None = None) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("database went away")
+        return real(now)
+
+    monkeypatch.setattr(services.health, "process_pending", flaky)
+    sender.send("n-a", v2_report(datetime.now(UTC)))
+    with TestClient(create_app(services)):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not services.health.latest(["n-a"]):
+            time.sleep(0.05)
+    assert services.health.failed_passes == 1
+    assert services.health.latest(["n-a"])
