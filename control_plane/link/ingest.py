@@ -1,23 +1,26 @@
 """Stores node outbox records at most once, so resends after reconnects are harmless.
 
-Both transports hand batches to `RecordIngest.submit`, which returns a future, and ack
-exactly the ids it resolves to, once it resolved: the insert has committed by then.
-Duplicates are part of the contract (`ON CONFLICT DO NOTHING` on (node, record id)) and
-are acked again.
+The MQTT bridge hands batches to `RecordIngest.submit` (a concurrent future), the gRPC
+streams to a `LoopGroupCommit` (an asyncio future); both ack exactly the ids it resolves
+to, once it resolved: the insert has committed by then. Duplicates are part of the
+contract (`ON CONFLICT DO NOTHING` on (node, record id)) and are acked again.
 
-Group commit: `submit` validates the batch at once (a malformed batch is refused alone)
-and queues it for one writer thread. The writer takes everything waiting, up to
-`IngestLimits.max_group_rows`, and stores it in one statement and one commit, then
-resolves every future of the group. Nothing waits on a timer: while one commit is in
-flight the next group gathers, so a quiet fleet gets one commit per batch and a busy one
-gets few large commits (a transaction per batch was three quarters of the control plane's
-CPU per message; see docs/benchmarks.md). A group that fails on a constraint (a node
+Group commit: a batch is validated at once (a malformed batch is refused alone) and
+queued. A writer takes everything waiting, up to `IngestLimits.max_group_rows`, stores it
+in one transaction, then resolves every future of the group. Nothing waits on a timer:
+while one commit is in flight the next group gathers, so a quiet fleet gets one commit
+per batch and a busy one few large commits (a transaction per batch was three quarters
+of the control plane's CPU per message; see docs/benchmarks.md). Two writers (threads for
+`submit`, flushers for the loop) commit at once on their own connections, so one writes
+while the other waits for its WAL flush. A group that fails on a constraint (a node
 deleted meanwhile) is retried batch by batch, so one bad batch fails only itself; a
 database outage fails the whole group and every transport keeps its batches unacked.
 
-The insert bypasses the ORM: a binary `COPY` into a temporary staging table and one
-`INSERT … SELECT … ON CONFLICT DO NOTHING` on PostgreSQL, one `executemany` on SQLite
-with timestamps written in the form `UTCDateTime` reads back.
+The insert bypasses the ORM: on PostgreSQL a binary `COPY` straight into the table, and
+for a group holding a resend (the COPY fails on the primary key) a `COPY` into a
+per-connection staging table plus `INSERT … SELECT … ON CONFLICT DO NOTHING`; on SQLite
+one `executemany` of `INSERT … ON CONFLICT DO NOTHING` with timestamps written in the
+form `UTCDateTime` reads back.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import logging
 import queue
 import re
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -125,6 +129,9 @@ class IngestLimits:
     max_group_rows: int = 5000
     # Batches waiting for the writer; `submit` refuses more (UnavailableError).
     max_queued_batches: int = 20_000
+    # Writer threads of `submit`, each committing its own group on its own connection:
+    # one writes while another waits for its commit.
+    writers: int = 2
 
 
 def validate_batch(records: Sequence[IncomingRecord], limits: IngestLimits) -> None:
@@ -184,9 +191,11 @@ class RecordIngest:
         self._sessions = sessions
         self._clock = clock
         self.limits = limits or IngestLimits()
+        if self.limits.writers < 1:
+            raise ValueError("record ingestion needs at least one writer")
         self._queue: queue.Queue[_Pending] = queue.Queue(self.limits.max_queued_batches)
         self._lock = threading.Lock()
-        self._writer: threading.Thread | None = None
+        self._writers: list[threading.Thread] = []
         self._closed = threading.Event()
         # Plain counters for benchmarks and logs: groups committed and batches in them,
         # and groups that held a record stored already (PostgreSQL's slower path).
@@ -259,11 +268,12 @@ class RecordIngest:
         """Store what was submitted, then stop the writer; later submits are refused."""
         self._closed.set()
         with self._lock:
-            writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.join(timeout_s)
+            writers, self._writers = self._writers, []
+        deadline = time.monotonic() + timeout_s
+        for writer in writers:
+            writer.join(max(0.0, deadline - time.monotonic()))
             if writer.is_alive():
-                log.error("the record writer did not stop within %.1fs", timeout_s)
+                log.error("a record writer did not stop within %.1fs", timeout_s)
         self._fail_waiting(UnavailableError("record ingestion is closed"))
 
     # ------------------------------------------------------------------- reads
@@ -289,11 +299,15 @@ class RecordIngest:
 
     def _ensure_writer(self) -> None:
         with self._lock:
-            if self._writer is None or not self._writer.is_alive():
-                self._writer = threading.Thread(
-                    target=self._write_loop, name="record-writer", daemon=True
+            self._writers = [w for w in self._writers if w.is_alive()]
+            while len(self._writers) < self.limits.writers:
+                writer = threading.Thread(
+                    target=self._write_loop,
+                    name=f"record-writer-{len(self._writers)}",
+                    daemon=True,
                 )
-                self._writer.start()
+                writer.start()
+                self._writers.append(writer)
 
     def _write_loop(self) -> None:
         while True:

@@ -133,7 +133,7 @@ class MqttBridgeConfig:
     reconnect_min_s: int = 1
     reconnect_max_s: int = 30
     # Unacked deliveries the broker may have in flight to this replica (MQTT 5).
-    receive_maximum: int = 64
+    receive_maximum: int = 128
     workers: int = 4
     max_message_bytes: int = 4 << 20
     # An Ack or command waiting in an offline node's session expires after this.

@@ -103,6 +103,10 @@ def test_limits() -> None:
 # ------------------------------------------------------------------ group commit
 
 
+# The tests that hold the first commit up count groups of one writer.
+ONE_WRITER = IngestLimits(writers=1)
+
+
 class GatedSessions:
     """A session factory whose first `gated` transactions wait for `open` (a slow disk)."""
 
@@ -125,7 +129,7 @@ def test_batches_waiting_for_a_commit_share_the_next_one(
     sessions: sessionmaker[Session], clock: ManualClock, nodes: NodeService, node_id: str
 ) -> None:
     gate = GatedSessions(sessions)
-    ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
+    ingest = RecordIngest(gate, clock, ONE_WRITER)  # type: ignore[arg-type]
     try:
         first = ingest.submit(node_id, [record(1)])
         assert gate.entered.wait(10)
@@ -149,7 +153,7 @@ def test_a_batch_that_breaks_a_constraint_fails_alone(
     sessions: sessionmaker[Session], clock: ManualClock, node_id: str
 ) -> None:
     gate = GatedSessions(sessions)
-    ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
+    ingest = RecordIngest(gate, clock, ONE_WRITER)  # type: ignore[arg-type]
     try:
         held = ingest.submit(node_id, [record(1)])
         assert gate.entered.wait(10)
@@ -186,7 +190,7 @@ def test_a_cancelled_submission_is_not_stored(
     sessions: sessionmaker[Session], clock: ManualClock, node_id: str
 ) -> None:
     gate = GatedSessions(sessions)
-    ingest = RecordIngest(gate, clock)  # type: ignore[arg-type]
+    ingest = RecordIngest(gate, clock, ONE_WRITER)  # type: ignore[arg-type]
     try:
         held = ingest.submit(node_id, [record(1)])
         assert gate.entered.wait(10)
@@ -214,7 +218,7 @@ def test_a_full_queue_refuses_instead_of_blocking(
     sessions: sessionmaker[Session], clock: ManualClock, node_id: str
 ) -> None:
     gate = GatedSessions(sessions)
-    ingest = RecordIngest(gate, clock, IngestLimits(max_queued_batches=2))  # type: ignore[arg-type]
+    ingest = RecordIngest(gate, clock, IngestLimits(max_queued_batches=2, writers=1))  # type: ignore[arg-type]
     try:
         ingest.submit(node_id, [record(1)])
         assert gate.entered.wait(10)
@@ -392,3 +396,23 @@ def test_a_resent_batch_takes_the_careful_path_on_postgresql(
     postgresql = sessions.kw["bind"].dialect.name == "postgresql"
     assert ingest.resent_groups == (1 if postgresql else 0)
     assert ingest.count(node_id) == 3
+
+
+def test_a_second_writer_commits_while_the_first_waits(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    gate = GatedSessions(sessions)
+    ingest = RecordIngest(gate, clock, IngestLimits(writers=2))  # type: ignore[arg-type]
+    try:
+        slow = ingest.submit(node_id, [record(1)])
+        assert gate.entered.wait(10)
+        quick = [ingest.submit(node_id, [record(i)]) for i in range(2, 6)]
+        for future in quick:
+            assert future.result(10)  # not held up by the first writer's stuck commit
+        assert not slow.done()
+        gate.open.set()
+        assert slow.result(10)
+        assert ingest.count(node_id) == 5
+    finally:
+        gate.open.set()
+        ingest.close()
