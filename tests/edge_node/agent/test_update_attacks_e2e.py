@@ -238,9 +238,10 @@ async def test_expired_timestamp_and_untrusted_targets_are_refused(
         # new metadata to keep the node on what it has): timestamp.json lapses. A pin
         # made meanwhile is refused — without ngclient's expiry check the node would
         # take 1.1.0 on metadata nobody vouches for any more.
-        duty.frozen = True
+        await duty.freeze()
         expires = fp.timestamp_expires()
         await anyio.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.2)
+        assert fp.timestamp_expires() == expires  # nothing re-signed it meanwhile
         status, since = await refusal(
             fp, node_id, "metadata-unavailable", lambda: fp.pin(node_id, "1.1.0")
         )

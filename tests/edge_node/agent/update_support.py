@@ -235,13 +235,23 @@ class FreshnessDuty:
     interval_s: float = 0.1
     frozen: bool = False
     resigned: int = 0
+    _busy: bool = False
 
     async def run(self) -> None:
         while True:
             if not self.frozen:
-                refresh = self.fp.services.registry.refresh_expiring
-                self.resigned += len(await anyio.to_thread.run_sync(refresh))
+                self._busy = True
+                try:
+                    refresh = self.fp.services.registry.refresh_expiring
+                    self.resigned += len(await anyio.to_thread.run_sync(refresh))
+                finally:
+                    self._busy = False
             await anyio.sleep(self.interval_s)
+
+    async def freeze(self) -> None:
+        """Stop re-signing; returns once a re-signing in progress is done."""
+        self.frozen = True
+        await until(lambda: not self._busy)
 
 
 @asynccontextmanager
