@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import threading
@@ -135,6 +136,12 @@ class Report:
     timeline: list[tuple[float, float, float, float, str]] = field(default_factory=list)
     """Per frame: submitted (s since the steady block), latency, queue and inference (ms;
     -1 if unanswered), model label."""
+
+
+def _major_faults() -> int:
+    """Page faults of this process that waited for the disk (e.g. code pages the kernel
+    dropped under memory pressure): a stall they explain is the machine's."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
 def load_session(
@@ -254,9 +261,11 @@ def run(args: argparse.Namespace) -> Report:
         time.sleep(args.warmup)
         steady_from = time.perf_counter()
         missed_before = camera.missed_ticks
+        faults_before = _major_faults()
         time.sleep(args.steady)
         steady_to = time.perf_counter()
         steady_missed = camera.missed_ticks - missed_before
+        steady_faults = _major_faults() - faults_before
         for k in range(1, args.swaps + 1):
             prepared = args.warm_up == "on" or (args.warm_up == "alternate" and k % 2 == 0)
             swap = Swap(label=f"v{k % 2 + 1}#{k}", requested=time.perf_counter(), warmed=prepared)
@@ -275,6 +284,7 @@ def run(args: argparse.Namespace) -> Report:
             swaps.append(swap)
             time.sleep(max(0.0, swap.requested + args.every - time.perf_counter()))
         swap_phase_to = time.perf_counter()
+        swap_faults = _major_faults() - faults_before - steady_faults
         camera.stop()
         for retirement in retirements:
             retirement.wait(30)
@@ -360,6 +370,8 @@ def run(args: argparse.Namespace) -> Report:
         "refused_at_admission": len(camera.refused),
         "camera_missed_ticks": camera.missed_ticks,
         "camera_missed_ticks_steady": steady_missed,
+        "major_page_faults_steady": steady_faults,
+        "major_page_faults_swap_phase": swap_faults,
         "dropped": dict(stats.dropped),
         "failed": dict(stats.failed),
         "bad": dict(stats.bad),
