@@ -180,9 +180,11 @@ async def test_forged_stale_and_oversized_assignments_are_refused(
 
             # A disk one byte short of model + reference pair + margin: refused before the
             # sequence is accepted and before any byte is written, the models in use kept.
-            # Without the up-front check the download's own check would refuse later —
-            # after "downloading", with the sequence burnt, so the same assignment would
-            # never be applied once space is free (both asserted below).
+            # Without the up-front check, which counts both files, each download's own
+            # check (one file at a time) passes here and the node installs 2.0.0 on a disk
+            # that cannot hold it; on a fuller disk that check refuses later — after
+            # "downloading", with the sequence burnt, so the same assignment would never
+            # be applied once space is free. All three are asserted below.
             info = fp.services.registry.get_version(FLEET, MODEL, "2.0.0")
             needed = info.length + int(info.custom["reference"]["length"])
             disk.free = needed + MARGIN - 1
