@@ -9,6 +9,9 @@ model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it:
 - `on_control()` takes `DesiredState` messages from the uplink without blocking it: the
   newest assignment waits in a one-slot mailbox (a newer one replaces one not yet
   started), and `run()` applies them one at a time — never two applies at once.
+- An assignment refused because the metadata could not be had (`metadata-unavailable`:
+  control plane unreachable, its timestamp expired) is tried again by itself with capped
+  backoff (`METADATA_RETRY`), until it passes or a newer assignment replaces it.
 - After an apply that activated a model, the watchdog window: the model's own run
   counters (`model_health`) are judged every `poll_s` (`updater.watchdog.judge`); a
   failing model is reverted to `previous` at once, without waiting for the control
@@ -52,7 +55,7 @@ from securesystemslib.signer import Key
 from edge_node.clock import Clock
 from edge_node.enroll import EnrollmentFiles
 from edge_node.errors import StorageError
-from edge_node.link.base import LinkError, NodeLink, node_message
+from edge_node.link.base import Backoff, LinkError, NodeLink, node_message
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.journal import Journal, JournalCorruptError, JournalState, ModelRef
 from edge_node.updater.reconciler import (
@@ -87,6 +90,11 @@ JOURNAL_PATH: Final = Path("updater") / "journal.json"
 MODELS_DIR: Final = "models"
 TUF_DIR: Final = "tuf"
 _IDLE_WAIT_S: Final = 30.0
+# Refusals that may pass without a new assignment: the metadata could not be had (the
+# control plane or its freshness loop is down, the link dropped). Tried again with
+# capped backoff (full jitter) until it passes or a newer assignment comes.
+RETRIED_REFUSALS: Final = frozenset({"metadata-unavailable"})
+METADATA_RETRY: Final = Backoff(initial_s=10.0, cap_s=600.0)
 # The doorbell's command "look for your assignment" (docs/protocol.md, MQTT node link).
 PULL_DESIRED: Final = "pull-desired"
 _MAX_STATUS_DETAIL: Final = 500
@@ -128,6 +136,7 @@ class NodeUpdater:
         initial_model: Path | None = None,
         fault_point: FaultPoint | None = None,
         hello: Callable[[], link_pb2.Hello] | None = None,
+        retry: Backoff = METADATA_RETRY,
     ) -> None:
         self._config = config
         self._files = files
@@ -146,6 +155,11 @@ class NodeUpdater:
         self._reconciler: Reconciler | None = None
         self._trust_problem: tuple[str, str] | None = None
         self._pending: SignedDirectorAssignment | None = None
+        # An assignment refused because TUF metadata could not be had (control plane
+        # unreachable, timestamp expired, untrusted metadata served) is tried again on its
+        # own: (assignment, when, attempts so far). A newer assignment replaces it.
+        self._retry_policy = retry
+        self._retry: tuple[SignedDirectorAssignment, float, int] | None = None
         self._wake = anyio.Event()
         self._watch: _Watch | None = None
         self._last_status: link_pb2.NodeMessage | None = None
@@ -172,6 +186,11 @@ class NodeUpdater:
             state.director_sequence,
         )
 
+    @property
+    def retry_pending(self) -> bool:
+        """Whether a refused assignment waits to be tried again (see `METADATA_RETRY`)."""
+        return self._retry is not None
+
     async def on_control(self, message: link_pb2.ControlMessage) -> None:
         """Take a DesiredState (never blocks: the uplink's receive loop calls this).
 
@@ -190,6 +209,7 @@ class NodeUpdater:
             return
         replaced = self._pending is not None
         self._pending = message.desired.assignment
+        self._retry = None  # the new assignment (or this one again) is applied now
         self._wake.set()
         if replaced:
             log.info("a newer assignment replaces one that was still waiting")
@@ -272,8 +292,13 @@ class NodeUpdater:
     async def _serve(self, stop: anyio.Event) -> None:
         while not stop.is_set():
             signed, self._pending = self._pending, None
+            attempts = 0
+            if signed is None and self._retry is not None:
+                again, due, tried = self._retry
+                if anyio.current_time() >= due:
+                    signed, attempts, self._retry = again, tried, None
             if signed is not None:
-                await self._apply(signed)
+                await self._apply(signed, attempts)
                 await self._check_watch()
                 continue
             with anyio.move_on_after(self._next_wait()):
@@ -283,13 +308,16 @@ class NodeUpdater:
                 await self._check_watch()
 
     def _next_wait(self) -> float:
+        now = anyio.current_time()
+        wait = _IDLE_WAIT_S
+        if self._retry is not None:
+            wait = min(wait, self._retry[1] - now)
         watch = self._watch
-        if watch is None:
-            return _IDLE_WAIT_S
-        left = watch.deadline - anyio.current_time()
-        return max(0.0, min(self._config.watchdog.poll_s, left))
+        if watch is not None:
+            wait = min(wait, self._config.watchdog.poll_s, watch.deadline - now)
+        return max(0.0, wait)
 
-    async def _apply(self, signed: SignedDirectorAssignment) -> None:
+    async def _apply(self, signed: SignedDirectorAssignment, attempts: int = 0) -> None:
         self.applied += 1
         if self._trust_problem is not None:
             reason, detail = self._trust_problem
@@ -300,6 +328,10 @@ class NodeUpdater:
         _log_outcome(outcome)
         if outcome.kind is OutcomeKind.APPLIED and outcome.target is not None:
             self._arm_watch(outcome.target)
+        if outcome.kind is OutcomeKind.REJECTED and outcome.reason in RETRIED_REFUSALS:
+            delay = self._retry_policy.delay(attempts)
+            self._retry = (signed, anyio.current_time() + delay, attempts + 1)
+            log.info("assignment refused (%s); trying again in %.0fs", outcome.reason, delay)
         await self._announce(before)
 
     def _arm_watch(self, target: ModelRef) -> None:

@@ -16,6 +16,7 @@ import pytest
 from edge_node.agent.updater import JOURNAL_PATH, PULL_DESIRED, NodeUpdater
 from edge_node.clock import ManualClock
 from edge_node.enroll import EnrollmentFiles
+from edge_node.link.base import Backoff
 from edge_node.link.memory import MemoryNodeLink
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.journal import Journal, JournalState, ModelRef
@@ -386,3 +387,28 @@ async def test_a_change_of_model_is_announced_by_a_fresh_hello(world: World) -> 
     assert kinds[-2:] == ["hello", "update_status"]
     assert len(world.peer.sent) == sent
     assert world.peer.sent[-1].update_status.phase == "active"  # sent again after it
+
+
+async def test_a_refusal_for_missing_metadata_is_tried_again_by_itself(world: World) -> None:
+    """The control plane's metadata cannot be had (here: its timestamp.json is gone):
+    the node does not wait for the assignment to come again, it retries with backoff."""
+    runtime = Runtime()
+    node = make_updater(
+        world,
+        runtime,
+        watchdog=WatchdogConfig(window_s=0),
+        retry=Backoff(initial_s=0.05, cap_s=0.2),
+    )
+    updater = node.updater
+    rel = world.releases["1.0.0"]
+    timestamp = world.peer.metadata.pop("timestamp.json")
+    async with running(node):
+        await updater.on_control(desired(world.assign(rel)))
+        await until(lambda: updater.retry_pending)
+        await until(lambda: updater.applied >= 2)  # tried again, still refused
+        assert journal(world).active is None
+        assert "metadata-unavailable" in statuses(world)[-1].detail
+        world.peer.metadata["timestamp.json"] = timestamp
+        await until(lambda: journal(world).active == ref(rel))
+        assert not updater.retry_pending
+    assert phases(world)[-1] == "active"
