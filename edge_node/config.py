@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -21,6 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource
 from pydantic_settings import SettingsConfigDict as _SettingsConfigDict
 
+from edge_node.capture.config import (
+    DEFAULT_FPS,
+    MAX_CREDENTIALS_BYTES,
+    CaptureConfigError,
+    HttpSourceConfig,
+    SourceConfig,
+    StreamSource,
+    parse_credentials,
+    parse_source,
+)
 from edge_node.errors import InvalidInputError
 from edge_node.identity import RenewalConfig
 from edge_node.link.base import Backoff
@@ -201,6 +211,8 @@ class AgentConfig:
     model_path: Path | None = None
     runtime_workers: int = 1
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    # Streams fed by a camera source (edge_node.capture); the others are fed by callers.
+    camera_sources: tuple[StreamSource, ...] = ()
     updater: UpdaterConfig = field(default_factory=UpdaterConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
@@ -275,15 +287,21 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
     else:
         link = GrpcLinkSettings(target=settings.server_grpc, server_name=settings.server_name)
     runtime = settings.runtime
+    stream_dicts, sources = _split_sources(runtime.streams)
     try:
         runtime_config = RuntimeConfig(
             session=parse_session_config(runtime.session),
             preprocess=parse_preprocess_config(runtime.preprocess),
-            streams=parse_streams(runtime.streams),
+            streams=parse_streams(stream_dicts),
             scheduler=parse_scheduler_config(runtime.scheduler),
         )
     except RuntimeConfigError as exc:
         raise ConfigError(f"invalid runtime settings: {exc}") from exc
+    fps = {s.name: s.target_fps or DEFAULT_FPS for s in runtime_config.streams}
+    camera_sources = tuple(
+        StreamSource(name, _with_credentials(name, source), fps[name])
+        for name, source in sources.items()
+    )
     if runtime.model_path is not None and not runtime_config.streams:
         raise ConfigError("runtime.model_path is set but runtime.streams is empty")
     token = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
@@ -312,6 +330,7 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
         model_path=runtime.model_path,
         runtime_workers=runtime.workers,
         runtime=runtime_config,
+        camera_sources=camera_sources,
         updater=UpdaterConfig(
             enabled=updater.enabled,
             max_artifact_bytes=updater.max_artifact_mb << 20,
@@ -329,6 +348,53 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
         telemetry=telemetry,
         uplink=UplinkConfig(backoff=Backoff(initial_s=0.5, cap_s=30.0)),
     )
+
+
+def _split_sources(
+    streams: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, SourceConfig]]:
+    """The streams without their ``source`` key (the runtime's parser knows none), and the
+    parsed sources by stream name."""
+    plain: list[dict[str, Any]] = []
+    sources: dict[str, SourceConfig] = {}
+    for raw in streams:
+        if not isinstance(raw, dict) or "source" not in raw:
+            plain.append(raw)
+            continue
+        stream = {k: v for k, v in raw.items() if k != "source"}
+        plain.append(stream)
+        name = stream.get("name")
+        if raw["source"] is None:
+            continue
+        if not isinstance(name, str):
+            continue  # parse_streams refuses it with its own message
+        try:
+            sources[name] = parse_source(name, raw["source"])
+        except CaptureConfigError as exc:
+            raise ConfigError(f"invalid runtime settings: {exc.message}") from exc
+    return plain, sources
+
+
+def _with_credentials(stream: str, source: SourceConfig) -> SourceConfig:
+    """Read an HTTP source's credentials file now: a missing or malformed one fails at start."""
+    if not isinstance(source, HttpSourceConfig) or source.credentials_file is None:
+        return source
+    path = source.credentials_file
+    where = f"streams.{stream}.source.credentials_file"
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CREDENTIALS_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from exc
+    if len(data) > MAX_CREDENTIALS_BYTES:
+        raise ConfigError(f"{where}: {path} is over {MAX_CREDENTIALS_BYTES} bytes")
+    try:
+        credentials = parse_credentials(where, data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: {path} is not UTF-8 text") from exc
+    except CaptureConfigError as exc:
+        raise ConfigError(f"{exc.message} ({path})") from exc
+    return replace(source, credentials=credentials)
 
 
 def _mqtt_transport(settings: NodeSettings) -> MqttTransportConfig:

@@ -58,6 +58,8 @@ PURE_CORES = (
     "edge_node/telemetry/latency.py",
     "edge_node/telemetry/memory.py",
     "edge_node/telemetry/report.py",
+    "edge_node/capture/config.py",
+    "edge_node/capture/schedule.py",
 )
 
 

@@ -58,7 +58,7 @@ class FrameDecoder(Protocol):
 
 
 class PillowDecoder:
-    """Decodes JPEG/PNG with Pillow, when Pillow is installed (it is not a dependency)."""
+    """Decodes JPEG/PNG with Pillow (a dependency since camera sources; still imported lazily)."""
 
     def __init__(self) -> None:
         self._image: Any = importlib.import_module("PIL.Image")
