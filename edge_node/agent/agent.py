@@ -5,7 +5,9 @@ renewal), opens the outbox, starts the updater (crash recovery, then the journal
 model is served again), and supervises its tasks in one task group: the uplink (outbox →
 control plane), certificate renewal, the health producer, the inference runtime, the
 updater (`edge_node.agent.updater`: assignments from the control plane, applied one at a
-time, and the watchdog), and any extra components. A task that fails is fatal: it is
+time, and the watchdog), camera capture (`edge_node.capture`: streams with a `source` are
+fed into the pipeline once a model serves; its failures are counted and retried, never
+fatal), and any extra components. A task that fails is fatal: it is
 logged with its reason, the others are cancelled, and `run()` raises an `AgentError`
 whose `exit_code` the entry point returns. `shutdown()` sets stop, lets the tasks drain
 until a deadline, then cancels what remains; it is safe to call twice and before or
@@ -36,6 +38,7 @@ import anyio.to_thread
 from edge_node.agent.errors import AgentError, EnrollmentError, NodeRefusedError, TaskFailedError
 from edge_node.agent.transport import BrokerLoginRefusedError, NodeTransport, open_transport
 from edge_node.agent.updater import FaultPoint, NodeUpdater
+from edge_node.capture import CaptureService, CaptureStats
 from edge_node.clock import Clock
 from edge_node.config import AgentConfig
 from edge_node.enroll import IDENTITY_FILE, EnrollmentFiles, enroll_over_grpc, enroll_over_https
@@ -130,6 +133,8 @@ class Agent:
         self.link: NodeLink | None = None  # the transport's link, once enrolled
         self.updater: NodeUpdater | None = None
         self.health_dropped = 0
+        # Camera sources feed the pipeline serving now (none before a model is loaded).
+        self.capture = CaptureService(config.camera_sources, lambda: self._pipeline, clock)
         ticker = SystemTicker()
         # Latency per model version, drift, RSS trend and the box (edge_node.telemetry):
         # the pipeline records every frame, `_report_health` asks for a report per window.
@@ -148,6 +153,10 @@ class Agent:
     def pipeline(self) -> InferencePipeline | None:
         """The runtime, once a model is loaded (frames are submitted to it)."""
         return self._pipeline
+
+    def capture_stats(self) -> Mapping[str, CaptureStats]:
+        """Per stream with a camera source: frames captured and failures by reason."""
+        return self.capture.stats()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -287,6 +296,8 @@ class Agent:
             "health": lambda: self._report_health(outbox, uplink, files),
             "runtime": self._run_runtime,
         }
+        if config.camera_sources:
+            tasks["capture"] = lambda: self.capture.run(stop)
         grpc_link = transport.grpc
         if grpc_link is not None:  # an MQTT node presents its certificate nowhere
             tasks["renewal"] = lambda: run_renewal(

@@ -22,15 +22,18 @@ from edge_node.agent import (
     NodeRefusedError,
     TaskFailedError,
 )
+from edge_node.capture import HttpSourceConfig, StreamSource
 from edge_node.clock import SystemClock
 from edge_node.config import AgentConfig
 from edge_node.enroll import IDENTITY_FILE
 from edge_node.link.grpc_link import GrpcLinkSettings
 from edge_node.outbox import Outbox
 from edge_node.runtime.config import PreprocessConfig, RuntimeConfig, StreamConfig
+from edge_node.runtime.pipeline import FrameResult
 from tests.conftest import free_port
 from tests.control_plane.link.grpc_support import ADMIN, until
 from tests.edge_node.agent.support import agent_config, control_plane
+from tests.edge_node.capture.camera import fake_camera
 from tests.edge_node.runtime._models import echo_model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -243,6 +246,56 @@ async def test_a_configured_model_is_served_and_the_updater_seam_swaps_it(
             await agent.on_model_ready(second)
             assert agent.pipeline.session.path == second
             await agent.shutdown()
+    assert agent.pipeline is None
+
+
+async def test_a_stream_with_an_http_source_is_served_across_a_swap_and_a_dead_camera_is_not_fatal(
+    tmp_path: Path,
+) -> None:
+    first = echo_model(tmp_path / "v1.onnx", (1, 3, 8, 8))
+    second = echo_model(tmp_path / "v2.onnx", (1, 3, 8, 8), add=1.0)
+    runtime = RuntimeConfig(
+        preprocess=PreprocessConfig(scale=1.0, mean=(0.0,), std=(1.0,)),
+        streams=(StreamConfig("door", target_fps=10), StreamConfig("dead", target_fps=10)),
+    )
+    dead = HttpSourceConfig(
+        url=f"http://127.0.0.1:{free_port()}/snap.jpg", backoff_initial_s=0.05, backoff_max_s=0.2
+    )
+    results: list[FrameResult] = []
+    with fake_camera() as camera:
+        sources = (
+            StreamSource("door", HttpSourceConfig(url=camera.url), fps=10.0),
+            StreamSource("dead", dead, fps=10.0),
+        )
+        async with control_plane(tmp_path) as plane:
+            config = agent_config(
+                plane, tmp_path / "node", model_path=first, runtime=runtime, camera_sources=sources
+            )
+            agent = Agent(config, SystemClock())
+            count = agent._count_result
+
+            def record(result: FrameResult) -> None:
+                results.append(result)
+                count(result)
+
+            agent._count_result = record  # type: ignore[method-assign]
+            async with anyio.create_task_group() as group:
+                group.start_soon(agent.run)
+                with anyio.fail_after(15):
+                    await agent.ready.wait()
+                await until(lambda: len(results) >= 5)
+                assert {r.stream for r in results} == {"door"}
+                assert float(results[-1].outputs["y"].mean()) == pytest.approx(128, abs=3)
+                await agent.on_model_ready(second)  # the same pipeline, a new session
+                await until(lambda: results[-1].model != results[0].model)
+                await until(lambda: agent.capture_stats()["dead"].failures.get("connect", 0) >= 3)
+                assert not agent.stopping
+                stats = agent.capture_stats()
+                assert stats["door"].captured >= 5 and stats["door"].failures == {}
+                stopped_at = anyio.current_time()
+                await agent.shutdown(5.0)
+            assert anyio.current_time() - stopped_at < 5.0
+    assert float(results[-1].outputs["y"].mean()) == pytest.approx(129, abs=3)
     assert agent.pipeline is None
 
 
