@@ -36,7 +36,7 @@ _log = logging.getLogger(__name__)
 
 _NO_SINK_POLL_S: Final = 0.2
 _LOG_EVERY: Final = 100
-_DIRECTORY_BACKOFF_CAP_S: Final = 30.0
+_DIRECTORY_BACKOFF_CAP_S: Final = 30.0  # also for a source that cannot be set up
 
 
 class FrameSink(Protocol):
@@ -86,7 +86,16 @@ class CaptureService:
 
     async def _run_stream(self, spec: StreamSource) -> None:
         counters = self._counters[spec.stream]
-        source = self._factory(spec, counters)
+        failures = 0
+        while True:
+            try:
+                source = self._factory(spec, counters)
+                break
+            except Exception:  # e.g. an unreadable CA bundle: counted and retried, not fatal
+                failures = counters.count_failure("setup_error")
+                delay = retry_delay(failures, 1.0, _DIRECTORY_BACKOFF_CAP_S)
+                _log.exception("stream %s: cannot set up its source", spec.stream)
+                await anyio.sleep(delay)
         try:
             await self._loop(spec, source, counters)
         finally:

@@ -19,6 +19,7 @@ from edge_node.capture import (
     HttpSourceConfig,
     StreamSource,
 )
+from edge_node.capture.sources import DirectorySource
 from edge_node.clock import SystemClock
 from edge_node.runtime.config import PreprocessConfig, SessionConfig, StreamConfig
 from edge_node.runtime.pipeline import FrameResult, InferencePipeline
@@ -318,3 +319,23 @@ async def test_a_missing_directory_is_counted_and_retried_until_it_appears(tmp_p
         await until(lambda: sink.frames)
 
     await run_while(service, body)
+
+
+async def test_a_source_that_cannot_be_set_up_is_counted_and_retried_not_raised() -> None:
+    calls: list[float] = []
+
+    def broken(spec: StreamSource, counters: object) -> DirectorySource:
+        calls.append(time.monotonic())
+        raise OSError("no such CA bundle")
+
+    source = DirectorySourceConfig(directory=Path("/nonexistent"))
+    service = CaptureService(
+        [StreamSource("yard", source)], RecordingSink, SystemClock(), source_factory=broken
+    )
+
+    async def body() -> None:
+        await until(lambda: calls)
+        await anyio.sleep(0.1)
+
+    await run_while(service, body)
+    assert service.stats()["yard"].failures == {"setup_error": 1}
