@@ -501,6 +501,7 @@ class Agent:
             agent_version=self._config.agent_version,
             active_model=pipeline.session.label if pipeline is not None else self._model,
             streams=pipeline.stats() if pipeline is not None else None,
+            capture=self.capture.stats(),
             queue_depth_frames=pipeline.backlog() if pipeline is not None else None,
             outbox=outbox.stats(),
             uplink=uplink.stats,

@@ -26,6 +26,7 @@ from protos.latency_sketch import LatencySketch
 
 __all__ = [
     "HEALTH_SCHEMA",
+    "CaptureCounts",
     "ErrorNote",
     "OutboxCounts",
     "StreamCounts",
@@ -67,6 +68,15 @@ class StreamCounts(Protocol):
     def failed(self) -> Mapping[str, int]: ...
     @property
     def queued(self) -> int: ...
+
+
+class CaptureCounts(Protocol):
+    """One stream's camera capture counters (``edge_node.capture.CaptureStats`` fits)."""
+
+    @property
+    def captured(self) -> int: ...
+    @property
+    def failures(self) -> Mapping[str, int]: ...
 
 
 class OutboxCounts(Protocol):
@@ -209,8 +219,10 @@ def stream_section(
     current: Mapping[str, StreamCounts],
     previous: Mapping[str, StreamTotals],
     max_streams: int,
+    capture: Mapping[str, CaptureCounts] | None = None,
 ) -> tuple[dict[str, Any], dict[str, StreamTotals]]:
-    """``streams`` (this window's counts per stream), ``streams_omitted``,
+    """``streams`` (this window's counts per stream, with ``captured`` and
+    ``capture_failed`` for a stream with a camera source), ``streams_omitted``,
     ``frames_dropped``; and the totals to diff the next window against."""
     streams: dict[str, Any] = {}
     totals: dict[str, StreamTotals] = {}
@@ -231,6 +243,14 @@ def stream_section(
         for group in _COUNTER_GROUPS:
             entry[group] = _reason_deltas(total[group], before.get(group, {}))
         entry["queued"] = counts.queued
+        captured = (capture or {}).get(name)
+        if captured is not None:
+            total["captured"] = captured.captured
+            total["capture_failed"] = dict(captured.failures)
+            entry["captured"] = _delta(captured.captured, before.get("captured", 0))
+            entry["capture_failed"] = _reason_deltas(
+                total["capture_failed"], before.get("capture_failed", {})
+            )
         dropped += sum(entry["dropped"].values())
         if len(streams) < max_streams:
             streams[str(name)[:128]] = entry

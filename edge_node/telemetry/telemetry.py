@@ -31,6 +31,7 @@ from edge_node.telemetry.memory import RssTrend
 from edge_node.telemetry.probe import SystemSample
 from edge_node.telemetry.report import (
     HEALTH_SCHEMA,
+    CaptureCounts,
     ErrorNote,
     OutboxCounts,
     StreamCounts,
@@ -179,6 +180,7 @@ class Telemetry:
         agent_version: str,
         active_model: str | None = None,
         streams: Mapping[str, StreamCounts] | None = None,
+        capture: Mapping[str, CaptureCounts] | None = None,
         queue_depth_frames: int | None = None,
         outbox: OutboxCounts | None = None,
         uplink: UplinkCounts | None = None,
@@ -203,7 +205,7 @@ class Telemetry:
             self._seq += 1
             previous = self._report_sample
             streams_part, self._stream_totals = stream_section(
-                streams or {}, self._stream_totals, self.config.max_streams
+                streams or {}, self._stream_totals, self.config.max_streams, capture
             )
             previous_thermal, self._thermal = self._thermal, sample.thermal
             report: dict[str, Any] = {

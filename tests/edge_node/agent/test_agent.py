@@ -292,6 +292,20 @@ async def test_a_stream_with_an_http_source_is_served_across_a_swap_and_a_dead_c
                 assert not agent.stopping
                 stats = agent.capture_stats()
                 assert stats["door"].captured >= 5 and stats["door"].failures == {}
+                assert agent.files is not None
+                node_id = agent.files.node_id
+
+                def reported(key: str, stream: str) -> int:
+                    return sum(
+                        sum(v.values()) if isinstance(v, dict) else v
+                        for payload in stored_payloads(plane.services.engine, node_id, "health")
+                        for v in [
+                            json.loads(payload).get("streams", {}).get(stream, {}).get(key, 0)
+                        ]
+                    )
+
+                await until(lambda: reported("captured", "door") >= 5)
+                await until(lambda: reported("capture_failed", "dead") >= 3)
                 stopped_at = anyio.current_time()
                 await agent.shutdown(5.0)
             assert anyio.current_time() - stopped_at < 5.0

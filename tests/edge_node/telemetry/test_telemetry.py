@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from edge_node.capture import CaptureStats
 from edge_node.clock import ManualClock
 from edge_node.link.uplink import UplinkStats
 from edge_node.outbox import OutboxStats
@@ -190,6 +191,22 @@ def test_windows_follow_each_other_and_counters_become_deltas() -> None:
     # A new pipeline starts its counters again: what it counted is all new.
     third = rig.report(streams={"gate": replace(gate, submitted=7, processed=6, dropped={})})
     assert third["streams"]["gate"]["submitted"] == 7
+
+
+def test_camera_capture_counts_are_window_deltas_on_streams_with_a_source() -> None:
+    rig = Rig()
+    gate = stream("gate", submitted=10, processed=10)
+    side = stream("side", submitted=5, processed=5)
+    captured = CaptureStats("gate", 10, {"timeout": 2}, 0, 0)
+    first = rig.report(streams={"gate": gate, "side": side}, capture={"gate": captured})
+    assert first["streams"]["gate"]["captured"] == 10
+    assert first["streams"]["gate"]["capture_failed"] == {"timeout": 2}
+    assert "captured" not in first["streams"]["side"]  # fed by a program, not a camera
+    rig.advance(10.0)
+    captured = CaptureStats("gate", 14, {"timeout": 2, "http_500": 3}, 0, 3)
+    second = rig.report(streams={"gate": gate}, capture={"gate": captured})
+    assert second["streams"]["gate"]["captured"] == 4
+    assert second["streams"]["gate"]["capture_failed"] == {"http_500": 3}
 
 
 def test_drift_is_reported_per_version_once_its_baseline_is_ready() -> None:
