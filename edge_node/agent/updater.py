@@ -91,9 +91,12 @@ MODELS_DIR: Final = "models"
 TUF_DIR: Final = "tuf"
 _IDLE_WAIT_S: Final = 30.0
 # Refusals that may pass without a new assignment: the metadata could not be had (the
-# control plane or its freshness loop is down, the link dropped). Tried again with
+# control plane or its freshness loop is down, the link dropped), or did not verify (a
+# control plane serving bad metadata may be repaired). Tried again with
 # capped backoff (full jitter) until it passes or a newer assignment comes.
-RETRIED_REFUSALS: Final = frozenset({"metadata-unavailable"})
+RETRIED_REFUSALS: Final = frozenset(
+    {"metadata-unavailable", "metadata-expired", "metadata-untrusted"}
+)
 METADATA_RETRY: Final = Backoff(initial_s=10.0, cap_s=600.0)
 # The doorbell's command "look for your assignment" (docs/protocol.md, MQTT node link).
 PULL_DESIRED: Final = "pull-desired"

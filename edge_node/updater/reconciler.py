@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from securesystemslib.signer import Key
-from tuf.api.exceptions import DownloadError, RepositoryError
+from tuf.api.exceptions import DownloadError, ExpiredMetadataError, RepositoryError
 
 from edge_node.clock import Clock
 from edge_node.errors import EdgeNodeError
@@ -85,6 +85,7 @@ __all__ = [
     "TargetsView",
     "UpdatePhase",
     "UpdateReport",
+    "metadata_reason",
 ]
 
 _log = logging.getLogger(__name__)
@@ -272,7 +273,7 @@ class Reconciler:
         except (AssignmentRejectedError, _PlanError) as exc:
             return await self._rejected(exc.reason, exc)
         except (RepositoryError, DownloadError) as exc:
-            return await self._rejected("metadata-unavailable", exc)
+            return await self._rejected(metadata_reason(exc), exc)
         target = plan.target
         sequence = plan.assignment.sequence
         if plan.redelivered:
@@ -673,3 +674,15 @@ def _reason_of(exc: BaseException) -> str:
     if isinstance(exc, LinkError):
         return "link-unavailable"
     return type(exc).__name__
+
+
+def metadata_reason(exc: RepositoryError | DownloadError) -> str:
+    """Why a TUF refresh failed, as an operator reads it: the metadata could not be had
+    (`metadata-unavailable`), it was out of date (`metadata-expired`: the control plane's
+    freshness loop is not running), or it did not verify (`metadata-untrusted`: bad
+    signatures, a rollback of versions, wrong hashes)."""
+    if isinstance(exc, DownloadError):
+        return "metadata-unavailable"
+    if isinstance(exc, ExpiredMetadataError):
+        return "metadata-expired"
+    return "metadata-untrusted"

@@ -245,7 +245,7 @@ async def test_expired_timestamp_and_untrusted_targets_are_refused(
         await anyio.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.2)
         assert fp.timestamp_expires() == expires  # nothing re-signed it meanwhile
         status, since = await refusal(
-            fp, node_id, "metadata-unavailable", lambda: fp.pin(node_id, "1.1.0")
+            fp, node_id, "metadata-expired", lambda: fp.pin(node_id, "1.1.0")
         )
         assert "timestamp.json is expired" in status["detail"]
         assert [s["phase"] for s in since] == ["failed"]
@@ -282,7 +282,7 @@ async def test_expired_timestamp_and_untrusted_targets_are_refused(
         await fp.push_signed_by(rogue, model, "2.0.0")
         monkeypatch.undo()
         status, since = await refusal(
-            fp, node_id, "metadata-unavailable", lambda: fp.pin(node_id, "2.0.0")
+            fp, node_id, "metadata-untrusted", lambda: fp.pin(node_id, "2.0.0")
         )
         assert "targets was signed by 0/1 keys" in status["detail"], status
         assert [s["phase"] for s in since] == ["failed"]

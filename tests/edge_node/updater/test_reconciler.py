@@ -480,3 +480,23 @@ async def test_a_restart_during_a_trial_blames_the_trial_not_the_model_on_watch(
     assert state.active == ModelRef(watched.path, watched.sha256)
     assert state.failed == ModelRef(third.path, third.sha256)
     assert state.probation is not None and state.probation.paused  # watched again
+
+
+def test_metadata_refusals_say_which_kind_of_failure() -> None:
+    from tuf.api.exceptions import (
+        BadVersionNumberError,
+        DownloadHTTPError,
+        ExpiredMetadataError,
+        SlowRetrievalError,
+        UnsignedMetadataError,
+    )
+
+    from edge_node.updater.reconciler import metadata_reason
+
+    assert metadata_reason(DownloadHTTPError("gone", 404)) == "metadata-unavailable"
+    assert metadata_reason(SlowRetrievalError()) == "metadata-unavailable"
+    assert metadata_reason(ExpiredMetadataError("timestamp.json is expired")) == (
+        "metadata-expired"
+    )
+    assert metadata_reason(UnsignedMetadataError("0/1 keys")) == "metadata-untrusted"
+    assert metadata_reason(BadVersionNumberError("rollback")) == "metadata-untrusted"
