@@ -1,20 +1,27 @@
-"""`make demo`: the registry on embedded defaults, driven through the real CLI.
+"""`make demo`: the whole loop on embedded defaults, driven through the real CLI.
 
-Starts `edgefleet server` as a process (SQLite, local artifact store), creates
-offline keys and a fleet, pushes a generated ONNX model, lists it, verifies it with
-an unmodified TUF client that knows only the fleet's first root, and stops.
-Everything lives under `.demo/` and is made fresh on each run.
+Starts `edgefleet server` as a process (SQLite, local artifact store, the gRPC node
+link), creates offline keys and a fleet, pushes a generated ONNX model and verifies it
+with an unmodified TUF client that knows only the fleet's first root. Then an edge node
+runs as its own process (`edgefleet node run`) with a camera drop directory: it enrolls
+with a bootstrap token, is pinned to 1.0.0 and then, with every node of the fleet, to
+1.1.0 (each time: signed assignment, download, self-test, hot swap while frames flow),
+and reports health that `edgefleet nodes list` shows. Everything lives under `.demo/` and
+is made fresh on each run; nothing is left running.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 from tuf.ngclient import Updater
@@ -24,6 +31,8 @@ from control_plane.registry.sample_models import tiny_detector
 DEMO_DIR = Path(".demo")
 FLEET = "demo-parks"
 STARTUP_TIMEOUT_S = 30.0
+NODE_TIMEOUT_S = 90.0
+T = TypeVar("T")
 
 
 def _free_port() -> int:
@@ -61,7 +70,7 @@ def main() -> int:
         shutil.rmtree(DEMO_DIR)
     data, keys, work = DEMO_DIR / "server", DEMO_DIR / "keys", DEMO_DIR / "work"
     work.mkdir(parents=True)
-    port = _free_port()
+    port, grpc_port, enroll_port = _free_port(), _free_port(), _free_port()
     url = f"http://127.0.0.1:{port}"
 
     _step(f"starting the control plane on {url} (SQLite + local artifact store in {data})")
@@ -76,6 +85,10 @@ def main() -> int:
             str(data),
             "--http",
             f"127.0.0.1:{port}",
+            "--grpc",
+            f"127.0.0.1:{grpc_port}",
+            "--grpc-enroll",
+            f"127.0.0.1:{enroll_port}",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -89,6 +102,8 @@ def main() -> int:
             "EDGEFLEET_TOKEN": token,
             "EDGEFLEET_KEYS": str(keys),
             "EDGEFLEET_FLEET": FLEET,
+            # Tables as wide as a terminal, also when `make` gives the CLI none.
+            "COLUMNS": os.environ.get("COLUMNS", "150"),
         }
         print(f"first admin token written once to {data / 'admin-token'} (mode 0600)")
 
@@ -127,6 +142,9 @@ def main() -> int:
         if not same:
             return 1
 
+        if not _run_node(env, url, data, work, model, grpc_port, enroll_port):
+            return 1
+
         _step("the audit log: who did what")
         _cli(env, "audit", "list", "--limit", "10")
     finally:
@@ -145,8 +163,174 @@ def main() -> int:
   .venv/bin/edgefleet model push other.onnx --name detector --version 1.1.0
   .venv/bin/edgefleet model revoke detector 1.0.0
   .venv/bin/edgefleet token create --role viewer --name dashboard
+  .venv/bin/edgefleet node run --config {DEMO_DIR}/work/node.yaml   # the node again
+  .venv/bin/edgefleet nodes show <node id>; edgefleet alerts list
   See docs/operator-guide.md for every command.""")
     return 0
+
+
+def _run_node(
+    env: dict[str, str],
+    url: str,
+    data: Path,
+    work: Path,
+    model: Path,
+    grpc_port: int,
+    enroll_port: int,
+) -> bool:
+    """An edge node process through enrollment, two updates and health reports."""
+    headers = {"Authorization": f"Bearer {env['EDGEFLEET_TOKEN']}"}
+    _step("an edge node: a bootstrap token, a node.yaml, `edgefleet node run`")
+    print(f"$ edgefleet node token create --fleet {FLEET} --labels site=north")
+    created = httpx.post(
+        f"{url}/v1/fleets/{FLEET}/node-tokens",
+        json={"labels": {"site": "north"}, "ttl_s": 3600},
+        headers=headers,
+        timeout=10,
+    )
+    created.raise_for_status()
+    camera = work / "camera"
+    camera.mkdir()
+    node_dir = DEMO_DIR / "node"
+    config = work / "node.yaml"
+    config.write_text(
+        f"""data_dir: {node_dir.resolve()}
+fleet: {FLEET}
+server_grpc: 127.0.0.1:{grpc_port}
+enroll_grpc: 127.0.0.1:{enroll_port}
+ca_file: {(data / "ca" / "ca.crt").resolve()}
+health_interval_s: 2
+runtime:
+  streams:
+    - name: gate-north
+      target_fps: 5
+      source:
+        url: file://{camera.resolve()}
+        settle_s: 0.2
+        after_read: delete
+updater:
+  watchdog: {{window_s: 2}}
+"""
+    )
+    print(config.read_text())
+    node_log = (DEMO_DIR / "node.log").open("wb")
+    node = subprocess.Popen(
+        [sys.executable, "-m", "edge_node", "run", "--config", str(config)],
+        env={**env, "EDGEFLEET_NODE_BOOTSTRAP_TOKEN": created.json()["token"]},
+        stdout=node_log,
+        stderr=subprocess.STDOUT,
+    )
+    frames = _Camera(camera)
+    try:
+        node_id = _wait_for(
+            lambda: _enrolled(node_dir, url, headers), node, "the node to enroll and connect"
+        )
+        print(f"node {node_id} enrolled (mTLS certificate from the fleet CA) and online")
+        _step("pin the node to 1.0.0: signed assignment, download, self-test, serve")
+        _cli(env, "nodes", "pin", node_id, "--model", "detector", "--version", "1.0.0")
+        _wait_for(lambda: _updated(url, headers, node_id, "1.0.0", frames), node, "1.0.0")
+
+        _step("1.1.0 to every node of the fleet: a hot swap while the camera's frames flow")
+        newer = tiny_detector(work / "detector-1.1.0.onnx", seed=1)
+        _cli(env, "model", "push", str(newer), "--name", "detector", "--version", "1.1.0")
+        _cli(
+            env,
+            "nodes",
+            "pin",
+            "--fleet",
+            FLEET,
+            "--all",
+            "--model",
+            "detector",
+            "--version",
+            "1.1.0",
+        )
+        _wait_for(lambda: _updated(url, headers, node_id, "1.1.0", frames), node, "1.1.0")
+
+        _step("health: latency per model version, drift, RSS and its trend, alerts")
+        _wait_for(lambda: _health_seen(url, headers, frames), node, "a health report")
+        _cli(env, "nodes", "list")
+        _cli(env, "nodes", "health", node_id, "--since", "10m")
+        return True
+    finally:
+        node.terminate()
+        try:
+            node.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            node.kill()
+        node_log.close()
+
+
+class _Camera:
+    """Drops a JPEG frame into the node's camera directory each time it is asked."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._count = 0
+
+    def shoot(self) -> None:
+        from io import BytesIO
+
+        import numpy as np
+        from PIL import Image
+
+        self._count += 1
+        rng = np.random.default_rng(self._count)
+        pixels = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)
+        buffer = BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG")
+        tmp = self._directory / f".frame-{self._count:06d}.tmp"
+        tmp.write_bytes(buffer.getvalue())
+        tmp.rename(self._directory / f"frame-{self._count:06d}.jpg")
+
+
+def _wait_for(check: Callable[[], T | None], node: subprocess.Popen[bytes], what: str) -> T:
+    deadline = time.monotonic() + NODE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if node.poll() is not None:
+            raise SystemExit(
+                f"the node exited with status {node.returncode}; see {DEMO_DIR / 'node.log'}"
+            )
+        found = check()
+        if found is not None:
+            return found
+        time.sleep(0.3)
+    raise SystemExit(f"waited {NODE_TIMEOUT_S:.0f}s for {what}; see {DEMO_DIR / 'node.log'}")
+
+
+def _enrolled(node_dir: Path, url: str, headers: dict[str, str]) -> str | None:
+    identity = node_dir / "identity.json"
+    if not identity.exists():
+        return None
+    node_id = str(json.loads(identity.read_text())["node_id"])
+    answer = httpx.get(f"{url}/v1/nodes/{node_id}", headers=headers, timeout=10)
+    return node_id if answer.status_code == 200 and answer.json().get("online") else None
+
+
+def _updated(
+    url: str, headers: dict[str, str], node_id: str, version: str, camera: _Camera
+) -> str | None:
+    camera.shoot()
+    node = httpx.get(f"{url}/v1/nodes/{node_id}", headers=headers, timeout=10).json()
+    update = (node.get("reported_state") or {}).get("update") or {}
+    if update.get("phase") == "failed":
+        raise SystemExit(f"the update failed on the node: {update.get('detail')}")
+    target = f"models/detector/{version}/model.onnx"
+    if update.get("phase") == "active" and update.get("target_path") == target:
+        print(f"node {node_id}: {target} active ({update.get('detail') or 'committed'})")
+        return target
+    return None
+
+
+def _health_seen(url: str, headers: dict[str, str], camera: _Camera) -> str | None:
+    """The control plane's health store turned a report with frame latency into points
+    (it processes reports some seconds after their ack: a settle window)."""
+    camera.shoot()
+    rows = httpx.get(f"{url}/v1/health/nodes", headers=headers, timeout=10).json()
+    for row in rows:
+        if row.get("health_at") and row.get("latency"):
+            return str(row["health_at"])
+    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,38 @@
+"""`make demo`, the README's first command, runs end to end: a control plane and an edge
+node process, two updates and health (in a scratch directory, on free ports)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_demo_runs_a_control_plane_and_a_node_end_to_end(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "control_plane.demo"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    logs = "".join(
+        f"\n--- {name}\n{(tmp_path / '.demo' / name).read_text(errors='replace')[-3000:]}"
+        for name in ("server.log", "node.log")
+        if (tmp_path / ".demo" / name).exists()
+    )
+    assert done.returncode == 0, output[-4000:] + logs
+    assert "identical: True" in output
+    assert "models/detector/1.0.0/model.onnx active" in output
+    assert "models/detector/1.1.0/model.onnx active" in output
+    assert "$ edgefleet nodes list" in output
+    # Nothing is left running: the node and the server were stopped.
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
+    assert "edge_node run --config .demo/work/node.yaml" not in processes.stdout
+    assert "server --data-dir .demo/server" not in processes.stdout
