@@ -185,7 +185,8 @@ class DirectorService:
             if len(node_id) > _MAX_NODE_ID:
                 raise NotFoundError("no such node", node_id=node_id[:_MAX_NODE_ID])
             # The node row stays locked until commit: the sequence below is read-then-write.
-            row = session.get(NodeRow, node_id, with_for_update=True)
+            # FOR NO KEY UPDATE, so foreign-key checks of record inserts do not wait on it.
+            row = session.get(NodeRow, node_id, with_for_update={"key_share": True})
             if row is None:
                 raise NotFoundError(f"no node {node_id!r}", node_id=node_id)
             if row.revoked_at is not None:
@@ -296,6 +297,10 @@ class DirectorService:
             details: dict[str, Any] = {
                 "model": model,
                 "version": version,
+                # Who was pinned, for "who pinned node X to V": the selector, and the
+                # chunk's node ids.
+                "selector": {"labels": dict(labels)} if labels is not None else "node_ids",
+                "node_ids": list(chunk),
                 "target_path": info.target_path,
                 "chunk": number,
                 "chunks": len(chunks),
@@ -412,7 +417,9 @@ class DirectorService:
             select(NodeRow.id, NodeRow.revoked_at)
             .where(NodeRow.id.in_(node_ids), NodeRow.fleet_id == fleet_id)
             .order_by(NodeRow.id)
-            .with_for_update()
+            # FOR NO KEY UPDATE: pins of a node take turns, while the foreign-key checks of
+            # record and health inserts (FOR KEY SHARE) do not wait on a pin.
+            .with_for_update(key_share=True)
         ).all()
         present = {node_id: revoked_at for node_id, revoked_at in locked}
         skipped: list[SkippedNode] = []

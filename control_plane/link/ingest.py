@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from sqlalchemy import Connection, func, select
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import Clock
@@ -106,6 +106,11 @@ _SQLITE_INSERT: Final = (
 # How SQLAlchemy's SQLite DateTime stores a (naive UTC) datetime; UTCDateTime reads it.
 _SQLITE_DATETIME: Final = "%Y-%m-%d %H:%M:%S.%f"
 _STOP_POLL_S: Final = 0.5
+_MAX_SEQ: Final = 2**63 - 1  # the column is a signed 64-bit integer
+# A group may not wait on locks or run for long: a record is stamped received_at before
+# its group commits, and the health store reads behind a settle window (10 s) on that
+# stamp; a group that cannot commit in time fails, and its batches are sent again.
+_POSTGRESQL_TIMEOUTS: Final = "SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '4s'"
 # Set in a pooled connection's info once its temporary staging table has committed.
 _STAGE_READY: Final = "edgefleet.node_records_stage"
 _UNIQUE_VIOLATION: Final = "23505"
@@ -147,8 +152,8 @@ def validate_batch(records: Sequence[IncomingRecord], limits: IngestLimits) -> N
             raise InvalidInputError(f"{where}: id is not a lowercase UUID", index=index)
         if record.kind not in RECORD_KINDS:
             raise InvalidInputError(f"{where}: unknown kind {record.kind!r}", index=index)
-        if record.seq < 1:
-            raise InvalidInputError(f"{where}: seq must be >= 1", index=index)
+        if not 1 <= record.seq <= _MAX_SEQ:
+            raise InvalidInputError(f"{where}: seq must be in [1, 2**63 - 1]", index=index)
         if record.created_at.tzinfo is None:
             raise InvalidInputError(f"{where}: created_at has no time zone", index=index)
         if not _CONTENT_TYPE.match(record.content_type):
@@ -229,7 +234,8 @@ class RecordIngest:
         """
         try:
             self._store_group(batches)
-        except IntegrityError:
+        except (IntegrityError, DataError, OverflowError, ValueError):
+            # A row the database (or its driver) refuses: find the batch, it fails alone.
             if len(batches) == 1:
                 return [_unstorable(batches[0].node_id)]
             return [outcome for batch in batches for outcome in self.commit_group([batch])]
@@ -379,7 +385,8 @@ class RecordIngest:
 
 def _unstorable(node_id: str) -> InvalidInputError:
     return InvalidInputError(
-        f"records of node {node_id!r} cannot be stored (unknown node?)",
+        f"records of node {node_id!r} cannot be stored (unknown node, or a value the "
+        "database refuses)",
         node_id=node_id,
         reason="constraint",
     )
@@ -441,6 +448,7 @@ def _copy_rows(
     driver = connection.connection.driver_connection
     staged = statement == _POSTGRESQL_COPY
     with driver.cursor() as cursor:  # type: ignore[union-attr]
+        cursor.execute(_POSTGRESQL_TIMEOUTS)
         if staged and not connection.connection.info.get(_STAGE_READY):
             cursor.execute(_POSTGRESQL_STAGE)  # once per connection: a round trip less
         with cursor.copy(statement) as copy:
@@ -508,6 +516,7 @@ class LoopGroupCommit:
         return await asyncio.shield(future)
 
     async def _flush(self) -> None:
+        group: list[tuple[ValidatedBatch, asyncio.Future[list[str]]]] = []
         try:
             while self._parked:
                 group = self._take()
@@ -531,7 +540,7 @@ class LoopGroupCommit:
             # The server is stopping: nobody will commit what is parked; its senders
             # get an error (their nodes resend after reconnecting).
             parked, self._parked = self._parked, []
-            for _, future in parked:
+            for _, future in [*group, *parked]:
                 if not future.done():
                     future.set_exception(UnavailableError("the link server is stopping"))
             raise

@@ -20,6 +20,7 @@ from control_plane.link.ingest import (
     IngestLimits,
     LoopGroupCommit,
     RecordIngest,
+    ValidatedBatch,
     validate_batch,
 )
 from control_plane.nodes.service import NodeService
@@ -416,3 +417,23 @@ def test_a_second_writer_commits_while_the_first_waits(
     finally:
         gate.open.set()
         ingest.close()
+
+
+def test_a_seq_beyond_the_column_is_refused_and_fails_no_neighbour(
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+) -> None:
+    # seq is uint64 on the wire, a signed 64-bit integer in the table.
+    ingest = RecordIngest(sessions, clock)
+    huge = IncomingRecord(
+        str(uuid.uuid4()), 2**63, "health", datetime.now(UTC), "application/json", b"{}"
+    )
+    with pytest.raises(InvalidInputError, match="seq"):
+        ingest.submit(node_id, [huge])
+    # Should one slip past validation, the group finds it and fails it alone.
+    good = ingest.validated(node_id, [record(1)])
+    bad = ValidatedBatch(node_id, [huge])
+    outcomes = ingest.commit_group([good, bad])
+    assert outcomes[0] == good.ids
+    assert isinstance(outcomes[1], InvalidInputError)
+    assert ingest.count(node_id) == 1
+    ingest.close()
