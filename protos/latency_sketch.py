@@ -288,6 +288,10 @@ class LatencySketch:
             raise SketchError(f"more than {MAX_WIRE_BUCKETS} buckets")
         counts: dict[int, int] = {}
         key = 0
+        # Keys a recorded value can have (values are kept within MIN_VALUE..MAX_VALUE):
+        # anything else would overflow gamma**key when read.
+        lowest = math.ceil(math.log(MIN_VALUE) * sketch._inv_log_gamma) - 1
+        highest = math.ceil(math.log(MAX_VALUE) * sketch._inv_log_gamma) + 1
         for index in range(0, len(bins), 2):
             step, bucket = bins[index], bins[index + 1]
             if not (_is_int(step) and _is_int(bucket)) or bucket <= 0:
@@ -295,6 +299,8 @@ class LatencySketch:
             if index and step <= 0:
                 raise SketchError(f"bucket keys must increase (pair {index // 2})")
             key = step if index == 0 else key + step
+            if not lowest <= key <= highest:
+                raise SketchError(f"bucket key {key} is outside [{lowest}, {highest}]")
             counts[key] = bucket
         if zeros + sum(counts.values()) != count:
             raise SketchError(f"n={count} is not zeros plus the bucket counts")

@@ -133,6 +133,7 @@ class Agent:
         self.link: NodeLink | None = None  # the transport's link, once enrolled
         self.updater: NodeUpdater | None = None
         self.health_dropped = 0
+        self.health_failed = 0  # reports that could not be built (logged)
         # Camera sources feed the pipeline serving now (none before a model is loaded).
         self.capture = CaptureService(config.camera_sources, lambda: self._pipeline, clock)
         ticker = SystemTicker()
@@ -480,14 +481,22 @@ class Agent:
         await anyio.to_thread.run_sync(self._load_baselines)
         try:
             while not self._stop.is_set():
-                payload = await anyio.to_thread.run_sync(
-                    self._health_payload, outbox, uplink, files
-                )
                 try:
-                    await anyio.to_thread.run_sync(outbox.append, "health", payload)
-                except OutboxFullError as exc:  # counted by the outbox; best effort
-                    self.health_dropped += 1
-                    log.warning("health record not stored: %s", exc.message)
+                    payload = await anyio.to_thread.run_sync(
+                        self._health_payload, outbox, uplink, files
+                    )
+                except ClosedError:
+                    return  # stopping: the outbox closed under the report
+                except Exception:  # a report that cannot be built is skipped, never fatal
+                    self.health_failed += 1
+                    log.exception("could not build a health report; the next one will try")
+                    payload = None
+                if payload is not None:
+                    try:
+                        await anyio.to_thread.run_sync(outbox.append, "health", payload)
+                    except OutboxFullError as exc:  # counted by the outbox; best effort
+                        self.health_dropped += 1
+                        log.warning("health record not stored: %s", exc.message)
                 with anyio.move_on_after(self._config.health_interval_s):
                     await self._stop.wait()
         finally:
@@ -516,10 +525,12 @@ class Agent:
         path = self._baselines_path()
         try:
             data = json.loads(path.read_bytes())
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON object was expected, got {type(data).__name__}")
             self.telemetry.import_baselines(data)
         except FileNotFoundError:
             return
-        except (ValueError, TypeError, EdgeNodeError) as exc:
+        except Exception as exc:  # unreadable, unparsable, not ours: never a crash
             # Drift then starts from fresh baselines: worse judgement, never a crash.
             log.warning("ignoring unreadable drift baselines in %s: %s", path, exc)
 

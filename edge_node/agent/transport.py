@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from edge_node.clock import Clock
 from edge_node.config import AgentConfig
-from edge_node.enroll import EnrollmentFiles
+from edge_node.enroll import EnrollmentFiles, is_loopback_url
 from edge_node.link.base import LinkRefusedError, LinkUnavailableError, NodeLink
 from edge_node.link.grpc_link import GrpcNodeLink
 from edge_node.link.mqtt_link import MqttLinkConfig, MqttNodeLink
@@ -68,6 +68,14 @@ def open_transport(config: AgentConfig, files: EnrollmentFiles, clock: Clock) ->
         link = GrpcNodeLink(config.link, files.credentials)
         return NodeTransport(link=link, source=link, grpc=link)
     login = files.mqtt_login()
+    if not mqtt.tls and not is_loopback_url(f"mqtt://{mqtt.host}:{mqtt.port}"):
+        log.warning(
+            "the broker login of node %s travels in clear text to %s:%d: set mqtt_tls: "
+            "true unless this network is private (docs/operator-guide.md, An MQTT node)",
+            files.node_id,
+            mqtt.host,
+            mqtt.port,
+        )
     mqtt_link = MqttNodeLink(
         MqttLinkConfig(
             fleet=files.fleet,

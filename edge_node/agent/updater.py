@@ -95,7 +95,7 @@ _IDLE_WAIT_S: Final = 30.0
 # control plane serving bad metadata may be repaired). Tried again with
 # capped backoff (full jitter) until it passes or a newer assignment comes.
 RETRIED_REFUSALS: Final = frozenset(
-    {"metadata-unavailable", "metadata-expired", "metadata-untrusted"}
+    {"metadata-unavailable", "metadata-expired", "metadata-untrusted", "storage-error"}
 )
 METADATA_RETRY: Final = Backoff(initial_s=10.0, cap_s=600.0)
 # The doorbell's command "look for your assignment" (docs/protocol.md, MQTT node link).
@@ -331,7 +331,11 @@ class NodeUpdater:
         _log_outcome(outcome)
         if outcome.kind is OutcomeKind.APPLIED and outcome.target is not None:
             self._arm_watch(outcome.target)
-        if outcome.kind is OutcomeKind.REJECTED and outcome.reason in RETRIED_REFUSALS:
+        if (
+            outcome.kind is OutcomeKind.REJECTED
+            and outcome.reason in RETRIED_REFUSALS
+            and self._pending is None  # a newer assignment came meanwhile: it wins
+        ):
             delay = self._retry_policy.delay(attempts)
             self._retry = (signed, anyio.current_time() + delay, attempts + 1)
             log.info("assignment refused (%s); trying again in %.0fs", outcome.reason, delay)

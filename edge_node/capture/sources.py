@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -158,7 +159,8 @@ class DirectorySource:
         self._picker = FilePicker(config.settle_s)
 
     async def grab(self) -> Snapshot | None:
-        return await anyio.to_thread.run_sync(self._grab)
+        # Abandoned on cancel: a hung network mount must not hold up the agent's stop.
+        return await anyio.to_thread.run_sync(self._grab, abandon_on_cancel=True)
 
     async def aclose(self) -> None:
         return None
@@ -219,7 +221,9 @@ class DirectorySource:
                 path.unlink(missing_ok=True)
             elif config.after_read == "move" and config.move_to is not None:
                 config.move_to.mkdir(parents=True, exist_ok=True)
-                path.replace(config.move_to / path.name)
+                # shutil.move copies across filesystems (a tmpfs drop, an archive on disk),
+                # where a rename fails with EXDEV.
+                shutil.move(path, config.move_to / path.name)
         except OSError as exc:  # the frame was had; the file stays and is not read again
             self._counters.count_failure("dispose_error")
             _log.warning("cannot %s %s: %s", config.after_read, path, exc)

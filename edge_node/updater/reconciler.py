@@ -33,6 +33,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -274,6 +275,11 @@ class Reconciler:
             return await self._rejected(exc.reason, exc)
         except (RepositoryError, DownloadError) as exc:
             return await self._rejected(metadata_reason(exc), exc)
+        except OSError as exc:
+            # The TUF cache could not be written (a full disk, a read-only data dir):
+            # refused like any other, never fatal to the agent.
+            reason = "disk-full" if exc.errno == errno.ENOSPC else "storage-error"
+            return await self._rejected(reason, exc)
         target = plan.target
         sequence = plan.assignment.sequence
         if plan.redelivered:

@@ -195,6 +195,9 @@ GOOD = {"v": 1, "alpha": 0.01, "n": 3, "zeros": 1, "sum": 3.0, "min": 0.0, "max"
         ({"sum": None}, "sum"),
         ({"min": 3.0}, "min and max"),
         ({"max": None}, "min and max"),
+        # A key no recorded value can have (gamma**key would overflow when read).
+        ({"bins": [0, 1, 100_000, 1]}, "outside"),
+        ({"bins": [-100_000, 1, 5, 1]}, "outside"),
     ],
 )
 def test_from_wire_refuses_malformed_sketches(change: dict[str, object], message: str) -> None:

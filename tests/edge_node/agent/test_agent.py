@@ -333,3 +333,13 @@ async def test_a_stop_while_the_control_plane_is_unreachable_at_first_start_is_c
             await agent.shutdown(2.0)
     assert agent.files is None
     assert not (tmp_path / "node" / IDENTITY_FILE).exists()
+
+
+@pytest.mark.parametrize("content", [b"[]", b"null", b"{not json", b'{"v": "nonsense"}'])
+def test_unreadable_drift_baselines_are_ignored_not_fatal(tmp_path: Path, content: bytes) -> None:
+    agent = Agent(AgentConfig(data_dir=tmp_path), SystemClock())
+    (tmp_path / "telemetry-baselines.json").write_bytes(content)
+    agent._load_baselines()  # logs and starts from fresh baselines
+    (tmp_path / "telemetry-baselines.json").unlink()
+    (tmp_path / "telemetry-baselines.json").mkdir()  # not even a file
+    agent._load_baselines()

@@ -16,7 +16,7 @@ import pytest
 from edge_node.agent.updater import JOURNAL_PATH, PULL_DESIRED, NodeUpdater
 from edge_node.clock import ManualClock
 from edge_node.enroll import EnrollmentFiles
-from edge_node.link.base import Backoff
+from edge_node.link.base import Backoff, LinkUnavailableError
 from edge_node.link.memory import MemoryNodeLink
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.journal import Journal, JournalState, ModelRef
@@ -412,3 +412,35 @@ async def test_a_refusal_for_missing_metadata_is_tried_again_by_itself(world: Wo
         await until(lambda: journal(world).active == ref(rel))
         assert not updater.retry_pending
     assert phases(world)[-1] == "active"
+
+
+async def test_a_refusal_is_not_retried_over_a_newer_assignment(world: World) -> None:
+    """A newer assignment that came while a refused one was being applied wins: the
+    refused one is not tried again after it (it would be refused as stale, and its
+    failure would stand as the node's last status)."""
+    runtime = Runtime()
+    node = make_updater(
+        world, runtime, watchdog=WatchdogConfig(window_s=0), retry=Backoff(0.05, 0.1)
+    )
+    updater = node.updater
+    old, new = world.releases["1.0.0"], world.releases["1.1.0"]
+    fetch = node.link.fetch_metadata
+    entered, release = anyio.Event(), anyio.Event()
+
+    async def failing_fetch(filename: str) -> bytes:
+        entered.set()
+        with anyio.fail_after(10):
+            await release.wait()
+        raise LinkUnavailableError("the control plane is away (test)")
+
+    node.link.fetch_metadata = failing_fetch  # type: ignore[method-assign]
+    async with running(node):
+        await updater.on_control(desired(world.assign(old)))
+        await entered.wait()  # the first apply is inside its metadata refresh...
+        await updater.on_control(desired(world.assign(new)))  # ...when the newer one comes
+        node.link.fetch_metadata = fetch  # type: ignore[method-assign]
+        release.set()  # the first is refused (metadata-unavailable); the newer one passes
+        await until(lambda: journal(world).active == ref(new))
+        await anyio.sleep(0.3)  # past every backoff: the refused one does not come back
+        assert phases(world)[-1] == "active", phases(world)
+        assert not updater.retry_pending
