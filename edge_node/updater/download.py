@@ -15,7 +15,7 @@ TUF's. Not here: deciding what to download (the reconciler) or installing it (th
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final
 
@@ -113,8 +113,21 @@ async def _fetch_into(
         check_space(target.length - size)
     if size == target.length:
         return size > 0
+    stream = link.fetch_artifact(target.path, target.sha256, size)
+    try:
+        await _append(stream, part, target, size)
+    finally:
+        # A stream left early (too many bytes, an error) is closed now, not at garbage
+        # collection: over HTTPS it holds a connection.
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
+    return True
+
+
+async def _append(stream: AsyncIterator[bytes], part: Path, target: TargetInfo, size: int) -> None:
     with part.open("ab") as f:
-        async for chunk in link.fetch_artifact(target.path, target.sha256, size):
+        async for chunk in stream:
             if size + len(chunk) > target.length:
                 f.close()
                 part.unlink(missing_ok=True)
@@ -131,7 +144,6 @@ async def _fetch_into(
             offset=size,
             length=target.length,
         )
-    return True
 
 
 def _hash_prefix(part: Path, digest: hashlib._Hash, length: int) -> int:
