@@ -308,6 +308,10 @@ class DirectorService:
             with self._mutations.mutation(
                 ctx, action, target, needs=Role.OPERATOR, details=details
             ) as session:
+                if number > 1:
+                    # The floor may have been raised while earlier chunks were pinned:
+                    # the rest of the fleet is not sent a version that may no longer run.
+                    _require_runnable(self._registry.get_version(fleet, model, version))
                 pinned, signed, passed = self._pin_chunk(
                     session, ctx, fleet, fleet_id, chunk, info, issued_at, expires_at
                 )

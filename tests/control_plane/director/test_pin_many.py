@@ -458,3 +458,37 @@ def test_a_duplicate_sequence_is_an_integrity_error_on_both_backends(
     with sessions() as session, pytest.raises(IntegrityError):
         _insert_assignments(session, [row])
     assert stored(sessions) == {node_id: [1]}
+
+
+class FloorRaiser:
+    """Delivers, and raises the model's floor after the first chunk, as a release manager
+    revoking the version during a long pin would."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+        self.calls = 0
+
+    def deliver(
+        self, node_id: str, fleet: str, signed: SignedDirectorAssignment
+    ) -> tuple[str, ...]:
+        raise AssertionError("a bulk pin delivers in bulk")
+
+    def deliver_many(self, fleet: str, assignments: Any) -> Delivered:
+        self.calls += 1
+        if self.calls == 1:
+            set_floor(self.sessions, "gates", "det", 2)
+        return {node_id: ("grpc",) for node_id, _ in assignments}
+
+
+def test_a_floor_raised_during_a_pin_stops_its_later_chunks(
+    with_delivery: tuple[DirectorService, FanOutDelivery],
+    nodes: NodeService,
+    versions: dict[str, Version],
+    sessions: sessionmaker[Session],
+) -> None:
+    director, fan_out = with_delivery
+    fan_out.attach(FloorRaiser(sessions))
+    ids = sorted(enroll(nodes) for _ in range(3))
+    with pytest.raises(PolicyError, match="below the fleet's floor"):
+        director.pin_many(OPERATOR, "det", "1.0.0", fleet="gates", node_ids=ids, chunk_size=1)
+    assert list(stored(sessions)) == [ids[0]]  # the first chunk stands, nothing after it
