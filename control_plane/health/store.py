@@ -29,9 +29,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.roles import Role
-from control_plane.access.service import RequestContext, record_audit
+from control_plane.access.service import AuditedMutations, RequestContext, record_audit
 from control_plane.clock import Clock
-from control_plane.errors import ConflictError, InvalidInputError, NotFoundError
+from control_plane.errors import (
+    ConflictError,
+    EdgefleetError,
+    InvalidInputError,
+    NotFoundError,
+)
 from control_plane.health.alerts import (
     ALERT_KINDS,
     AlertState,
@@ -438,7 +443,17 @@ class HealthStore:
             return [_alert(row) for row in session.scalars(query)]
 
     def clear_alert(self, ctx: RequestContext, alert_id: int) -> Alert:
-        """An operator clears an alert (audited); it stays silent until its condition ends."""
+        """An operator clears an alert (audited, refusals too); it stays silent until its
+        condition ends."""
+        try:
+            return self._clear_alert(ctx, alert_id)
+        except EdgefleetError as exc:
+            AuditedMutations(self._sessions, self._clock).record_refusal(
+                ctx, "alert.clear", f"alert:{alert_id}", exc
+            )
+            raise
+
+    def _clear_alert(self, ctx: RequestContext, alert_id: int) -> Alert:
         ctx.principal.require(Role.OPERATOR, "alert.clear")
         now = self._clock.now()
         with self._write_session() as session:

@@ -19,6 +19,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final
 
+import anyio
+import anyio.to_thread
+
 from edge_node.errors import EdgeNodeError
 from edge_node.fsutil import fsync_dir, fsync_file
 from edge_node.link.base import LinkUnavailableError
@@ -90,12 +93,14 @@ async def download_target(
         )
     part = partial_path(staging_dir, target.sha256)
     part.parent.mkdir(parents=True, exist_ok=True)
+    # Hashing and fsyncing a model of gigabytes take seconds: off the event loop, which
+    # meanwhile serves the uplink, heartbeats and camera capture.
     resumed = await _fetch_into(link, target, part, check_space)
-    if _finish(target, part, resumed):
+    if await anyio.to_thread.run_sync(_finish, target, part, resumed):
         return part
     # The resumed prefix was bad: start over once, from nothing.
     await _fetch_into(link, target, part, check_space)
-    if _finish(target, part, resumed=False):
+    if await anyio.to_thread.run_sync(_finish, target, part, False):
         return part
     raise AssertionError("unreachable: _finish raises when not resumed")  # pragma: no cover
 
@@ -108,7 +113,7 @@ async def _fetch_into(
 ) -> bool:
     """Append the missing bytes to `part`; True when an existing prefix was kept."""
     digest = hashlib.sha256()
-    size = _hash_prefix(part, digest, target.length)
+    size = await anyio.to_thread.run_sync(_hash_prefix, part, digest, target.length)
     if check_space is not None:
         check_space(target.length - size)
     if size == target.length:

@@ -20,6 +20,7 @@ from control_plane.errors import ConflictError, PermissionDeniedError
 from control_plane.health.config import HealthConfig
 from control_plane.health.store import HealthStore
 from control_plane.storage.models import (
+    AuditRow,
     HealthCursorRow,
     HealthPointRow,
     HealthRollupRow,
@@ -295,6 +296,29 @@ def test_operator_clear_silences_until_the_condition_ends(
     report(30, 3.0)
     (again,) = store.list_alerts(node_id="n-a")
     assert again.id != alert.id and again.kind == "drift"
+
+
+def test_alert_clears_are_audited_refused_ones_too(
+    store: HealthStore, sender: Sender, clock: ManualClock, sessions: sessionmaker[Session]
+) -> None:
+    sender.send("n-a", v2_report(START, drift_ratio=3.0))
+    settle(clock, store)
+    store.process_pending()
+    (alert,) = store.list_alerts(node_id="n-a")
+    with pytest.raises(PermissionDeniedError):
+        store.clear_alert(VIEWER, alert.id)
+    store.clear_alert(OPERATOR, alert.id)
+    with pytest.raises(ConflictError):
+        store.clear_alert(OPERATOR, alert.id)
+    with sessions() as session:
+        rows = session.scalars(
+            select(AuditRow).where(AuditRow.action == "alert.clear").order_by(AuditRow.id)
+        ).all()
+    assert [(r.actor, r.outcome) for r in rows] == [
+        ("victor", "refused"),
+        ("alice", "ok"),
+        ("alice", "refused"),
+    ]
 
 
 def test_offline_nodes_raise_an_alert_that_clears_when_they_return(
