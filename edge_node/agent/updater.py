@@ -396,6 +396,18 @@ class NodeUpdater:
                 active, "active-load-failed", f"{type(exc).__name__}: {exc}"
             )
             _log_outcome(outcome)
+            if outcome.kind is OutcomeKind.REJECTED and self._initial_model is not None:
+                # No previous model to go back to: serve the configured one rather than
+                # nothing, until an assignment replaces it.
+                try:
+                    await self._activate_cb(self._initial_model)
+                    log.warning("serving runtime.model_path %s instead", self._initial_model)
+                except Exception as fallback:
+                    log.error(
+                        "runtime.model_path %s cannot serve either: %s",
+                        self._initial_model,
+                        fallback,
+                    )
             return reconciler.state or state
         detail = "served again after a restart"
         if state.probation is not None:

@@ -444,3 +444,25 @@ async def test_a_refusal_is_not_retried_over_a_newer_assignment(world: World) ->
         await anyio.sleep(0.3)  # past every backoff: the refused one does not come back
         assert phases(world)[-1] == "active", phases(world)
         assert not updater.retry_pending
+
+
+async def test_with_nothing_to_go_back_to_the_configured_model_serves(
+    world: World, tmp_path: Path
+) -> None:
+    """The active model cannot be served at start and there is no previous one: the
+    node serves runtime.model_path (when set) rather than nothing."""
+    only = world.releases["1.0.0"]
+    node = make_updater(world, Runtime(), watchdog=WatchdogConfig(window_s=0))
+    async with running(node):
+        await applied(world, node.updater, only)
+    store = node.updater.reconciler.store
+    configured = tmp_path / "configured.onnx"
+    configured.write_bytes(b"stand-in")  # the test runtime does not read it
+    runtime = Runtime(refuse={store.path_of(only.sha256)})
+    again_node = make_updater(
+        world, runtime, watchdog=WatchdogConfig(window_s=0), initial_model=configured
+    )
+    await again_node.link.connect(link_pb2.Hello())
+    await again_node.updater.start()
+    assert runtime.served == [configured]
+    assert statuses(world)[-1].phase == "failed"
