@@ -17,6 +17,8 @@ from control_plane.health.config import parse_duration
 from control_plane.health.store import Alert
 from control_plane.identity.bootstrap import parse_selector
 
+_MAX_ID_LIST = 1000
+
 router = APIRouter(prefix="/v1", tags=["health"])
 
 # The numbers `nodes list` shows, taken from each node's latest report.
@@ -93,8 +95,11 @@ def fleet_health(
     """Every node's health at a glance: its latest report's key numbers and open alerts."""
     parsed = parse_selector(selector) if selector else None
     nodes = services.nodes.list_nodes(parsed, fleet)
-    # The whole fleet: no id list (a long IN list is slow, and SQLite caps its size).
+    # The whole fleet, or more nodes than an IN list should hold (slow; SQLite and
+    # PostgreSQL cap its size): read every node's row and keep the selected ones below.
     ids = None if parsed is None and fleet is None else [n.id for n in nodes]
+    if ids is not None and len(ids) > _MAX_ID_LIST:
+        ids = None
     latest = services.health.latest(ids)
     alerts = services.health.open_alerts(ids)
     out = []
