@@ -263,11 +263,7 @@ class RecordIngest:
             # the database falling behind, answered like an outage.
             self._queue.put_nowait(_Pending(batch, future))
         except queue.Full:
-            raise UnavailableError(
-                f"{self.limits.max_queued_batches} batches are waiting for the database; "
-                "retry later",
-                reason="ingest-backlog",
-            ) from None
+            raise _backlog_full(self.limits) from None
         return future
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -346,10 +342,7 @@ class RecordIngest:
                 pending.future.set_exception(exc)
             return
         for pending, outcome in zip(group, outcomes, strict=True):
-            if isinstance(outcome, InvalidInputError):
-                pending.future.set_exception(outcome)
-            else:
-                pending.future.set_result(outcome)
+            _resolve(pending.future, outcome)
 
     def _fail_waiting(self, error: Exception) -> None:
         while True:
@@ -381,6 +374,21 @@ class RecordIngest:
             # The staging table exists on this connection from now on (a rollback before
             # this line would have taken it with it).
             info[_STAGE_READY] = True
+
+
+def _backlog_full(limits: IngestLimits) -> UnavailableError:
+    return UnavailableError(
+        f"{limits.max_queued_batches} batches are waiting for the database; retry later",
+        reason="ingest-backlog",
+    )
+
+
+def _resolve(future: Future[list[str]] | asyncio.Future[list[str]], outcome: Outcome) -> None:
+    """A batch's future gets its ids to ack, or why its batch could not be stored."""
+    if isinstance(outcome, InvalidInputError):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 def _unstorable(node_id: str) -> InvalidInputError:
@@ -502,12 +510,8 @@ class LoopGroupCommit:
         batch = self._ingest.validated(node_id, records)
         if not records:
             return []
-        limits = self._ingest.limits
-        if len(self._parked) >= limits.max_queued_batches:
-            raise UnavailableError(
-                f"{limits.max_queued_batches} batches are waiting for the database; retry later",
-                reason="ingest-backlog",
-            )
+        if len(self._parked) >= self._ingest.limits.max_queued_batches:
+            raise _backlog_full(self._ingest.limits)
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
         self._parked.append((batch, future))
         if len(self._flushers) < self._max_flushers:
@@ -530,12 +534,8 @@ class LoopGroupCommit:
                             future.set_exception(exc)
                     continue
                 for (_, future), outcome in zip(group, outcomes, strict=True):
-                    if future.done():
-                        continue
-                    if isinstance(outcome, InvalidInputError):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
+                    if not future.done():
+                        _resolve(future, outcome)
         except asyncio.CancelledError:
             # The server is stopping: nobody will commit what is parked; its senders
             # get an error (their nodes resend after reconnecting).

@@ -125,7 +125,6 @@ class Agent:
         self._pipeline: InferencePipeline | None = None
         self._standby: ModelSession | None = None  # loaded, but no stream to serve
         self._model: str | None = None
-        self._results = 0
         self._runtime_lock = anyio.Lock()
         self.ready = anyio.Event()  # set once enrolled, the outbox open and tasks started
         self.files: EnrollmentFiles | None = None
@@ -551,7 +550,6 @@ class Agent:
         # Latency per model version for health reports; the results themselves go nowhere
         # yet (aggregation and events come with their own issue).
         self.telemetry.record_result(result)
-        self._results += 1
 
     async def _close(self, transport: NodeTransport, outbox: Outbox) -> None:
         pipeline, self._pipeline = self._pipeline, None

@@ -39,6 +39,11 @@ from tests.edge_node.runtime._models import echo_model
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
+def processed(agent: Agent) -> int:
+    assert agent.pipeline is not None
+    return sum(s.processed for s in agent.pipeline.stats().values())
+
+
 def stored_payloads(engine: Engine, node_id: str, kind: str) -> list[bytes]:
     with engine.connect() as connection:
         return list(
@@ -205,7 +210,7 @@ async def test_health_records_are_telemetry_reports_with_the_model_latency(
             for _ in range(20):
                 agent.pipeline.submit("cam", frame)
                 await anyio.sleep(0.01)
-            await until(lambda: agent._results >= 20)
+            await until(lambda: agent.pipeline is not None and processed(agent) >= 20)
             before = plane.services.records.count(node_id, "health")
             await until(lambda: plane.services.records.count(node_id, "health") > before + 1)
             await agent.shutdown(5.0)
