@@ -187,21 +187,35 @@ class HealthStore:
 
         points: list[tuple[str, str, datetime, HealthPoint]] = []
         reasons: list[str] = []
+        first_malformed: tuple[str, str, str] | None = None
         for node_id, record_id, received_at, created_at, payload in records:
             try:
                 point = parse_report(bytes(payload), created_at=created_at)
             except MalformedReportError as exc:
                 reasons.append(exc.reason)
-                log.warning(
-                    "skipped a malformed health report",
-                    extra={"node_id": node_id, "record_id": record_id, "reason": exc.reason},
-                )
+                if first_malformed is None:
+                    first_malformed = (node_id, record_id, exc.reason)
                 continue
             except Exception:  # never let one report stop the store
                 reasons.append("unreadable")
                 log.exception("skipped an unreadable health report %s/%s", node_id, record_id)
                 continue
             points.append((node_id, record_id, received_at, point))
+        if first_malformed is not None:
+            # One line per batch, not per report: a fleet on an old agent sends nothing
+            # else, and a line per report cost more than reading the reports.
+            node_id, record_id, reason = first_malformed
+            log.warning(
+                "skipped %d malformed health report(s) of %d in a batch",
+                len(reasons),
+                len(records),
+                extra={
+                    "node_id": node_id,
+                    "record_id": record_id,
+                    "reason": reason,
+                    "reasons": dict(Counter(reasons)),
+                },
+            )
 
         with self._write_session() as session:
             cursor = session.scalars(

@@ -7,7 +7,7 @@ that need the database (is this node known?) stay in the services.
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from control_plane.errors import InvalidInputError
@@ -27,6 +27,10 @@ __all__ = [
 PROTOCOL_VERSION: Final = 1
 
 _KINDS: Final = {link_pb2.RECORD_KIND_EVENT: "event", link_pb2.RECORD_KIND_HEALTH: "health"}
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+# Timestamp's own range: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
+_MIN_SECONDS: Final = -62_135_596_800
+_MAX_SECONDS: Final = 253_402_300_799
 
 
 def control_message(**body: Any) -> link_pb2.ControlMessage:
@@ -49,27 +53,46 @@ def incoming_records(batch: link_pb2.RecordBatch) -> list[IncomingRecord]:
     An unknown kind is passed through under a name `validate_batch` refuses, so the
     whole batch is refused with the index of the bad record.
     """
+    # Per record, so kept lean (it was the largest share of the control plane's CPU at
+    # 100 records a batch): plain datetime arithmetic instead of Timestamp.ToDatetime.
     records: list[IncomingRecord] = []
+    append = records.append
+    kinds = _KINDS
     for index, record in enumerate(batch.records):
         if not record.HasField("created_at"):
             raise InvalidInputError(f"record {index}: created_at is missing", index=index)
+        stamp = record.created_at
         try:
-            created_at = record.created_at.ToDatetime(tzinfo=UTC)
-        except (ValueError, OverflowError) as exc:
+            created_at = _timestamp(stamp.seconds, stamp.nanos)
+        except (ValueError, OverflowError, OSError) as exc:
             raise InvalidInputError(
                 f"record {index}: created_at is out of range", index=index
             ) from exc
-        records.append(
+        kind = record.kind
+        append(
             IncomingRecord(
-                id=record.id,
-                seq=record.seq,
-                kind=_KINDS.get(record.kind, f"unknown-{int(record.kind)}"),
-                created_at=created_at,
-                content_type=record.content_type,
-                payload=record.payload,
+                record.id,
+                record.seq,
+                kinds.get(kind) or f"unknown-{int(kind)}",
+                created_at,
+                record.content_type,
+                record.payload,
             )
         )
     return records
+
+
+def _timestamp(seconds: int, nanos: int) -> datetime:
+    """A protobuf Timestamp as an aware UTC datetime, to the microsecond (truncated).
+
+    Raises ValueError or OverflowError out of datetime's range or for nanos outside
+    [0, 1e9), as `Timestamp.ToDatetime` would.
+    """
+    if not 0 <= nanos < 1_000_000_000:
+        raise ValueError(f"nanos {nanos} out of range")
+    if not _MIN_SECONDS <= seconds <= _MAX_SECONDS:
+        raise OverflowError(f"seconds {seconds} out of range")
+    return _EPOCH + timedelta(0, seconds, nanos // 1000)  # positional: half the cost
 
 
 def hello_state(message: link_pb2.NodeMessage) -> dict[str, Any]:

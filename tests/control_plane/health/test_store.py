@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import threading
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -178,7 +180,11 @@ def test_restart_midway_loses_nothing_and_duplicates_nothing(
 
 
 def test_malformed_reports_are_counted_and_skipped(
-    sessions: sessionmaker[Session], store: HealthStore, sender: Sender, clock: ManualClock
+    sessions: sessionmaker[Session],
+    store: HealthStore,
+    sender: Sender,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     bad_sketch = v2_report(START)
     bad_sketch["latency"]["detector/1.0.0"]["compute"]["sketch_ms"]["bins"] = [1, -5]
@@ -192,8 +198,17 @@ def test_malformed_reports_are_counted_and_skipped(
         v2_report(START + timedelta(seconds=10), window_end="yesterday"),
     )
     settle(clock, store)
-    store.process_pending()
+    with caplog.at_level(logging.WARNING, logger="control_plane.health.store"):
+        store.process_pending()
     assert sum(store.malformed.values()) == 4
+    # One warning per batch that had any (two batches of 3 here), not one per report.
+    warnings = [r for r in caplog.records if "malformed health report" in r.getMessage()]
+    assert 1 <= len(warnings) <= 2
+    reasons: Counter[str] = Counter()
+    for warning in warnings:
+        reasons.update(warning.reasons)  # type: ignore[attr-defined]
+        assert warning.node_id == "n-a"  # type: ignore[attr-defined]
+    assert reasons == store.malformed
     assert store.malformed["not-json"] == 2
     with sessions() as session:
         cursor = session.get(HealthCursorRow, "health")

@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from control_plane import errors
 from control_plane.identity.bootstrap import BootstrapTokenError
@@ -59,6 +61,43 @@ def test_an_unknown_kind_is_refused_by_the_batch_rules() -> None:
     converted = wire.incoming_records(link_pb2.RecordBatch(records=[record]))
     with pytest.raises(errors.InvalidInputError, match="unknown kind"):
         validate_batch(converted, IngestLimits())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seconds=st.integers(min_value=-62_135_596_800, max_value=253_402_300_799),
+    nanos=st.integers(min_value=0, max_value=999_999_999),
+)
+def test_record_times_convert_as_protobuf_does(seconds: int, nanos: int) -> None:
+    # wire does its own arithmetic (Timestamp.ToDatetime costs twice as much per record).
+    created = Timestamp(seconds=seconds, nanos=nanos)
+    batch = link_pb2.RecordBatch(records=[link_pb2.Record(id="a", seq=1, created_at=created)])
+    [converted] = wire.incoming_records(batch)
+    assert converted.created_at == created.ToDatetime(tzinfo=UTC)
+    assert converted.created_at.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [
+        (0, -1),
+        (0, 1_000_000_000),
+        (-62_135_596_801, 0),
+        (253_402_300_800, 0),
+        (2**62, 0),
+        (-(2**62), 0),
+    ],
+)
+def test_a_record_time_out_of_range_is_invalid(seconds: int, nanos: int) -> None:
+    created = Timestamp(seconds=seconds, nanos=nanos)
+    batch = link_pb2.RecordBatch(
+        records=[
+            link_pb2.Record(id="a", seq=1, created_at=stamp(datetime.now(UTC))),
+            link_pb2.Record(id="b", seq=2, created_at=created),
+        ]
+    )
+    with pytest.raises(errors.InvalidInputError, match="record 1: created_at is out of range"):
+        wire.incoming_records(batch)
 
 
 def test_a_record_without_a_time_is_invalid() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -39,12 +39,17 @@ def record(seq: int, kind: str = "event", payload: bytes = b"{}") -> IncomingRec
     )
 
 
-@pytest.fixture
-def node_id(nodes: NodeService) -> str:
+def node_id_of(nodes: NodeService) -> str:
+    """A newly enrolled node's id."""
     from tests.control_plane.nodes.conftest import OPERATOR
 
     token, _ = nodes.create_bootstrap_token(OPERATOR, "gates", {}, timedelta(hours=1))
     return nodes.enroll(token, make_csr(), agent_version="0.1.0", transport="grpc").node_id
+
+
+@pytest.fixture
+def node_id(nodes: NodeService) -> str:
+    return node_id_of(nodes)
 
 
 @pytest.fixture
@@ -83,6 +88,20 @@ def test_an_empty_batch_is_fine(ingest: RecordIngest, node_id: str) -> None:
         (IncomingRecord(str(uuid.uuid4()), 0, "event", datetime.now(UTC), "a/b", b""), "seq"),
         (IncomingRecord(str(uuid.uuid4()), 1, "event", datetime(2026, 1, 1), "a/b", b""), "zone"),
         (IncomingRecord(str(uuid.uuid4()), 1, "event", datetime.now(UTC), "nope", b""), "content"),
+        (
+            IncomingRecord(str(uuid.uuid4()) + "\n", 1, "event", datetime.now(UTC), "a/b", b""),
+            "UUID",
+        ),
+        (
+            IncomingRecord(str(uuid.uuid4()), 1, "event", datetime.now(UTC), "a/b\n", b""),
+            "content",
+        ),
+        (
+            IncomingRecord(
+                str(uuid.uuid4()), 1, "event", datetime.now(UTC), "a/b", b"x" * (256 * 1024 + 1)
+            ),
+            "payload of 262145 bytes",
+        ),
     ],
 )
 def test_malformed_records_refuse_the_batch(
@@ -91,6 +110,12 @@ def test_malformed_records_refuse_the_batch(
     with pytest.raises(InvalidInputError, match=message):
         ingest.store(node_id, [record(1), bad])
     assert ingest.count(node_id) == 0
+
+
+def test_the_content_types_taken_without_the_regex_would_pass_it() -> None:
+    from control_plane.link import ingest as module
+
+    assert all(module._CONTENT_TYPE.match(t) for t in module._COMMON_CONTENT_TYPES)
 
 
 def test_limits() -> None:
@@ -150,9 +175,32 @@ def test_batches_waiting_for_a_commit_share_the_next_one(
         ingest.close()
 
 
+def _refuse_poison(sessions: sessionmaker[Session]) -> None:
+    """A constraint the database enforces and validation does not know: payload "poison"."""
+    with sessions() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(
+                text(
+                    "ALTER TABLE node_records ADD CONSTRAINT no_poison "
+                    "CHECK (payload <> 'poison'::bytea)"
+                )
+            )
+        else:
+            session.execute(
+                text(
+                    "CREATE TRIGGER no_poison BEFORE INSERT ON node_records "
+                    "WHEN NEW.payload = CAST('poison' AS BLOB) "
+                    "BEGIN SELECT RAISE(ABORT, 'poison'); END"
+                )
+            )
+        session.commit()
+
+
 def test_a_batch_that_breaks_a_constraint_fails_alone(
-    sessions: sessionmaker[Session], clock: ManualClock, node_id: str
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str, nodes: NodeService
 ) -> None:
+    _refuse_poison(sessions)
+    other = node_id_of(nodes)
     gate = GatedSessions(sessions)
     ingest = RecordIngest(gate, clock, ONE_WRITER)  # type: ignore[arg-type]
     try:
@@ -160,13 +208,13 @@ def test_a_batch_that_breaks_a_constraint_fails_alone(
         assert gate.entered.wait(10)
         good = [record(2), record(3)]
         good_future = ingest.submit(node_id, good)
-        orphan = ingest.submit("no-such-node", [record(4)])  # no node row: foreign key
+        poisoned = ingest.submit(other, [record(4), record(5, payload=b"poison")])
         gate.open.set()
         assert held.result(10) and good_future.result(10) == [r.id for r in good]
         with pytest.raises(InvalidInputError, match="cannot be stored"):
-            orphan.result(10)
+            poisoned.result(10)
         assert ingest.count(node_id) == 3
-        assert ingest.count("no-such-node") == 0
+        assert ingest.count(other) == 0  # the batch fails whole, its good record too
     finally:
         gate.open.set()
         ingest.close()
@@ -320,6 +368,8 @@ async def test_a_stream_that_ends_does_not_cancel_its_neighbours(
 async def test_loop_group_commit_errors_and_limits(
     sessions: sessionmaker[Session], clock: ManualClock, node_id: str
 ) -> None:
+    _refuse_poison(sessions)
+
     def down() -> Session:
         raise OperationalError("COPY", {}, ConnectionRefusedError("database down (test)"))
 
@@ -339,11 +389,13 @@ async def test_loop_group_commit_errors_and_limits(
     await asyncio.sleep(0.05)
     with pytest.raises(UnavailableError, match="waiting for the database"):
         await groups.store(node_id, [record(4)])
-    orphan = asyncio.create_task(LoopGroupCommit(ingest).store("no-such-node", [record(5)]))
+    poisoned = asyncio.create_task(
+        LoopGroupCommit(ingest).store(node_id, [record(5, payload=b"poison")])
+    )
     gate.open.set()
     assert await asyncio.wait_for(held, 10) and await asyncio.wait_for(parked, 10)
     with pytest.raises(InvalidInputError, match="cannot be stored"):
-        await asyncio.wait_for(orphan, 10)
+        await asyncio.wait_for(poisoned, 10)
     assert ingest.count(node_id) == 2
 
 
@@ -352,9 +404,10 @@ def test_a_failed_first_group_leaves_the_connection_usable(
 ) -> None:
     # On PostgreSQL the first group of a connection also creates its staging table; a
     # rollback takes the table with it, and the next group must create it again.
+    _refuse_poison(sessions)
     ingest = RecordIngest(sessions, clock)
     with pytest.raises(InvalidInputError, match="cannot be stored"):
-        ingest.submit("no-such-node", [record(1)]).result(10)
+        ingest.submit(node_id, [record(1, payload=b"poison")]).result(10)
     for seq in range(2, 6):
         assert ingest.submit(node_id, [record(seq)]).result(10)
     ingest.close()

@@ -1,0 +1,67 @@
+"""A leaner node_records: no foreign key to nodes, no (node_id, kind, seq) index.
+
+Every ingested record paid for both in PostgreSQL: the foreign key is a trigger that
+looks up and share-locks the node's row once per inserted row, and nothing reads by
+(node_id, kind, seq). Together they were about half of PostgreSQL's CPU per stored
+record (ADR 0020). Records are only ever written for a node the link has just
+authenticated, and nodes are revoked, never deleted.
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-03 00:00:00
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0007"
+down_revision: str | Sequence[str] | None = "0006"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def _node_records_0006() -> sa.Table:
+    """The table as 0003 made it, less the dropped index (SQLite's batch mode copies it,
+    and the offline SQL script cannot reflect it)."""
+    return sa.Table(
+        "node_records",
+        sa.MetaData(),
+        sa.Column("node_id", sa.String(length=64), nullable=False),
+        sa.Column("record_id", sa.String(length=36), nullable=False),
+        sa.Column("seq", sa.BigInteger(), nullable=False),
+        sa.Column("kind", sa.String(length=16), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("received_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("content_type", sa.String(length=64), nullable=False),
+        sa.Column("payload", sa.LargeBinary(), nullable=False),
+        sa.CheckConstraint("kind IN ('event', 'health')", name="ck_node_records_kind"),
+        sa.ForeignKeyConstraint(
+            ["node_id"], ["nodes.id"], name="fk_node_records_node_id_nodes", ondelete="CASCADE"
+        ),
+        sa.PrimaryKeyConstraint("node_id", "record_id", name="pk_node_records"),
+        sa.Index("ix_node_records_received_at", "received_at"),
+    )
+
+
+def upgrade() -> None:
+    op.drop_index("ix_node_records_node_id_kind_seq", table_name="node_records")
+    with op.batch_alter_table("node_records", copy_from=_node_records_0006()) as batch:
+        batch.drop_constraint(op.f("fk_node_records_node_id_nodes"), type_="foreignkey")
+
+
+def downgrade() -> None:
+    # Records of nodes that no longer exist would break the foreign key: drop them first.
+    op.execute("DELETE FROM node_records WHERE node_id NOT IN (SELECT id FROM nodes)")
+    with op.batch_alter_table("node_records") as batch:
+        batch.create_foreign_key(
+            op.f("fk_node_records_node_id_nodes"),
+            "nodes",
+            ["node_id"],
+            ["id"],
+            ondelete="CASCADE",
+        )
+    op.create_index("ix_node_records_node_id_kind_seq", "node_records", ["node_id", "kind", "seq"])
