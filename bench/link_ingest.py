@@ -6,7 +6,11 @@ PostgreSQL (and, if asked, SQLite) as its database. Simulated nodes, enrolled fo
 (bootstrap token + CSR each), run in another process pinned to CPU 1, each with its real
 node link (`GrpcNodeLink`, `MqttNodeLink`): stop-and-wait like the uplink, one
 ``RecordBatch`` of health records in flight per node, the next one sent when its ``Ack``
-came. What counts is records acked, i.e. stored and committed.
+came. What counts is records acked, i.e. stored and committed. The records are real
+``edgefleet.agent.health/2`` reports (about 2.6 kB each). The control plane runs with
+its health processor off (``EDGEFLEET_HEALTH_PROCESSOR=false``, as an ingest-only
+replica) unless ``--health-processor`` is given: this measures ingestion, and
+``bench.health_store`` the processor.
 
 The raw anchors use the same node processes, links, mTLS / broker accounts, messages and
 CPU split, with the control plane replaced by a bare echo that acks without storing:
@@ -27,6 +31,7 @@ import math
 import multiprocessing
 import os
 import platform
+import random
 import shutil
 import signal
 import sqlite3
@@ -72,7 +77,6 @@ FLEET = "bench"
 START_TIMEOUT_S = 60.0
 ACK_TIMEOUT_S = 30.0
 WINDOW_SLACK_S = 120.0  # a load process that has not answered this long after its window
-PAYLOAD_BYTES = 300
 # Mosquitto sends small packets at once only when told (the operator guide says to).
 DEFAULT_BROKER_OPTIONS = ("set_tcp_nodelay true",)
 PUBSUB_PUBLISHERS = 4  # node accounts the open-loop MQTT anchor publishes with
@@ -139,23 +143,13 @@ class Window:
 
 
 def health_payload(node_index: int) -> bytes:
-    """A realistic health report: ~300 bytes of JSON, as a node's agent would write it."""
-    report = {
-        "v": 1,
-        "agent": "0.1.0",
-        "uptime_s": 86_400 + node_index,
-        "cpu_pct": 41.5,
-        "mem_mb": {"used": 612, "total": 3_791},
-        "temp_c": 58.2,
-        "disk_free_mb": 10_482,
-        "models": {
-            "detector": {"version": "1.4.2", "fps": 29.7, "p50_ms": 31.2, "p99_ms": 38.0},
-        },
-        "outbox": {"pending": 0, "dropped_health": 0, "refused_events": 0},
-        "link": {"transport": "grpc", "reconnects": 0},
-    }
-    body = json.dumps(report, separators=(",", ":")).encode()
-    return body + b" " * max(0, PAYLOAD_BYTES - len(body))
+    """A real health report as a node's agent writes it: ``edgefleet.agent.health/2``, one
+    model version with its three latency sketches (300 frames in a 10 s window), about
+    2.6 kB of JSON; the same builder as ``bench.health_store``."""
+    from bench.health_store import report
+
+    rng = random.Random(node_index)
+    return report(rng, datetime.now(UTC), rss_mb=400.0 + node_index % 200)
 
 
 def load_worker(spec: LoadSpec, conn: Any) -> None:
@@ -632,7 +626,13 @@ class ControlPlane:
     """``edgefleet server`` as its own process, pinned to CP_CPU."""
 
     def __init__(
-        self, work: Path, database_url: str, *, grpc: bool = False, mqtt_port: int | None = None
+        self,
+        work: Path,
+        database_url: str,
+        *,
+        grpc: bool = False,
+        mqtt_port: int | None = None,
+        health_processor: bool = False,
     ) -> None:
         self.data_dir = work / "cp"
         self.http_port = free_port()
@@ -657,7 +657,10 @@ class ControlPlane:
         self.child = ChildProcess(
             pinned(args, CP_CPU if can_pin() else None),
             log=work / "logs" / f"cp-{'grpc' if grpc else 'mqtt'}.log",
-            env=child_env(EDGEFLEET_MQTT_CLIENT_ID="edgefleet-cp-bench"),
+            env=child_env(
+                EDGEFLEET_MQTT_CLIENT_ID="edgefleet-cp-bench",
+                EDGEFLEET_HEALTH_PROCESSOR="true" if health_processor else "false",
+            ),
             cwd=REPO_ROOT,
         )
         self.token = ""
@@ -811,7 +814,7 @@ def run_grpc(args: argparse.Namespace, kind: str, work: Path) -> Run:
     run = Run("grpc", kind)
     cpu = NODE_CPU if can_pin() else None
     with database(kind, work) as (url, pg_name):
-        plane = ControlPlane(work, url, grpc=True).start()
+        plane = ControlPlane(work, url, grpc=True, health_processor=args.health_processor).start()
         try:
             print(f"  gRPC/{kind}: enrolling {args.nodes} nodes ...", flush=True)
             nodes, ca_pem = enroll_grpc(plane, args.nodes, work)
@@ -876,7 +879,9 @@ def run_mqtt(args: argparse.Namespace, kind: str, work: Path) -> Run:
             )
             for name in ("raw", "cp")
         ]
-        plane = ControlPlane(work, url, mqtt_port=brokers[1].port)
+        plane = ControlPlane(
+            work, url, mqtt_port=brokers[1].port, health_processor=args.health_processor
+        )
         try:
             for broker in brokers:
                 broker.start()
@@ -1103,6 +1108,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a mosquitto.conf line for the private brokers (repeatable); default "
         f"{DEFAULT_BROKER_OPTIONS!r}, as the operator guide recommends; '' for none",
     )
+    parser.add_argument(
+        "--health-processor",
+        action="store_true",
+        help="run the health processor in the measured control plane too (default: off, "
+        "EDGEFLEET_HEALTH_PROCESSOR=false: this measures ingestion; bench.health_store "
+        "measures the processor)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "link_ingest")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -1138,7 +1150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"ingestion: {args.nodes} nodes, batches {args.batches}, {args.repeat} x "
         f"{args.seconds:g} s windows; control plane on CPU {CP_CPU}, nodes on CPU {NODE_CPU} "
-        f"({'pinned' if can_pin() else 'NOT pinned'})",
+        f"({'pinned' if can_pin() else 'NOT pinned'}); health processor "
+        f"{'on' if args.health_processor else 'off'}; reports of {len(health_payload(0))} bytes",
         flush=True,
     )
     try:

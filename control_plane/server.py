@@ -34,6 +34,7 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         refresh_interval_s=settings.refresh_interval_s,
         mqtt=settings.mqtt_bridge_config(),
         health=settings.health_config(),
+        health_processor=settings.health_processor,
     )
 
 

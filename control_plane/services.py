@@ -41,6 +41,8 @@ class ServiceConfig:
     refresh_interval_s: float = 300.0
     nodes: NodeConfig = field(default_factory=NodeConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    # Whether this replica runs the health processor (at least one replica must).
+    health_processor: bool = True
     # The MQTT bridge runs (in the API's lifespan) only when this is set.
     mqtt: MqttBridgeConfig | None = None
 

@@ -55,6 +55,10 @@ class ServerSettings(BaseSettings):
     )
 
     # Health store (control_plane.health): retention per resolution and alert thresholds.
+    health_processor: bool = Field(
+        default=True,
+        description="turn stored health reports into series and alerts on this replica",
+    )
     health_raw_retention_hours: float = Field(default=12, gt=0)
     health_minute_retention_days: float = Field(default=7, gt=0)
     health_hour_retention_days: float = Field(default=180, gt=0)

@@ -89,7 +89,8 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
             if run_background:
                 tasks.start_soon(_freshness_loop, services)
                 tasks.start_soon(_liveness_loop, services)
-                tasks.start_soon(_health_loop, services)
+                if services.config.health_processor:
+                    tasks.start_soon(_health_loop, services)
             yield
             tasks.cancel_scope.cancel()
 

@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedAsDataclass, mapped_column
+from sqlalchemy.types import TypeEngine
 
 from control_plane.storage.db import UTCDateTime
 
@@ -252,6 +253,11 @@ class BootstrapTokenRow(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
+def _ascii_id(length: int) -> TypeEngine[str]:
+    """An identifier column: bytewise comparison on PostgreSQL (SQLite's is already)."""
+    return String(length).with_variant(String(length, collation="C"), "postgresql")
+
+
 class NodeRecordRow(Base):
     """An event or health report from a node's outbox, stored at most once per (node, id).
 
@@ -262,9 +268,10 @@ class NodeRecordRow(Base):
     __tablename__ = "node_records"
 
     # No foreign key to nodes (ADR 0020): it cost a lookup and a row lock per stored
-    # record; records are only written for a node the link has authenticated.
-    node_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    record_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    # record; records are only written for a node the link has authenticated. The key
+    # columns compare bytewise on PostgreSQL (COLLATE "C"): ids, not words.
+    node_id: Mapped[str] = mapped_column(_ascii_id(64), primary_key=True)
+    record_id: Mapped[str] = mapped_column(_ascii_id(36), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger)
     kind: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]

@@ -225,3 +225,44 @@ def test_a_failing_pass_is_counted_and_the_loop_goes_on(
             time.sleep(0.05)
     assert services.health.failed_passes == 1
     assert services.health.latest(["n-a"])
+
+
+def test_a_replica_without_the_processor_stores_but_does_not_process(
+    service_config: ServiceConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # EDGEFLEET_HEALTH_PROCESSOR=false: this replica only ingests; another processes.
+    import dataclasses
+
+    from control_plane.services import build_services
+
+    services = build_services(dataclasses.replace(service_config, health_processor=False))
+    try:
+        sender = Sender(services.records)
+        add_nodes(session_factory(services.engine), "n-a")
+        calls = {"n": 0}
+        real = services.health.process_pending
+
+        def counted(now: datetime | None = None) -> int:
+            calls["n"] += 1
+            return real(now)
+
+        monkeypatch.setattr(services.health, "process_pending", counted)
+        sender.send("n-a", v2_report(datetime.now(UTC)))
+        with TestClient(create_app(services)):
+            time.sleep(1.0)  # ten of the processor's 0.1 s intervals
+        assert calls["n"] == 0
+        assert services.records.count("n-a") == 1
+        assert not services.health.latest(["n-a"])
+    finally:
+        services.close()
+
+
+def test_the_processor_setting_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from control_plane.server import service_config
+    from control_plane.settings import ServerSettings
+
+    assert service_config(ServerSettings()).health_processor is True
+    monkeypatch.setenv("EDGEFLEET_HEALTH_PROCESSOR", "false")
+    assert service_config(ServerSettings()).health_processor is False

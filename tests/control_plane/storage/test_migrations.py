@@ -163,3 +163,65 @@ def test_offline_sql_script_renders(url: str) -> None:
     assert "CREATE TABLE audit_log" in script
     assert "CREATE TRIGGER audit_log_no_" in script
     assert "%%" not in script
+
+
+def test_node_records_is_lean_and_its_payloads_use_lz4(migrated_engine: Engine) -> None:
+    # ADR 0020: no foreign key, no (node_id, kind, seq) index; lz4 where PostgreSQL has it.
+    inspector = inspect(migrated_engine)
+    assert inspector.get_foreign_keys("node_records") == []
+    assert {i["name"] for i in inspector.get_indexes("node_records")} == {
+        "ix_node_records_received_at"
+    }
+    if migrated_engine.dialect.name != "postgresql":
+        return
+    with migrated_engine.connect() as connection:
+        lz4_built_in = connection.exec_driver_sql(
+            "SELECT count(*) FROM pg_settings WHERE name = 'default_toast_compression' "
+            "AND 'lz4' = ANY(enumvals)"
+        ).scalar_one()
+        compression = connection.exec_driver_sql(
+            "SELECT attcompression FROM pg_attribute "
+            "WHERE attrelid = 'node_records'::regclass AND attname = 'payload'"
+        ).scalar_one()
+        collations = dict(
+            connection.exec_driver_sql(
+                "SELECT column_name, collation_name FROM information_schema.columns "
+                "WHERE table_name = 'node_records' AND column_name IN ('node_id', 'record_id')"
+            ).all()
+        )
+    assert compression == ("l" if lz4_built_in else "")
+    assert collations == {"node_id": "C", "record_id": "C"}
+
+
+def test_downgrading_0007_keeps_only_records_of_known_nodes(migrated_engine: Engine) -> None:
+    from datetime import UTC, datetime
+
+    from control_plane.storage import session_factory
+    from control_plane.storage.models import NodeRecordRow
+    from tests.control_plane.health.support import add_nodes
+
+    now = datetime.now(UTC)
+    sessions = session_factory(migrated_engine)
+    add_nodes(sessions, "n-1")
+    with sessions() as session:
+        for node in ("n-1", "gone"):
+            session.add(
+                NodeRecordRow(
+                    node_id=node,
+                    record_id=f"0190a2b4-0000-7000-8000-00000000000{len(node)}",
+                    seq=1,
+                    kind="event",
+                    created_at=now,
+                    received_at=now,
+                    content_type="application/json",
+                    payload=b"{}",
+                )
+            )
+        session.commit()
+    downgrade(migrated_engine, "0006")
+    with migrated_engine.connect() as connection:
+        left = connection.exec_driver_sql("SELECT node_id FROM node_records").scalars().all()
+    assert left == ["n-1"]
+    assert inspect(migrated_engine).get_foreign_keys("node_records")
+    migrate(migrated_engine)
+    assert schema_diff(migrated_engine) == []
