@@ -324,6 +324,9 @@ class RecordIngest:
     # ------------------------------------------------------------------ writer
 
     def _ensure_writer(self) -> None:
+        writers = self._writers  # per submit: no lock while every writer is running
+        if len(writers) >= self.limits.writers and all(w.is_alive() for w in writers):
+            return
         with self._lock:
             self._writers = [w for w in self._writers if w.is_alive()]
             while len(self._writers) < self.limits.writers:
