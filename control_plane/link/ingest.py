@@ -13,8 +13,9 @@ per batch and a busy one few large commits (a transaction per batch was three qu
 of the control plane's CPU per message; see docs/benchmarks.md). Two writers (threads for
 `submit`, flushers for the loop) commit at once on their own connections, so one writes
 while the other waits for its WAL flush. A group the database refuses (a row breaks a
-constraint or a column's range) is retried batch by batch, so one bad batch fails only itself; a
-database outage fails the whole group and every transport keeps its batches unacked.
+constraint or a column's range) is retried batch by batch, so one bad batch fails only
+itself; a database outage fails the whole group and every transport keeps its batches
+unacked.
 
 The insert bypasses the ORM: on PostgreSQL a binary `COPY` straight into the table, and
 for a group holding a resend (the COPY fails on the primary key) a `COPY` into a
@@ -253,8 +254,8 @@ class RecordIngest:
         """Store many batches in one transaction; an outcome per batch, in order.
 
         A row the database refuses (a constraint, a value out of a column's range) fails
-        only its batch: the group is retried batch by batch. Anything else (the database is down)
-        raises and nothing is stored.
+        only its batch: the group is retried batch by batch. Anything else (the database
+        is down) raises and nothing is stored.
         """
         try:
             self._store_group(batches)

@@ -64,7 +64,7 @@ def incoming_records(batch: link_pb2.RecordBatch) -> list[IncomingRecord]:
         stamp = record.created_at
         try:
             created_at = _timestamp(stamp.seconds, stamp.nanos)
-        except (ValueError, OverflowError, OSError) as exc:
+        except (ValueError, OverflowError) as exc:
             raise InvalidInputError(
                 f"record {index}: created_at is out of range", index=index
             ) from exc
@@ -85,8 +85,8 @@ def incoming_records(batch: link_pb2.RecordBatch) -> list[IncomingRecord]:
 def _timestamp(seconds: int, nanos: int) -> datetime:
     """A protobuf Timestamp as an aware UTC datetime, to the microsecond (truncated).
 
-    Raises ValueError or OverflowError out of datetime's range or for nanos outside
-    [0, 1e9), as `Timestamp.ToDatetime` would.
+    Raises ValueError for nanos outside [0, 1e9) and OverflowError for seconds outside
+    the Timestamp's range (years 1 to 9999), which `Timestamp.ToDatetime` refuses too.
     """
     if not 0 <= nanos < 1_000_000_000:
         raise ValueError(f"nanos {nanos} out of range")
