@@ -197,7 +197,7 @@ def test_downgrading_0007_keeps_only_records_of_known_nodes(migrated_engine: Eng
     from datetime import UTC, datetime
 
     from control_plane.storage import session_factory
-    from control_plane.storage.models import NodeRecordRow
+    from control_plane.storage.models import HealthCursorRow, NodeRecordRow
     from tests.control_plane.health.support import add_nodes
 
     now = datetime.now(UTC)
@@ -217,6 +217,7 @@ def test_downgrading_0007_keeps_only_records_of_known_nodes(migrated_engine: Eng
                     payload=b"{}",
                 )
             )
+        session.add(HealthCursorRow(name="health", received_at=now, node_id="n-1", record_id="r"))
         session.commit()
     downgrade(migrated_engine, "0006")
     with migrated_engine.connect() as connection:
@@ -225,3 +226,9 @@ def test_downgrading_0007_keeps_only_records_of_known_nodes(migrated_engine: Eng
     assert inspect(migrated_engine).get_foreign_keys("node_records")
     migrate(migrated_engine)
     assert schema_diff(migrated_engine) == []
+    with sessions() as session:
+        cursor = session.get(HealthCursorRow, "health")
+        assert cursor is not None and cursor.received_at == now
+        # PostgreSQL changed the ids' collation: the cursor re-reads its received_at.
+        expected = ("", "") if migrated_engine.dialect.name == "postgresql" else ("n-1", "r")
+        assert (cursor.node_id, cursor.record_id) == expected

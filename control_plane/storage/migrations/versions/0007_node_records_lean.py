@@ -56,10 +56,15 @@ def upgrade() -> None:
         batch.drop_constraint(op.f("fk_node_records_node_id_nodes"), type_="foreignkey")
     if op.get_context().dialect.name == "postgresql":
         # Ids compare bytewise: the primary key's comparisons cost a fifth of a row.
+        # Rebuilds the primary key (the table is locked meanwhile); rows stay as they are.
         op.execute(
             'ALTER TABLE node_records ALTER COLUMN node_id TYPE varchar(64) COLLATE "C", '
             'ALTER COLUMN record_id TYPE varchar(36) COLLATE "C"'
         )
+        # The health store's cursor orders ties of received_at by (node_id, record_id):
+        # under the new collation that order may differ, so the processor reads the
+        # cursor's own received_at again (what it processed already it skips, ADR 0018).
+        op.execute("UPDATE health_cursor SET node_id = '', record_id = ''")
         _compress_payloads_with_lz4()
 
 
@@ -91,6 +96,7 @@ def downgrade() -> None:
             'ALTER TABLE node_records ALTER COLUMN node_id TYPE varchar(64) COLLATE "default", '
             'ALTER COLUMN record_id TYPE varchar(36) COLLATE "default"'
         )
+        op.execute("UPDATE health_cursor SET node_id = '', record_id = ''")
     # Records of nodes that no longer exist would break the foreign key: drop them first.
     op.execute("DELETE FROM node_records WHERE node_id NOT IN (SELECT id FROM nodes)")
     with op.batch_alter_table("node_records") as batch:
