@@ -15,6 +15,7 @@ from typing import Final
 import uvicorn
 
 from control_plane.api.app import create_app
+from control_plane.api.routes.metrics import LinkCounts
 from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
 from control_plane.services import ServiceConfig, Services, build_services
 from control_plane.settings import ServerSettings
@@ -74,9 +75,15 @@ class ControlPlane:
     ) -> None:
         self.services = services
         self.link = GrpcLinkServer(services, grpc) if grpc is not None else None
+        app = create_app(services, run_background=run_background)
+        if self.link is not None:
+            link = self.link
+            app.state.link_counts["grpc"] = lambda: LinkCounts(
+                link.refusals.snapshot(), link.stats.records_acked
+            )
         self._http = _Uvicorn(
             uvicorn.Config(
-                create_app(services, run_background=run_background),
+                app,
                 host=host,
                 port=port,
                 log_level=log_level.lower(),

@@ -86,6 +86,10 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tasks, bridge_running(services) as bridge:
             app.state.mqtt_bridge = bridge  # None unless the server runs with --mqtt
+            if bridge is not None:
+                app.state.link_counts["mqtt"] = lambda: metrics.LinkCounts(
+                    bridge.refusals.snapshot(), bridge.counts["records"]
+                )
             if run_background:
                 tasks.start_soon(_freshness_loop, services)
                 tasks.start_soon(_liveness_loop, services)
@@ -116,7 +120,10 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         metrics,
     ):
         app.include_router(router.router)
-    app.state.metrics_registry = metrics.fleet_registry(services)
+    # Transports register their counters here as they start (the MQTT bridge below, the
+    # gRPC link in `control_plane.server`).
+    app.state.link_counts = {}
+    app.state.metrics_registry = metrics.fleet_registry(services, app.state.link_counts)
     app.add_middleware(
         BodyLimitMiddleware,
         default_limit=services.config.max_json_bytes,

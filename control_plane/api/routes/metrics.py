@@ -1,16 +1,18 @@
 """Prometheus ``/metrics``: fleet-level series only (no per-node or per-record labels).
 
-Labels are closed sets: node state (3), alert kind (6), record kind (2). Each scrape reads
-the database once, at most every ``SNAPSHOT_TTL_S`` seconds (cached), so many scrapers
-cost little. No token: the series carry counts, never names or ids.
+Labels are closed sets: node state (3), alert kind (6), record kind (2), transport (2),
+refusal reason (a fixed vocabulary in the link and node code). Each scrape reads the
+database once, at most every ``SNAPSHOT_TTL_S`` seconds (cached), so many scrapers cost
+little; the link counters are this process's own, read from memory. No token: the
+series carry counts, never names or ids.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -25,9 +27,21 @@ router = APIRouter(tags=["metrics"])
 SNAPSHOT_TTL_S = 5.0
 
 
+class LinkCounts(NamedTuple):
+    """What one transport of this process counted since it started."""
+
+    refusals: Mapping[str, int]  # by reason
+    records_acked: int
+
+
+# Transport name ("grpc", "mqtt") -> its counts now; the server registers what it runs.
+LinkSources = dict[str, Callable[[], LinkCounts]]
+
+
 class FleetCollector(Collector):
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, links: LinkSources | None = None) -> None:
         self._services = services
+        self._links = links if links is not None else {}
         self._lock = threading.Lock()
         self._snapshot: dict[str, Any] | None = None
         self._taken = 0.0
@@ -80,12 +94,40 @@ class FleetCollector(Collector):
             "Passes of this replica's health processor that failed (retried)",
             value=health.failed_passes,
         )
+        yield from self._link_metrics()
+
+    def _link_metrics(self) -> Iterator[Metric]:
+        refused = CounterMetricFamily(
+            "edgefleet_link_refusals",
+            "Node messages and calls this replica's links refused, by transport and reason",
+            labels=["transport", "reason"],
+        )
+        acked = CounterMetricFamily(
+            "edgefleet_link_records_acked",
+            "Records this replica's links stored and acknowledged, by transport",
+            labels=["transport"],
+        )
+        for transport, read in sorted(self._links.items()):
+            counts = read()
+            for reason, count in sorted(counts.refusals.items()):
+                refused.add_metric([transport, reason], count)
+            acked.add_metric([transport], counts.records_acked)
+        yield refused
+        yield acked
+        nodes = CounterMetricFamily(
+            "edgefleet_node_refusals",
+            "Enrollments and node authentications this replica refused, by reason",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._services.nodes.refusals.snapshot().items()):
+            nodes.add_metric([reason], count)
+        yield nodes
 
 
-def fleet_registry(services: Services) -> CollectorRegistry:
+def fleet_registry(services: Services, links: LinkSources | None = None) -> CollectorRegistry:
     """A registry of this app's own (not the process-global default)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(services))
+    registry.register(FleetCollector(services, links))
     return registry
 
 

@@ -17,8 +17,8 @@ from control_plane.link.grpc_server import GrpcLinkConfig
 from control_plane.server import ControlPlane
 from control_plane.services import ServiceConfig, Services, build_services
 from edge_node.clock import SystemClock
-from edge_node.enroll import enroll_over_grpc
-from edge_node.link.base import Backoff
+from edge_node.enroll import EnrollmentFiles, enroll_over_grpc
+from edge_node.link.base import Backoff, LinkRefusedError
 from edge_node.link.grpc_link import GrpcNodeLink
 from edge_node.link.uplink import Uplink, UplinkConfig
 from edge_node.outbox import Outbox
@@ -148,3 +148,59 @@ async def test_a_restart_mid_stream_neither_loses_nor_duplicates_records(
         restarted.close()
     assert ids == set(appended)
     assert count == len(ids) == 300
+
+
+async def test_metrics_count_what_the_grpc_link_acked_and_refused(
+    service_config: ServiceConfig, tmp_path: Path
+) -> None:
+    plane = Plane(service_config)
+    services = await plane.start()
+    try:
+        ensure_fleet(services, FLEET)
+        token, _ = services.nodes.create_bootstrap_token(ADMIN, FLEET, {}, timedelta(hours=1))
+
+        async def enroll(directory: str) -> EnrollmentFiles:
+            return await enroll_over_grpc(
+                plane.grpc.enroll_address or "",
+                services.ca.ca_pem,
+                token,
+                "0.1.0",
+                tmp_path / directory,
+                server_name="localhost",
+            )
+
+        files = await enroll("node")
+        with pytest.raises(LinkRefusedError):
+            await enroll("again")  # the token is used: refused, counted
+        outbox = Outbox.open(
+            tmp_path / "node" / "outbox.db",
+            node_id=files.node_id,
+            budget_bytes=1 << 20,
+            clock=SystemClock(),
+        )
+        link = GrpcNodeLink(
+            node_settings(plane.grpc.node_address, connect_timeout_s=2.0), files.credentials
+        )
+        uplink = Uplink(outbox, link, clock=SystemClock(), config=UPLINK)
+        stop = anyio.Event()
+        try:
+            for n in range(7):
+                outbox.append("event", b'{"n": %d}' % n)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(uplink.run, lambda: link_pb2.Hello(agent_version="0.1.0"), stop)
+                await until(lambda: outbox.stats().pending_events == 0)
+                stop.set()
+        finally:
+            await link.close()
+            outbox.close()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{plane.http_port}") as http:
+            text = (await http.get("/metrics")).text
+    finally:
+        await plane.stop()
+    for line in (
+        'edgefleet_link_records_acked_total{transport="grpc"} 7.0',
+        'edgefleet_link_refusals_total{reason="token-used",transport="grpc"} 1.0',
+        'edgefleet_node_refusals_total{reason="token-used"} 1.0',
+    ):
+        assert line in text, text
+    assert files.node_id not in text  # counts only, never ids

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
+import paho.mqtt.publish as publish
 import pytest
 from fastapi.testclient import TestClient
 
@@ -147,6 +150,23 @@ def test_the_api_lifespan_runs_the_bridge_when_configured(
             bridge = client.app.state.mqtt_bridge  # type: ignore[attr-defined]
             assert isinstance(bridge, MqttBridge)
             assert bridge.wait_connected(15)
+            # What the bridge counts is on /metrics (a refusal here: bytes, not protobuf).
+            publish.single(
+                "edgefleet/v1/gates/n-1/events",
+                b"\xff not protobuf",
+                qos=1,
+                hostname="127.0.0.1",
+                port=broker.port,
+                protocol=mqtt.MQTTv5,
+            )
+            refused = 'edgefleet_link_refusals_total{reason="malformed-message",transport="mqtt"}'
+            deadline = time.monotonic() + 15
+            text = ""
+            while time.monotonic() < deadline and f"{refused} 1.0" not in text:
+                time.sleep(0.05)
+                text = client.get("/metrics").text
+            assert f"{refused} 1.0" in text, text
+            assert 'edgefleet_link_records_acked_total{transport="mqtt"} 0.0' in text
         assert not bridge.connected  # stopped with the app
     finally:
         services.close()
