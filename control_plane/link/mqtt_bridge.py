@@ -28,11 +28,14 @@ cannot overwrite that pin's retained doorbell.
 Last Will: a node's will is a body-less NodeMessage on its ``status`` topic carrying the
 MQTT user property ``edgefleet-presence: offline``; the bridge marks the node offline.
 
-Messages are handled off paho's network thread by `workers` threads, each owning the
-nodes that hash to it, so one node's messages keep their order (a will is not
-overtaken by the Hello that follows it). A RecordBatch is handed to the group commit
-(`RecordIngest.submit`) and the worker moves on; the Ack and the PUBACK go out when the
-group has committed, from the writer's thread. The node and its fleet are looked up at
+Status messages are handled off paho's network thread by `workers` threads, each owning
+the nodes that hash to it, so one node's status messages keep their order (a will is not
+overtaken by the Hello that follows it). A RecordBatch of a node checked within
+`auth_cache_s` is parsed on paho's thread and handed to the group commit
+(`RecordIngest.submit`) at once; one whose node must be looked up (a database call) goes
+through the node's worker. Records carry their own ids and seqs, so batches need no
+order among themselves. The Ack and the PUBACK go out when the group has committed,
+from the writer's thread. The node and its fleet are looked up at
 most every `auth_cache_s` per node, not per message: a revocation stops a node's
 messages within that time (and its login at the broker's next reload).
 """
@@ -201,17 +204,6 @@ class _Inbound(NamedTuple):
 _AUTH_CACHE_MAX: Final = 100_000
 
 
-class _Stored(NamedTuple):
-    """A batch whose group commit finished: its worker publishes the Ack and PUBACKs."""
-
-    item: _Inbound
-    future: Future[list[str]]
-    ack: _PendingAck
-
-
-_Work = _Inbound | _Stored
-
-
 class _PendingAck(NamedTuple):
     """Where the Ack of a submitted batch goes once its group has committed."""
 
@@ -238,7 +230,7 @@ class MqttBridge:
         self._started = False
         self._client: mqtt.Client | None = None
         depth = max(4, 2 * config.receive_maximum)
-        self._queues: list[queue.Queue[_Work | None]] = [
+        self._queues: list[queue.Queue[_Inbound | None]] = [
             queue.Queue(maxsize=depth) for _ in range(config.workers)
         ]
         self._workers: list[threading.Thread] = []
@@ -514,22 +506,32 @@ class MqttBridge:
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
         if self._stopping.is_set():
             return  # left unacked: it comes back to this session after a restart
+        item = _Inbound(message, self._generation)
+        if self._checked_recently(message.topic):
+            # A batch of a node checked within auth_cache_s: parsing it and handing it to
+            # the group commit cost less than a hand-off to a worker, and nothing here
+            # waits (no database call; a full backlog is retried by the worker). Status
+            # messages and nodes to look up still go to the node's worker.
+            self._process(item)
+            return
         shard = zlib.crc32(_node_segment(message.topic)) % len(self._queues)
         # Blocks paho's thread when the workers are behind: backpressure on the broker.
-        self._queues[shard].put(_Inbound(message, self._generation))
+        self._queues[shard].put(item)
+
+    def _checked_recently(self, topic: str) -> bool:
+        if not topic.endswith(_RECORD_LEAVES):
+            return False
+        cached = self._known.get(_node_segment(topic).decode("utf-8", "replace"))
+        return cached is not None and time.monotonic() - cached[1] < self._config.auth_cache_s
 
     # ---------------------------------------------------------------- workers
 
-    def _work(self, inbox: queue.Queue[_Work | None]) -> None:
+    def _work(self, inbox: queue.Queue[_Inbound | None]) -> None:
         while (item := inbox.get()) is not None:
             try:
-                if isinstance(item, _Stored):
-                    self._acknowledge(item.item, item.future, item.ack)
-                else:
-                    self._process(item)
+                self._process(item)
             except Exception:  # a worker must not die; _process already counted it
-                inbound = item.item if isinstance(item, _Stored) else item
-                log.exception("MQTT bridge worker failed on %s", inbound.message.topic)
+                log.exception("MQTT bridge worker failed on %s", item.message.topic)
 
     def _process(self, item: _Inbound) -> None:
         message = item.message
@@ -547,16 +549,10 @@ class MqttBridge:
         future.add_done_callback(lambda done: self._stored(item, done, ack))
 
     def _stored(self, item: _Inbound, future: Future[list[str]], ack: _PendingAck) -> None:
-        """The group commit holding the batch finished (on the writer's thread).
-
-        The Ack and the PUBACK go out from the node's worker, so the writer starts the next
-        group at once; inline only when the worker's inbox is full or the bridge stops.
-        """
-        if not self._stopping.is_set():
-            shard = zlib.crc32(_node_segment(item.message.topic)) % len(self._queues)
-            with contextlib.suppress(queue.Full):
-                self._queues[shard].put_nowait(_Stored(item, future, ack))
-                return
+        """The group commit holding the batch finished: Ack and PUBACK, on the writer's
+        thread. Both only queue a packet for paho's network thread (nothing here waits),
+        and a hand-off back to the node's worker cost more than they do: at one record
+        per batch it was a fifth of the bridge's CPU per message (docs/benchmarks.md)."""
         self._acknowledge(item, future, ack)
 
     def _acknowledge(self, item: _Inbound, future: Future[list[str]], ack: _PendingAck) -> None:
@@ -761,6 +757,9 @@ def _is_offline(message: mqtt.MQTTMessage) -> bool:
     return (PRESENCE_PROPERTY, OFFLINE) in [tuple(p) for p in pairs]
 
 
+_RECORD_LEAVES: Final = (f"/{Leaf.HEALTH.value}", f"/{Leaf.EVENTS.value}")
+
+
 def _node_segment(topic: str) -> bytes:
     parts = topic.split("/")
     return (parts[3] if len(parts) > 3 else topic).encode("utf-8", "replace")
@@ -774,7 +773,7 @@ def _reason_of(exc: EdgefleetError) -> str:
     return type(exc).__name__
 
 
-def _drain(inbox: queue.Queue[_Work | None]) -> None:
+def _drain(inbox: queue.Queue[_Inbound | None]) -> None:
     while True:
         try:
             inbox.get_nowait()
