@@ -65,16 +65,19 @@ def upgrade() -> None:
         # under the new collation that order may differ, so the processor reads the
         # cursor's own received_at again (what it processed already it skips, ADR 0018).
         op.execute("UPDATE health_cursor SET node_id = '', record_id = ''")
-        _compress_payloads_with_lz4()
+        # lz4 for new payloads, where the server has it (PostgreSQL 14+ built with lz4).
+        _where_supported(
+            "ALTER TABLE node_records ALTER COLUMN payload SET COMPRESSION lz4",
+            "node_records.payload keeps pglz",
+        )
 
 
-def _compress_payloads_with_lz4() -> None:
-    """lz4 for new payloads, where the server has it (PostgreSQL 14+ built with lz4).
+def _where_supported(statement: str, otherwise: str) -> None:
+    """Run `statement`; where the server lacks what it needs, log `otherwise` and go on.
 
-    Without it the column keeps pglz: slower, not wrong, so the migration goes on and
-    says so. Offline (--sql) the statement is written as is.
+    For compression settings: slower without them, not wrong. Offline (--sql) the
+    statement is written as is.
     """
-    statement = "ALTER TABLE node_records ALTER COLUMN payload SET COMPRESSION lz4"
     if op.get_context().as_sql:
         op.execute(statement)
         return
@@ -84,14 +87,16 @@ def _compress_payloads_with_lz4() -> None:
             bind.exec_driver_sql(statement)
     except sa.exc.DBAPIError as exc:
         logging.getLogger("alembic.runtime.migration").warning(
-            "node_records.payload keeps pglz (lz4 is not available: %s)",
-            str(exc.orig).strip().splitlines()[0],
+            "%s (%s)", otherwise, str(exc.orig).strip().splitlines()[0]
         )
 
 
 def downgrade() -> None:
     if op.get_context().dialect.name == "postgresql":
-        op.execute("ALTER TABLE node_records ALTER COLUMN payload SET COMPRESSION DEFAULT")
+        _where_supported(
+            "ALTER TABLE node_records ALTER COLUMN payload SET COMPRESSION DEFAULT",
+            "node_records.payload compression left as it is",
+        )
         op.execute(
             'ALTER TABLE node_records ALTER COLUMN node_id TYPE varchar(64) COLLATE "default", '
             'ALTER COLUMN record_id TYPE varchar(36) COLLATE "default"'
