@@ -512,7 +512,10 @@ class MqttBridge:
             # the group commit cost less than a hand-off to a worker, and nothing here
             # waits (no database call; a full backlog is retried by the worker). Status
             # messages and nodes to look up still go to the node's worker.
-            self._process(item)
+            try:
+                self._process(item)
+            except Exception:  # never into paho's loop; _process already counted it
+                log.exception("MQTT bridge failed on %s", message.topic)
             return
         shard = zlib.crc32(_node_segment(message.topic)) % len(self._queues)
         # Blocks paho's thread when the workers are behind: backpressure on the broker.
