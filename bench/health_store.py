@@ -44,6 +44,7 @@ from control_plane.storage.models import (
     NodeRecordRow,
     NodeRow,
 )
+from edge_node.telemetry.report import sketch_summary
 from protos.latency_sketch import LatencySketch
 
 REPORT_INTERVAL_S = 10.0
@@ -53,18 +54,11 @@ START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def _summary(samples: Sequence[float]) -> dict[str, Any]:
+    """What the agent reports for these latencies (`sketch_summary`, sketch included)."""
     sketch = LatencySketch()
     for value in samples:
         sketch.add(value)
-    p50, p95, p99 = sketch.quantiles((0.5, 0.95, 0.99))
-    return {
-        "p50_ms": p50,
-        "p95_ms": p95,
-        "p99_ms": p99,
-        "max_ms": sketch.max,
-        "mean_ms": sketch.mean,
-        "sketch_ms": sketch.to_wire(),
-    }
+    return sketch_summary(sketch, with_sketch=True)
 
 
 def report(rng: random.Random, at: datetime, rss_mb: float) -> bytes:

@@ -218,11 +218,7 @@ class HealthStore:
             )
 
         with self._write_session() as session:
-            cursor = session.scalars(
-                select(HealthCursorRow)
-                .where(HealthCursorRow.name == CURSOR_NAME)
-                .with_for_update(skip_locked=True)
-            ).first()
+            cursor = _locked_cursor(session)
             if cursor is None:
                 return BatchResult(0, 0, 0, more=False)  # another replica holds it
             if _position(cursor) != position:
@@ -371,11 +367,7 @@ class HealthStore:
         now = now or self._clock.now()
         self._ensure_cursor()
         with self._write_session() as session:
-            cursor = session.scalars(
-                select(HealthCursorRow)
-                .where(HealthCursorRow.name == CURSOR_NAME)
-                .with_for_update(skip_locked=True)
-            ).first()
+            cursor = _locked_cursor(session)
             if cursor is None:
                 return
             nodes = session.execute(
@@ -695,6 +687,15 @@ class HealthStore:
         with self._sessions() as session:
             session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
             yield session
+
+
+def _locked_cursor(session: Session) -> HealthCursorRow | None:
+    """The cursor row, locked for this transaction; None while another replica holds it."""
+    return session.scalars(
+        select(HealthCursorRow)
+        .where(HealthCursorRow.name == CURSOR_NAME)
+        .with_for_update(skip_locked=True)
+    ).first()
 
 
 def _position(cursor: HealthCursorRow | None) -> tuple[datetime, str, str] | None:

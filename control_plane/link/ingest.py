@@ -185,11 +185,14 @@ def _refuse_record(index: int, record: IncomingRecord, limits: IngestLimits) -> 
         raise InvalidInputError(f"{where}: created_at has no time zone", index=index)
     if not _CONTENT_TYPE.match(record.content_type):
         raise InvalidInputError(f"{where}: bad content type", index=index)
-    raise PayloadTooLargeError(
-        f"{where}: payload of {len(record.payload)} bytes is over {limits.max_payload_bytes}",
-        index=index,
-        limit=limits.max_payload_bytes,
-    )
+    if len(record.payload) > limits.max_payload_bytes:
+        raise PayloadTooLargeError(
+            f"{where}: payload of {len(record.payload)} bytes is over {limits.max_payload_bytes}",
+            index=index,
+            limit=limits.max_payload_bytes,
+        )
+    # Only if validate_batch's one-pass check and these rules ever disagree.
+    raise InvalidInputError(f"{where}: refused", index=index)
 
 
 @dataclass(frozen=True, slots=True)

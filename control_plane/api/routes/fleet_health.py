@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
 from control_plane.errors import InvalidInputError
@@ -51,6 +51,8 @@ class NodeHealthOut(BaseModel):
 
 
 class SeriesOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     node_id: str
     resolution: str
     since: datetime
@@ -60,6 +62,8 @@ class SeriesOut(BaseModel):
 
 
 class AlertOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: int
     node_id: str
     kind: str
@@ -72,17 +76,7 @@ class AlertOut(BaseModel):
 
 
 def _alert_out(alert: Alert) -> AlertOut:
-    return AlertOut(
-        id=alert.id,
-        node_id=alert.node_id,
-        kind=alert.kind,
-        since=alert.since,
-        updated_at=alert.updated_at,
-        cleared_at=alert.cleared_at,
-        cleared_by=alert.cleared_by,
-        open=alert.open,
-        details=alert.details,
-    )
+    return AlertOut.model_validate(alert)
 
 
 @router.get("/health/nodes")
@@ -152,14 +146,7 @@ def node_health(
     except ValueError as exc:
         raise InvalidInputError(str(exc), reason="bad-since") from exc
     series = services.health.series(node_id, span, resolution=resolution)
-    return SeriesOut(
-        node_id=series.node_id,
-        resolution=series.resolution,
-        since=series.since,
-        until=series.until,
-        truncated=series.truncated,
-        points=series.points,
-    )
+    return SeriesOut.model_validate(series)
 
 
 @router.get("/alerts")

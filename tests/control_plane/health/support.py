@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.link.ingest import IncomingRecord, RecordIngest
 from control_plane.storage.models import FleetRow, NodeRow
+from edge_node.telemetry.report import sketch_summary
 from protos.latency_sketch import LatencySketch
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -38,18 +39,11 @@ def add_nodes(sessions: sessionmaker[Session], *node_ids: str, online: bool = Tr
 
 
 def summary(samples: Sequence[float]) -> dict[str, Any]:
+    """What the agent reports for these latencies (`sketch_summary`, sketch included)."""
     sketch = LatencySketch()
     for value in samples:
         sketch.add(value)
-    p50, p95, p99 = sketch.quantiles((0.5, 0.95, 0.99))
-    return {
-        "p50_ms": p50,
-        "p95_ms": p95,
-        "p99_ms": p99,
-        "max_ms": sketch.max,
-        "mean_ms": sketch.mean,
-        "sketch_ms": sketch.to_wire(),
-    }
+    return sketch_summary(sketch, with_sketch=True)
 
 
 def v2_report(
