@@ -97,3 +97,25 @@ def test_the_server_serves_rest_and_grpc_and_stops_on_sigterm(tmp_path: Path) ->
             proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_tune_gc_freezes_the_start_up_heap_and_collects_young_objects_less_often() -> None:
+    import gc
+
+    from control_plane.server import GC_YOUNG_THRESHOLD, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, before[1], before[2])
+        # Cyclic garbage made after the freeze is still collected.
+        cycle: list[object] = []
+        cycle.append(cycle)
+        ref = id(cycle)
+        del cycle
+        assert gc.collect() >= 1
+        assert all(id(obj) != ref for obj in gc.get_objects(generation=2))
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
