@@ -53,46 +53,40 @@ def incoming_records(batch: link_pb2.RecordBatch) -> list[IncomingRecord]:
     An unknown kind is passed through under a name `validate_batch` refuses, so the
     whole batch is refused with the index of the bad record.
     """
-    # Per record, so kept lean (it was the largest share of the control plane's CPU at
-    # 100 records a batch): plain datetime arithmetic instead of Timestamp.ToDatetime.
+    # Per record, so kept lean (it was the largest share of the control plane's Python
+    # time at 100 records a batch): plain datetime arithmetic instead of
+    # Timestamp.ToDatetime, the tuple built without IncomingRecord's Python-level
+    # __new__, and HasField (a third of the loop) asked only of a stamp that reads as
+    # the epoch, which is what an unset one reads as.
     records: list[IncomingRecord] = []
     append = records.append
+    make = tuple.__new__
     kinds = _KINDS
+    epoch = _EPOCH
+    delta = timedelta
     for index, record in enumerate(batch.records):
-        if not record.HasField("created_at"):
-            raise InvalidInputError(f"record {index}: created_at is missing", index=index)
         stamp = record.created_at
-        try:
-            created_at = _timestamp(stamp.seconds, stamp.nanos)
-        except (ValueError, OverflowError) as exc:
-            raise InvalidInputError(
-                f"record {index}: created_at is out of range", index=index
-            ) from exc
+        seconds = stamp.seconds
+        nanos = stamp.nanos
+        if not (0 <= nanos < 1_000_000_000 and _MIN_SECONDS <= seconds <= _MAX_SECONDS):
+            raise InvalidInputError(f"record {index}: created_at is out of range", index=index)
+        if seconds == 0 and nanos == 0 and not record.HasField("created_at"):
+            raise InvalidInputError(f"record {index}: created_at is missing", index=index)
         kind = record.kind
         append(
-            IncomingRecord(
-                record.id,
-                record.seq,
-                kinds.get(kind) or f"unknown-{int(kind)}",
-                created_at,
-                record.content_type,
-                record.payload,
+            make(
+                IncomingRecord,
+                (
+                    record.id,
+                    record.seq,
+                    kinds.get(kind) or f"unknown-{int(kind)}",
+                    epoch + delta(0, seconds, nanos // 1000),  # positional: half the cost
+                    record.content_type,
+                    record.payload,
+                ),
             )
         )
     return records
-
-
-def _timestamp(seconds: int, nanos: int) -> datetime:
-    """A protobuf Timestamp as an aware UTC datetime, to the microsecond (truncated).
-
-    Raises ValueError for nanos outside [0, 1e9) and OverflowError for seconds outside
-    the Timestamp's range (years 1 to 9999), which `Timestamp.ToDatetime` refuses too.
-    """
-    if not 0 <= nanos < 1_000_000_000:
-        raise ValueError(f"nanos {nanos} out of range")
-    if not _MIN_SECONDS <= seconds <= _MAX_SECONDS:
-        raise OverflowError(f"seconds {seconds} out of range")
-    return _EPOCH + timedelta(0, seconds, nanos // 1000)  # positional: half the cost
 
 
 def hello_state(message: link_pb2.NodeMessage) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from control_plane.identity.bootstrap import BootstrapTokenError
 from control_plane.link import wire
 from control_plane.link.grpc_status import reason_of, status_for
 from control_plane.link.hub import LinkHub
-from control_plane.link.ingest import IngestLimits, validate_batch
+from control_plane.link.ingest import IncomingRecord, IngestLimits, validate_batch
 from control_plane.nodes.service import NodeService
 from protos.edgefleet.fleet.v1 import link_pb2
 from tests.control_plane.identity.helpers import make_csr
@@ -102,8 +102,19 @@ def test_a_record_time_out_of_range_is_invalid(seconds: int, nanos: int) -> None
 
 def test_a_record_without_a_time_is_invalid() -> None:
     batch = link_pb2.RecordBatch(records=[link_pb2.Record(id="a", seq=1)])
-    with pytest.raises(errors.InvalidInputError, match="created_at"):
+    with pytest.raises(errors.InvalidInputError, match="record 0: created_at is missing"):
         wire.incoming_records(batch)
+
+
+def test_a_time_set_to_the_epoch_is_a_time_not_a_missing_one() -> None:
+    # An unset stamp reads as the epoch too; only presence tells them apart.
+    batch = link_pb2.RecordBatch(
+        records=[link_pb2.Record(id="a", seq=1, created_at=Timestamp(seconds=0, nanos=0))]
+    )
+    [converted] = wire.incoming_records(batch)
+    assert isinstance(converted, IncomingRecord)
+    assert converted.created_at == datetime(1970, 1, 1, tzinfo=UTC)
+    assert converted._replace(seq=2).seq == 2
 
 
 def test_hello_state_is_plain_json() -> None:
