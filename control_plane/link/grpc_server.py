@@ -27,7 +27,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeVar
 
@@ -47,6 +47,7 @@ from control_plane.errors import (
     RangeNotSatisfiableError,
     UnavailableError,
 )
+from control_plane.identity.ca import NodeIdentity
 from control_plane.link import wire
 from control_plane.link.desired import HubDelivery
 from control_plane.link.grpc_status import REASON_TRAILER, reason_of, status_for
@@ -104,7 +105,7 @@ class AuthenticatedNode:
     """The caller of one RPC, as its certificate proved it."""
 
     node: Node
-    certificate: bytes = field(repr=False)
+    identity: NodeIdentity  # from the certificate, verified against the CA at the start
     checked_at: datetime
 
 
@@ -245,8 +246,8 @@ class NodeLinkGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 reason="no-client-certificate",
             )
         nodes = self._services.nodes
-        node = await asyncio.to_thread(nodes.authenticate_certificate, certificate)
-        _CURRENT.set(AuthenticatedNode(node, certificate, self._services.clock.now()))
+        identity, node = await asyncio.to_thread(nodes.authenticate_peer, certificate)
+        _CURRENT.set(AuthenticatedNode(node, identity, self._services.clock.now()))
 
     async def _abort(self, name: str, context: Any, error: EdgefleetError) -> None:
         reason = reason_of(error)
@@ -364,15 +365,12 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
         self, request: link_pb2.RenewRequest, context: Any
     ) -> link_pb2.RenewResponse:
         peer = current_node()
-        presented = self._services.ca.node_identity_from_certificate(
-            peer.certificate, now=self._services.clock.now()
-        )
         issued = await asyncio.to_thread(
             functools.partial(
                 self._services.nodes.renew,
                 peer.node.id,
                 request.csr_pem,
-                presented_serial=presented.serial,
+                presented_serial=peer.identity.serial,
             )
         )
         return link_pb2.RenewResponse(
@@ -481,12 +479,24 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
         session.end(None)
 
     async def _recheck(self, peer: AuthenticatedNode) -> None:
-        """Revocation and expiry cut a stream at the next message (checks cached briefly)."""
+        """Revocation and expiry cut a stream at the next message (checks cached briefly).
+
+        The certificate was verified against the CA when the stream began; what can
+        change since is in the inventory (revoked, serial replaced, expired), which
+        `authorize` reads without parsing the certificate again.
+        """
         now = self._services.clock.now()
         if (now - peer.checked_at).total_seconds() < self._config.auth_recheck_s:
             return
-        nodes = self._services.nodes
-        peer.node = await asyncio.to_thread(nodes.authenticate_certificate, peer.certificate)
+        identity = peer.identity
+        peer.node = await asyncio.to_thread(
+            functools.partial(
+                self._services.nodes.authorize,
+                identity.node_id,
+                identity.serial,
+                fleet=identity.fleet,
+            )
+        )
         peer.checked_at = now
 
     async def _handle(

@@ -44,7 +44,12 @@ from control_plane.identity.bootstrap import (
     new_node_id,
     validate_labels,
 )
-from control_plane.identity.ca import CertificateAuthority, CertificateRejectedError, IssuedCert
+from control_plane.identity.ca import (
+    CertificateAuthority,
+    CertificateRejectedError,
+    IssuedCert,
+    NodeIdentity,
+)
 from control_plane.link.mqtt_acl import (
     NodeMqttAccount,
     mosquitto_password_hash,
@@ -444,16 +449,23 @@ class NodeService:
     # ---------------------------------------------------------- authentication
 
     def authenticate_certificate(self, certificate: bytes) -> Node:
-        """The node a TLS client certificate (PEM or DER) proves, checked as `authorize` does.
+        """The node a TLS client certificate (PEM or DER) proves, checked as `authorize` does."""
+        return self.authenticate_peer(certificate)[1]
 
-        For the gRPC interceptor: pass the peer certificate from the auth context.
+    def authenticate_peer(self, certificate: bytes) -> tuple[NodeIdentity, Node]:
+        """What a TLS client certificate (PEM or DER) says and the node it proves.
+
+        For the gRPC interceptor: pass the peer certificate from the auth context. The
+        certificate is verified against the CA once here; a long stream re-checks with
+        `authorize(identity.node_id, identity.serial, fleet=identity.fleet)`, which sees
+        revocation, a replaced serial and expiry in the inventory.
         """
         try:
             identity = self._ca.node_identity_from_certificate(certificate, now=self._clock.now())
         except CertificateRejectedError as exc:
             self._refused("authenticate", exc)
             raise
-        return self.authorize(identity.node_id, identity.serial, fleet=identity.fleet)
+        return identity, self.authorize(identity.node_id, identity.serial, fleet=identity.fleet)
 
     def authorize(self, node_id: str, cert_serial: str, *, fleet: str | None = None) -> Node:
         """Raise unless `node_id` exists, is not revoked and `cert_serial` is its current
