@@ -269,7 +269,9 @@ class NodeRecordRow(Base):
 
     # No foreign key to nodes (ADR 0020): it cost a lookup and a row lock per stored
     # record; records are only written for a node the link has authenticated. The key
-    # columns compare bytewise on PostgreSQL (COLLATE "C"): ids, not words.
+    # columns compare bytewise on PostgreSQL (COLLATE "C"): ids, not words. Also on
+    # PostgreSQL, set by migrations only: lz4 for payloads (0007), and rows up to 4 kB
+    # stored uncompressed (toast_tuple_target, 0008, ADR 0021).
     node_id: Mapped[str] = mapped_column(_ascii_id(64), primary_key=True)
     record_id: Mapped[str] = mapped_column(_ascii_id(36), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger)

@@ -193,6 +193,50 @@ def test_node_records_is_lean_and_its_payloads_use_lz4(migrated_engine: Engine) 
     assert collations == {"node_id": "C", "record_id": "C"}
 
 
+def test_node_records_keeps_a_health_report_inline_and_uncompressed(
+    migrated_engine: Engine,
+) -> None:
+    # ADR 0021: rows up to 4 kB are stored as they came; larger payloads still compress.
+    if migrated_engine.dialect.name != "postgresql":
+        pytest.skip("a PostgreSQL storage parameter")
+    from datetime import UTC, datetime
+
+    stored = datetime(2026, 11, 30, tzinfo=UTC)
+    report = b'{"schema": "edgefleet.agent.health/2", "pad": "' + b"ab" * 1300 + b'"}'
+    large = b'{"pad": "' + b"ab" * 4000 + b'"}'
+    with migrated_engine.begin() as connection:
+        options = connection.exec_driver_sql(
+            "SELECT reloptions FROM pg_class WHERE relname = 'node_records'"
+        ).scalar_one()
+        for record_id, payload in (("a", report), ("b", large)):
+            connection.exec_driver_sql(
+                "INSERT INTO node_records (node_id, record_id, seq, kind, created_at, "
+                "received_at, content_type, payload) "
+                "VALUES ('n', %(id)s, 1, 'health', %(at)s, %(at)s, 'application/json', %(p)s)",
+                {"id": record_id, "at": stored, "p": payload},
+            )
+        sizes = dict(
+            connection.exec_driver_sql(
+                "SELECT record_id, pg_column_size(payload) FROM node_records ORDER BY 1"
+            ).all()
+        )
+    assert options == ["toast_tuple_target=4080"]
+    assert sizes["a"] >= len(report)  # as it came: not compressed
+    assert sizes["b"] < len(large) / 2  # over the target: compressed
+
+
+def test_downgrading_0008_resets_the_toast_target(migrated_engine: Engine) -> None:
+    downgrade(migrated_engine, "0007")
+    if migrated_engine.dialect.name == "postgresql":
+        with migrated_engine.connect() as connection:
+            options = connection.exec_driver_sql(
+                "SELECT reloptions FROM pg_class WHERE relname = 'node_records'"
+            ).scalar_one()
+        assert options is None
+    migrate(migrated_engine)
+    assert schema_diff(migrated_engine) == []
+
+
 def test_downgrading_0007_keeps_only_records_of_known_nodes(migrated_engine: Engine) -> None:
     from datetime import UTC, datetime
 
