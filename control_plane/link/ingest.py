@@ -492,19 +492,21 @@ def _copy_rows(
             cursor.execute(_POSTGRESQL_STAGE)  # once per connection: a round trip less
         with cursor.copy(statement) as copy:
             copy.set_types(_POSTGRESQL_COPY_TYPES)
+            write_row = copy.write_row
             for batch in batches:
                 node_id = batch.node_id
-                for r in batch.records:
-                    copy.write_row(
+                # Unpacked, not read by field name: six descriptor calls less per row.
+                for record_id, seq, kind, created_at, content_type, payload in batch.records:
+                    write_row(
                         (
                             node_id,
-                            r.id,
-                            r.seq,
-                            r.kind,
-                            r.created_at,
+                            record_id,
+                            seq,
+                            kind,
+                            created_at,
                             received_at,
-                            r.content_type,
-                            r.payload,
+                            content_type,
+                            payload,
                         )
                     )
         if staged:
