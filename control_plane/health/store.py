@@ -228,8 +228,18 @@ class HealthStore:
             if fresh:
                 self._store_points(session, fresh)
                 self._fold_rollups(session, fresh)
-                self._keep_latest(session, fresh)
-                self._report_alerts(session, fresh, now)
+                newest_before = self._keep_latest(session, fresh)
+                # A report older than one already applied (a node's late resend) is a
+                # point in the series, but not news: it cannot raise or clear an alert.
+                self._report_alerts(
+                    session,
+                    [
+                        p
+                        for p in fresh
+                        if p[0] not in newest_before or p[3].at >= newest_before[p[0]]
+                    ],
+                    now,
+                )
             last = records[-1]
             cursor.received_at, cursor.node_id, cursor.record_id = last[2], last[0], last[1]
             cursor.processed += len(fresh)
@@ -315,7 +325,8 @@ class HealthStore:
 
     def _keep_latest(
         self, session: Session, points: Sequence[tuple[str, str, datetime, HealthPoint]]
-    ) -> None:
+    ) -> dict[str, datetime]:
+        """Keep each node's newest report; return the time of the one it had before."""
         newest: dict[str, tuple[str, HealthPoint]] = {}
         for node_id, record_id, _, point in points:
             held = newest.get(node_id)
@@ -327,6 +338,7 @@ class HealthStore:
                 select(HealthLatestRow).where(HealthLatestRow.node_id.in_(sorted(newest)))
             )
         }
+        before = {node_id: row.at for node_id, row in rows.items()}
         for node_id, (record_id, point) in newest.items():
             row = rows.get(node_id)
             if row is None:
@@ -344,6 +356,7 @@ class HealthStore:
                 row.record_id, row.at, row.schema = record_id, point.at, point.schema[:64]
                 row.metrics, row.latency = point.metrics, _percentiles_only(point.latency)
         session.flush()
+        return before
 
     # ----------------------------------------------------------------- alerts
 

@@ -289,6 +289,27 @@ def test_alerts_raise_and_clear_with_their_conditions(
     assert cleared[0].cleared_at == START + timedelta(seconds=30)
 
 
+def test_a_late_report_is_a_point_but_never_flips_an_alert(
+    store: HealthStore, sender: Sender, clock: ManualClock, sessions: sessionmaker[Session]
+) -> None:
+    def report(seconds: int, drift: float) -> None:
+        sender.send("n-a", v2_report(START + timedelta(seconds=seconds), drift_ratio=drift))
+        settle(clock, store)
+        store.process_pending()
+
+    report(30, 1.0)  # newest: no drift
+    report(10, 3.0)  # resent late, from before it: drifting then
+    assert store.list_alerts(node_id="n-a", include_cleared=True) == []
+    assert count(sessions, HealthPointRow, node_id="n-a") == 2  # still in the series
+
+    report(40, 3.0)
+    (alert,) = store.list_alerts(node_id="n-a")
+    report(20, 1.0)  # late, and fine then: the alert of 40 s stays open
+    assert [a.id for a in store.list_alerts(node_id="n-a")] == [alert.id]
+    report(50, 1.0)
+    assert store.list_alerts(node_id="n-a") == []
+
+
 def test_operator_clear_silences_until_the_condition_ends(
     store: HealthStore, sender: Sender, clock: ManualClock
 ) -> None:
