@@ -72,10 +72,16 @@ _COMMON_CONTENT_TYPES: Final = frozenset(
 # staging). COPY has no ON CONFLICT: when a group holds a record stored already (a
 # resend), the COPY fails on the primary key and the group goes again through a
 # per-connection staging table and one INSERT … SELECT … ON CONFLICT DO NOTHING.
+# The stage keeps rows of up to 4 kB uncompressed (as node_records does since migration
+# 0008, ADR 0021): a value compressed in the stage would be moved compressed, whatever
+# node_records' own settings say. Larger rows are compressed as node_records' payload
+# column says where the server can copy that (PostgreSQL 14+), else by its default.
 _POSTGRESQL_STAGE: Final = (
     "CREATE TEMPORARY TABLE IF NOT EXISTS node_records_stage "
-    "(LIKE node_records INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+    "(LIKE node_records INCLUDING DEFAULTS{compression}) "
+    "WITH (toast_tuple_target = 4080) ON COMMIT DELETE ROWS"
 )
+_COPIES_COMPRESSION: Final = 140000  # server_version from which LIKE copies compression
 _POSTGRESQL_COPY_DIRECT: Final = (
     "COPY node_records "
     "(node_id, record_id, seq, kind, created_at, received_at, content_type, payload) "
@@ -125,7 +131,8 @@ class IncomingRecord(NamedTuple):
     """A record as a transport decoded it, not yet validated (`validate_batch`).
 
     A named tuple: one is made per record on the ingestion path, and a frozen
-    dataclass cost three times as much to build."""
+    dataclass cost three times as much to build. `wire.incoming_records` builds it with
+    `tuple.__new__`, which checks no field count: a field added here goes there too."""
 
     id: str
     seq: int
@@ -489,7 +496,10 @@ def _copy_rows(
     with driver.cursor() as cursor:  # type: ignore[union-attr]
         cursor.execute(_POSTGRESQL_TIMEOUTS)
         if staged and not connection.connection.info.get(_STAGE_READY):
-            cursor.execute(_POSTGRESQL_STAGE)  # once per connection: a round trip less
+            # Once per connection: a round trip less per group.
+            modern = driver.info.server_version >= _COPIES_COMPRESSION  # type: ignore[union-attr]
+            compression = " INCLUDING COMPRESSION" if modern else ""
+            cursor.execute(_POSTGRESQL_STAGE.format(compression=compression))
         with cursor.copy(statement) as copy:
             copy.set_types(_POSTGRESQL_COPY_TYPES)
             write_row = copy.write_row

@@ -452,6 +452,35 @@ def test_a_resent_batch_takes_the_careful_path_on_postgresql(
     assert ingest.count(node_id) == 3
 
 
+def test_a_report_through_the_stage_is_stored_as_a_direct_copy_stores_it(
+    ingest: RecordIngest, sessions: sessionmaker[Session], node_id: str
+) -> None:
+    # ADR 0021: reports up to 4 kB are stored uncompressed; a group holding a resend goes
+    # through the staging table, which must not compress them on the way.
+    if sessions.kw["bind"].dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's storage of long values")
+    report = b'{"pad": "' + b"ab" * 1300 + b'"}'
+    first = record(1, "health", report)
+    ingest.store(node_id, [first])
+    resent = [first, record(2, "health", report)]
+    ingest.store(node_id, resent)
+    assert ingest.resent_groups == 1
+    with sessions() as session:
+        sizes = (
+            session.execute(
+                text(
+                    "SELECT pg_column_size(payload) FROM node_records WHERE node_id = :node "
+                    "ORDER BY seq"
+                ),
+                {"node": node_id},
+            )
+            .scalars()
+            .all()
+        )
+    assert len(sizes) == 2
+    assert all(size >= len(report) for size in sizes)  # not compressed
+
+
 def test_a_second_writer_commits_while_the_first_waits(
     sessions: sessionmaker[Session], clock: ManualClock, node_id: str
 ) -> None:
