@@ -286,6 +286,36 @@ async def test_a_revoked_node_is_cut_off_at_its_next_message(
     assert not plane.services.nodes.get_node(node.node_id).online
 
 
+async def test_a_stream_is_cut_once_its_certificate_expires(
+    plane: GrpcPlane, node: EnrollmentFiles, plane_clock: ManualClock
+) -> None:
+    # The certificate is verified once, when the stream binds; the re-check reads the
+    # expiry the inventory holds for that serial.
+    link = await connected(plane, node)
+    plane_clock.advance(timedelta(days=8))  # certificates live 7 days
+    await link.send(batch([wire_record(1)]))
+    with pytest.raises(LinkRefusedError) as info:
+        await next_message(link)
+    await link.close()
+    assert info.value.fields == {"code": "UNAUTHENTICATED", "reason": "cert-expired"}
+    assert plane.services.records.count(node.node_id) == 0
+
+
+async def test_a_stream_is_cut_once_its_certificate_is_no_longer_the_nodes(
+    plane: GrpcPlane, node: EnrollmentFiles
+) -> None:
+    # Renewed twice elsewhere: the stream's certificate is neither current nor previous.
+    link = await connected(plane, node)
+    for _ in range(2):
+        plane.services.nodes.renew(node.node_id, make_csr(generate_node_key()))
+    await link.send(batch([wire_record(1)]))
+    with pytest.raises(LinkRefusedError) as info:
+        await next_message(link)
+    await link.close()
+    assert info.value.fields == {"code": "UNAUTHENTICATED", "reason": "cert-not-current"}
+    assert plane.services.records.count(node.node_id) == 0
+
+
 # ------------------------------------------------------------------------ Sync
 
 
