@@ -28,13 +28,14 @@ def tune_gc() -> None:
     """Freeze what start-up built; collect the youngest generation less often.
 
     Call once the server is up. Under ingestion load CPython's collector took 5-8 % of
-    the control plane's core with its defaults (docs/benchmarks.md): a batch of 100
-    records allocates about a thousand objects, so the youngest generation (700) was
-    collected about once per batch, and every hundredth collection walked the whole
-    heap that start-up left (modules, ORM metadata, protobuf descriptors, the app),
-    a pause of tens of milliseconds for every stream. Frozen (`gc.freeze`), that heap
-    is never scanned again; with 10,000 allocations between young collections a
-    collection comes every ten batches or so, and cyclic garbage still goes.
+    the control plane's core with its defaults (docs/benchmarks.md, CPython 3.11): a
+    batch of 100 records allocates about a thousand objects, so the youngest generation
+    (700) was collected about once per batch, and the oldest, every few seconds,
+    walked the whole heap that start-up left (modules, ORM metadata, protobuf
+    descriptors, the app): a pause for every stream. Frozen (`gc.freeze`), that heap is
+    never scanned again; with 10,000 allocations between young collections a collection
+    comes every ten batches or so, and cyclic garbage made later still goes. Start-up
+    objects that become cyclic garbage afterwards stay (a bounded, one-time cost).
     """
     gc.collect()
     gc.freeze()
