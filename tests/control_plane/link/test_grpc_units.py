@@ -113,6 +113,8 @@ def test_a_time_set_to_the_epoch_is_a_time_not_a_missing_one() -> None:
     )
     [converted] = wire.incoming_records(batch)
     assert isinstance(converted, IncomingRecord)
+    # Built with tuple.__new__, which does not check the field count.
+    assert len(converted) == len(IncomingRecord._fields) == 6
     assert converted.created_at == datetime(1970, 1, 1, tzinfo=UTC)
     assert converted._replace(seq=2).seq == 2
 
