@@ -8,7 +8,7 @@ One `grpc.aio` server with two ports:
   whose credential is the bootstrap token, and refuses everything else.
 
 `NodeLinkGuard` (a server interceptor) does what must never be forgotten per method:
-resolve the caller's certificate to a node (`NodeService.authenticate_certificate`),
+resolve the caller's certificate to a node (`NodeService.authenticate_peer`),
 parse the request bytes itself so malformed protobuf is INVALID_ARGUMENT, and turn
 domain errors into status codes (`grpc_status.status_for`), counted and logged with
 their reason. Servicer methods read the caller with `current_node()`; no message

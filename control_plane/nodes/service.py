@@ -1,11 +1,11 @@
 """Enrollment and the node inventory: bootstrap tokens, node certificates, liveness, labels.
 
 Transport-independent: the gRPC and MQTT front ends call `enroll`, `renew`,
-`authenticate_certificate` / `authorize` on every message, `record_hello`, `touch`,
-`record_update_status` and `set_online`; operators reach the token, label and revoke
-methods through REST and the CLI. Every refusal of a node-facing call is counted by
-reason (`refusals`) and logged at WARNING, never with a token value. The rules live
-in `control_plane.identity`.
+`authenticate_peer` (a call's certificate) and `authorize` (again at most every few
+seconds per node), `record_hello`, `touch`, `record_update_status` and `set_online`;
+operators reach the token, label and revoke methods through REST and the CLI. Every
+refusal of a node-facing call is counted by reason (`refusals`) and logged at WARNING,
+never with a token value. The rules live in `control_plane.identity`.
 """
 
 from __future__ import annotations
