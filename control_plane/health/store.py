@@ -75,6 +75,9 @@ RAW_SPAN: Final = timedelta(hours=6)
 MINUTE_SPAN: Final = timedelta(days=3)
 MAX_LISTED_ALERTS: Final = 1000
 CONDITION_ENDED: Final = "condition-ended"
+# How far ahead of the control plane's clock a report may be dated and still count as a
+# node's newest (clocks drift; one set years ahead is wrong).
+_CLOCK_AHEAD: Final = timedelta(minutes=10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +231,7 @@ class HealthStore:
             if fresh:
                 self._store_points(session, fresh)
                 self._fold_rollups(session, fresh)
-                newest_before = self._keep_latest(session, fresh)
+                newest_before = self._keep_latest(session, fresh, now)
                 # A report older than one already applied (a node's late resend) is a
                 # point in the series, but not news: it cannot raise or clear an alert.
                 self._report_alerts(
@@ -324,9 +327,18 @@ class HealthStore:
         session.flush()
 
     def _keep_latest(
-        self, session: Session, points: Sequence[tuple[str, str, datetime, HealthPoint]]
+        self,
+        session: Session,
+        points: Sequence[tuple[str, str, datetime, HealthPoint]],
+        now: datetime,
     ) -> dict[str, datetime]:
-        """Keep each node's newest report; return the time of the one it had before."""
+        """Keep each node's newest report; return the time of the one it had before.
+
+        A kept report dated ahead of `now` (a node clock set wrong, then corrected) is
+        not trusted as the newest: otherwise it would hold the node's latest values
+        and its alerts until real time caught up with it.
+        """
+        trusted_until = now + _CLOCK_AHEAD
         newest: dict[str, tuple[str, HealthPoint]] = {}
         for node_id, record_id, _, point in points:
             held = newest.get(node_id)
@@ -338,7 +350,7 @@ class HealthStore:
                 select(HealthLatestRow).where(HealthLatestRow.node_id.in_(sorted(newest)))
             )
         }
-        before = {node_id: row.at for node_id, row in rows.items()}
+        before = {node_id: row.at for node_id, row in rows.items() if row.at <= trusted_until}
         for node_id, (record_id, point) in newest.items():
             row = rows.get(node_id)
             if row is None:
@@ -352,7 +364,7 @@ class HealthStore:
                         latency=_percentiles_only(point.latency),
                     )
                 )
-            elif point.at >= row.at:
+            elif point.at >= row.at or row.at > trusted_until:
                 row.record_id, row.at, row.schema = record_id, point.at, point.schema[:64]
                 row.metrics, row.latency = point.metrics, _percentiles_only(point.latency)
         session.flush()

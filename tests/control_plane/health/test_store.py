@@ -310,6 +310,22 @@ def test_a_late_report_is_a_point_but_never_flips_an_alert(
     assert store.list_alerts(node_id="n-a") == []
 
 
+def test_a_report_dated_far_ahead_does_not_hold_a_nodes_alerts(
+    store: HealthStore, sender: Sender, clock: ManualClock
+) -> None:
+    # A node whose clock ran a day ahead, then was corrected: its later reports are
+    # older than that one, but they are the news.
+    sender.send("n-a", v2_report(START + timedelta(days=1), drift_ratio=1.0))
+    settle(clock, store)
+    store.process_pending()
+    sender.send("n-a", v2_report(clock.now(), drift_ratio=3.0))
+    settle(clock, store)
+    store.process_pending()
+    assert kinds(store, "n-a") == ["drift"]
+    (latest,) = store.latest(["n-a"]).values()
+    assert latest.at < START + timedelta(days=1)
+
+
 def test_operator_clear_silences_until_the_condition_ends(
     store: HealthStore, sender: Sender, clock: ManualClock
 ) -> None:
