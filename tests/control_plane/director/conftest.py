@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.artifacts.local import LocalArtifactStore
 from control_plane.clock import ManualClock
+from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
 from control_plane.nodes.service import NodeService
 from control_plane.registry.service import RegistryService
@@ -122,6 +123,22 @@ def director(
     clock: ManualClock,
 ) -> DirectorService:
     return DirectorService(sessions, registry, nodes, director_signer, clock, TTL)
+
+
+@pytest.fixture
+def with_delivery(
+    sessions: sessionmaker[Session],
+    registry: RegistryService,
+    nodes: NodeService,
+    director_signer: CryptoSigner,
+    clock: ManualClock,
+) -> tuple[DirectorService, FanOutDelivery]:
+    """A director whose deliveries go to a fan-out the test attaches transports to."""
+    fan_out = FanOutDelivery()
+    director = DirectorService(
+        sessions, registry, nodes, director_signer, clock, TTL, delivery=fan_out
+    )
+    return director, fan_out
 
 
 @pytest.fixture

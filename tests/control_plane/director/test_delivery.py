@@ -7,14 +7,11 @@ import logging
 from datetime import timedelta
 
 import pytest
-from securesystemslib.signer import CryptoSigner
-from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import ManualClock
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
 from control_plane.nodes.service import NodeService
-from control_plane.registry.service import RegistryService
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 from tests.control_plane.director.conftest import TTL, Version, enroll
 from tests.control_plane.nodes.conftest import OPERATOR
@@ -42,27 +39,12 @@ class Broken:
         raise RuntimeError("transport bug")
 
 
-@pytest.fixture
-def delivering(
-    sessions: sessionmaker[Session],
-    registry: RegistryService,
-    nodes: NodeService,
-    director_signer: CryptoSigner,
-    clock: ManualClock,
-) -> tuple[DirectorService, FanOutDelivery]:
-    fan_out = FanOutDelivery()
-    director = DirectorService(
-        sessions, registry, nodes, director_signer, clock, TTL, delivery=fan_out
-    )
-    return director, fan_out
-
-
 def test_a_pin_is_delivered_after_its_commit_with_the_stored_bytes(
-    delivering: tuple[DirectorService, FanOutDelivery],
+    with_delivery: tuple[DirectorService, FanOutDelivery],
     nodes: NodeService,
     versions: dict[str, Version],
 ) -> None:
-    director, fan_out = delivering
+    director, fan_out = with_delivery
     grpc, mqtt = Recorder("grpc"), Recorder("mqtt", reaches=False)
     fan_out.attach(grpc)
     fan_out.attach(mqtt)
@@ -79,12 +61,12 @@ def test_a_pin_is_delivered_after_its_commit_with_the_stored_bytes(
 
 
 def test_a_failing_transport_neither_fails_the_pin_nor_stops_the_others(
-    delivering: tuple[DirectorService, FanOutDelivery],
+    with_delivery: tuple[DirectorService, FanOutDelivery],
     nodes: NodeService,
     versions: dict[str, Version],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    director, fan_out = delivering
+    director, fan_out = with_delivery
     after = Recorder("mqtt")
     fan_out.attach(Broken())
     fan_out.attach(after)

@@ -88,21 +88,6 @@ class Broken:
         raise RuntimeError("transport bug")
 
 
-@pytest.fixture
-def with_delivery(
-    sessions: sessionmaker[Session],
-    registry: RegistryService,
-    nodes: NodeService,
-    director_signer: CryptoSigner,
-    clock: ManualClock,
-) -> tuple[DirectorService, FanOutDelivery]:
-    fan_out = FanOutDelivery()
-    director = DirectorService(
-        sessions, registry, nodes, director_signer, clock, TTL, delivery=fan_out
-    )
-    return director, fan_out
-
-
 def test_pin_many_by_ids_signs_what_each_node_accepts(
     director: DirectorService,
     nodes: NodeService,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from securesystemslib.signer import CryptoSigner
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,27 +14,11 @@ from control_plane.clock import ManualClock
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService, SkippedNode
 from control_plane.nodes.service import NodeService
-from control_plane.registry.service import RegistryService
 from control_plane.storage.models import AuditRow
 from edge_node.updater.director import TargetInfo, verify_assignment
 from tests.control_plane.director.conftest import TTL, Version, enroll, set_floor
 from tests.control_plane.director.test_pin_many import Recorder, stored
 from tests.control_plane.nodes.conftest import OPERATOR
-
-
-@pytest.fixture
-def with_delivery(
-    sessions: sessionmaker[Session],
-    registry: RegistryService,
-    nodes: NodeService,
-    director_signer: CryptoSigner,
-    clock: ManualClock,
-) -> tuple[DirectorService, FanOutDelivery]:
-    fan_out = FanOutDelivery()
-    director = DirectorService(
-        sessions, registry, nodes, director_signer, clock, TTL, delivery=fan_out
-    )
-    return director, fan_out
 
 
 def renewal_audit(sessions: sessionmaker[Session]) -> list[AuditRow]:
