@@ -39,8 +39,6 @@ TARGETS_BODY_LIMIT = 16 << 20
 ROTATION_BODY_LIMIT = TARGETS_BODY_LIMIT + (1 << 20)
 # How often silent nodes are marked offline; small against the heartbeat timeout (90 s).
 LIVENESS_INTERVAL_S = 5.0
-# At most this long between looks for director assignments to renew.
-RENEWAL_INTERVAL_S = 3600.0
 
 
 async def _freshness_loop(services: Services) -> None:
@@ -73,22 +71,6 @@ async def _health_loop(services: Services) -> None:
         await anyio.sleep(0 if busy else interval)
 
 
-async def _renewal_loop(services: Services) -> None:
-    """Re-sign director assignments before they expire (`DirectorService.renew_expiring`).
-
-    Looks every eighth of the assignment lifetime, at most hourly: an assignment is
-    renewed once it has half its lifetime left, so a few missed looks (a restart, the
-    database away) still leave time.
-    """
-    interval = min(RENEWAL_INTERVAL_S, services.director.ttl.total_seconds() / 8)
-    while True:
-        try:
-            await anyio.to_thread.run_sync(services.director.renew_expiring)
-        except Exception:
-            log.exception("renewing director assignments failed; retrying next interval")
-        await anyio.sleep(interval)
-
-
 async def _liveness_loop(services: Services) -> None:
     """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
     while True:
@@ -111,7 +93,6 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
             if run_background:
                 tasks.start_soon(_freshness_loop, services)
                 tasks.start_soon(_liveness_loop, services)
-                tasks.start_soon(_renewal_loop, services)
                 if services.config.health_processor:
                     tasks.start_soon(_health_loop, services)
             yield

@@ -20,12 +20,12 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from securesystemslib.signer import Signer
-from sqlalchemy import and_, func, insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.roles import Role
-from control_plane.access.service import SYSTEM, AuditedMutations, RequestContext
+from control_plane.access.service import AuditedMutations, RequestContext
 from control_plane.clock import Clock
 from control_plane.director.assignments import sign_assignment, sign_assignments
 from control_plane.director.delivery import AssignmentDelivery, FanOutDelivery
@@ -51,7 +51,6 @@ __all__ = [
     "Assignment",
     "DirectorService",
     "PinManyResult",
-    "RenewResult",
     "SkippedNode",
 ]
 
@@ -128,16 +127,6 @@ class PinManyResult:
     @property
     def selected(self) -> int:
         return len(self.assignments) + len(self.skipped)
-
-
-@dataclass(frozen=True, slots=True)
-class RenewResult:
-    """What one `renew_expiring` did: assignments re-signed, and nodes left as they were
-    (a newer pin meanwhile: "superseded"; a target that may no longer run: "not-runnable";
-    "revoked", "gone")."""
-
-    renewed: int
-    skipped: tuple[SkippedNode, ...]
 
 
 class DirectorService:
@@ -354,114 +343,6 @@ class DirectorService:
             chunks=len(chunks),
         )
 
-    def renew_expiring(self, now: datetime | None = None) -> RenewResult:
-        """Re-sign each node's newest assignment that expires within half the assignment
-        lifetime, or has expired: the same target, the next sequence, a new validity.
-
-        A node refuses an expired assignment (it keeps what it runs), so without this a
-        node that first connects, or reinstalls, after a week of an unchanged pin would
-        get nothing to run. The operator's last pin stands until they pin again; this
-        only keeps its signature fresh. Per fleet and target, in chunks like `pin_many`:
-        the node rows are locked and a node whose newest assignment changed since the
-        selection (a pin meanwhile, or another replica renewing it) is skipped; a
-        target that may no longer run (below its model's floor, or gone) is not
-        renewed. Audited per chunk as "node.renew_assignments" by "system"; delivered
-        after each commit. Safe to run on every replica at once.
-        """
-        now = now or self._clock.now()
-        due = self._expiring(now + self._ttl / 2)
-        issued_at = now.replace(microsecond=0)
-        expires_at = issued_at + self._ttl
-        renewed = 0
-        skipped: list[SkippedNode] = []
-        for (fleet, fleet_id, target_path), nodes in sorted(due.items()):
-            parsed = parse_target_path(target_path)
-            try:
-                if parsed is None or parsed.version is None:
-                    raise NotFoundError(f"{target_path!r} is not a model target")
-                info = self._registry.get_version(fleet, parsed.model, parsed.version)
-                _require_runnable(info)
-            except (NotFoundError, PolicyError) as exc:
-                log.warning(
-                    "not renewing the assignments of %d nodes of fleet %s to %s: %s",
-                    len(nodes),
-                    fleet,
-                    target_path,
-                    exc.message,
-                    extra={"fleet": fleet, "target": target_path},
-                )
-                skipped.extend(SkippedNode(node_id, "not-runnable") for node_id in sorted(nodes))
-                continue
-            node_ids = sorted(nodes)
-            for start in range(0, len(node_ids), PIN_CHUNK):
-                chunk = node_ids[start : start + PIN_CHUNK]
-                details: dict[str, Any] = {"target_path": target_path, "node_ids": chunk}
-                with self._mutations.mutation(
-                    SYSTEM,
-                    "node.renew_assignments",
-                    f"fleet:{fleet}",
-                    needs=Role.ADMIN,
-                    details=details,
-                ) as session:
-                    pinned, signed, passed = self._pin_chunk(
-                        session,
-                        SYSTEM,
-                        fleet,
-                        fleet_id,
-                        chunk,
-                        info,
-                        issued_at,
-                        expires_at,
-                        expected=nodes,
-                    )
-                    details.update(
-                        nodes=len(pinned),
-                        sequences=_sequence_range(pinned),
-                        skipped=[f"{s.node_id} ({s.reason})" for s in passed],
-                    )
-                renewed += len(pinned)
-                skipped.extend(passed)
-                self._deliver_many(fleet, signed)
-        if renewed:
-            log.info("renewed %d director assignments", renewed)
-        return RenewResult(renewed=renewed, skipped=tuple(skipped))
-
-    def _expiring(self, cutoff: datetime) -> dict[tuple[str, int, str], dict[str, int]]:
-        """Newest assignments expiring before `cutoff` of nodes not revoked, by (fleet,
-        fleet id, target): node id -> its newest sequence."""
-        newest = (
-            select(
-                DirectorAssignmentRow.node_id,
-                func.max(DirectorAssignmentRow.sequence).label("sequence"),
-            )
-            .group_by(DirectorAssignmentRow.node_id)
-            .subquery()
-        )
-        query = (
-            select(
-                DirectorAssignmentRow.node_id,
-                DirectorAssignmentRow.sequence,
-                DirectorAssignmentRow.target_path,
-                FleetRow.name,
-                FleetRow.id,
-            )
-            .join(
-                newest,
-                and_(
-                    DirectorAssignmentRow.node_id == newest.c.node_id,
-                    DirectorAssignmentRow.sequence == newest.c.sequence,
-                ),
-            )
-            .join(NodeRow, NodeRow.id == DirectorAssignmentRow.node_id)
-            .join(FleetRow, FleetRow.id == NodeRow.fleet_id)
-            .where(DirectorAssignmentRow.expires_at < cutoff, NodeRow.revoked_at.is_(None))
-        )
-        due: dict[tuple[str, int, str], dict[str, int]] = {}
-        with self._sessions() as session:
-            for node_id, sequence, target_path, fleet, fleet_id in session.execute(query):
-                due.setdefault((fleet, fleet_id, target_path), {})[node_id] = sequence
-        return due
-
     def _select_nodes(
         self,
         fleet: str,
@@ -530,13 +411,9 @@ class DirectorService:
         info: ModelVersionInfo,
         issued_at: datetime,
         expires_at: datetime,
-        expected: Mapping[str, int] | None = None,
     ) -> tuple[list[Assignment], list[tuple[str, SignedDirectorAssignment]], list[SkippedNode]]:
         """One chunk inside its transaction: lock, read sequences, sign, insert. Returns
-        the assignments, the signed messages to deliver, and the nodes skipped.
-
-        With `expected` (node id -> the sequence it must still have as its newest), a
-        node whose newest assignment is another by now is skipped ("superseded")."""
+        the assignments, the signed messages to deliver, and the nodes skipped."""
         # Locked until commit, in id order (two bulk pins never wait on each other in a
         # cycle): the sequences below are read-then-write. A node that left the fleet or
         # was revoked since the selection is skipped here, under the lock.
@@ -568,12 +445,6 @@ class DirectorService:
                 .group_by(DirectorAssignmentRow.node_id)
             )
         }
-        if expected is not None:
-            moved = {node_id for node_id in live if last.get(node_id) != expected.get(node_id)}
-            skipped.extend(SkippedNode(node_id, "superseded") for node_id in sorted(moved))
-            live = [node_id for node_id in live if node_id not in moved]
-            if not live:
-                return [], [], skipped
         sequences = [(node_id, (last.get(node_id) or 0) + 1) for node_id in live]
         signed = sign_assignments(
             self._key,
