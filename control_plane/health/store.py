@@ -334,9 +334,9 @@ class HealthStore:
     ) -> dict[str, datetime]:
         """Keep each node's newest report; return the time of the one it had before.
 
-        A kept report dated ahead of `now` (a node clock set wrong, then corrected) is
-        not trusted as the newest: otherwise it would hold the node's latest values
-        and its alerts until real time caught up with it.
+        A kept report dated more than `_CLOCK_AHEAD` after `now` gives way to a report
+        of a plausible time (a node clock set wrong, then corrected): otherwise it would
+        hold the node's latest values and its alerts until real time caught up with it.
         """
         trusted_until = now + _CLOCK_AHEAD
         newest: dict[str, tuple[str, HealthPoint]] = {}
@@ -350,7 +350,14 @@ class HealthStore:
                 select(HealthLatestRow).where(HealthLatestRow.node_id.in_(sorted(newest)))
             )
         }
-        before = {node_id: row.at for node_id, row in rows.items() if row.at <= trusted_until}
+        # The stored newest is set aside only for a report of a plausible time: a node
+        # whose clock runs steadily ahead keeps its own order (and late resends stay out).
+        corrected = {
+            node_id
+            for node_id, row in rows.items()
+            if row.at > trusted_until and newest[node_id][1].at <= trusted_until
+        }
+        before = {node_id: row.at for node_id, row in rows.items() if node_id not in corrected}
         for node_id, (record_id, point) in newest.items():
             row = rows.get(node_id)
             if row is None:
@@ -364,7 +371,7 @@ class HealthStore:
                         latency=_percentiles_only(point.latency),
                     )
                 )
-            elif point.at >= row.at or row.at > trusted_until:
+            elif point.at >= row.at or node_id in corrected:
                 row.record_id, row.at, row.schema = record_id, point.at, point.schema[:64]
                 row.metrics, row.latency = point.metrics, _percentiles_only(point.latency)
         session.flush()

@@ -326,6 +326,24 @@ def test_a_report_dated_far_ahead_does_not_hold_a_nodes_alerts(
     assert latest.at < START + timedelta(days=1)
 
 
+def test_a_node_clock_steadily_ahead_keeps_its_own_order(
+    store: HealthStore, sender: Sender, clock: ManualClock
+) -> None:
+    # An hour ahead, always: its reports are not "corrected" ones, and a late resend
+    # among them still cannot clear an alert or move the latest values back.
+    ahead = timedelta(hours=1)
+    sender.send("n-a", v2_report(clock.now() + ahead, drift_ratio=3.0))
+    settle(clock, store)
+    store.process_pending()
+    assert kinds(store, "n-a") == ["drift"]
+    sender.send("n-a", v2_report(clock.now() + ahead - timedelta(minutes=10), drift_ratio=1.0))
+    settle(clock, store)
+    store.process_pending()
+    assert kinds(store, "n-a") == ["drift"]
+    (latest,) = store.latest(["n-a"]).values()
+    assert latest.at == START + ahead  # the report of the first pass, not the resend
+
+
 def test_operator_clear_silences_until_the_condition_ends(
     store: HealthStore, sender: Sender, clock: ManualClock
 ) -> None:
