@@ -549,16 +549,13 @@ class MqttBridge:
             self._puback(message, item.generation)
             return
         future, ack = stored
-        future.add_done_callback(lambda done: self._stored(item, done, ack))
+        future.add_done_callback(lambda done: self._acknowledge(item, done, ack))
 
-    def _stored(self, item: _Inbound, future: Future[list[str]], ack: _PendingAck) -> None:
+    def _acknowledge(self, item: _Inbound, future: Future[list[str]], ack: _PendingAck) -> None:
         """The group commit holding the batch finished: Ack and PUBACK, on the writer's
         thread. Both only queue a packet for paho's network thread (nothing here waits),
         and a hand-off back to the node's worker cost more than they do: at one record
         per batch it was a fifth of the bridge's CPU per message (docs/benchmarks.md)."""
-        self._acknowledge(item, future, ack)
-
-    def _acknowledge(self, item: _Inbound, future: Future[list[str]], ack: _PendingAck) -> None:
         error = future.exception()
         if isinstance(error, Exception):
             self._settle(item, error)

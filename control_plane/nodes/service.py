@@ -448,10 +448,6 @@ class NodeService:
 
     # ---------------------------------------------------------- authentication
 
-    def authenticate_certificate(self, certificate: bytes) -> Node:
-        """The node a TLS client certificate (PEM or DER) proves, checked as `authorize` does."""
-        return self.authenticate_peer(certificate)[1]
-
     def authenticate_peer(self, certificate: bytes) -> tuple[NodeIdentity, Node]:
         """What a TLS client certificate (PEM or DER) says and the node it proves.
 

@@ -235,7 +235,7 @@ def test_a_revoked_node_is_refused_from_the_next_message_on(
         nodes.authorize(enrolled.node_id, enrolled.cert_serial)
     assert reason_of(info) == "node-revoked"
     with pytest.raises(PermissionDeniedError):
-        nodes.authenticate_certificate(enrolled.certificate_pem)
+        nodes.authenticate_peer(enrolled.certificate_pem)[1]
     with pytest.raises(PermissionDeniedError):
         nodes.renew(enrolled.node_id, make_csr())
     with pytest.raises(PermissionDeniedError):
@@ -284,10 +284,10 @@ def test_unknown_nodes_and_wrong_serials_are_refused(nodes: NodeService) -> None
 
 def test_certificates_authenticate_their_own_node_only(nodes: NodeService) -> None:
     first, second = enroll(nodes), enroll(nodes, "yards")
-    assert nodes.authenticate_certificate(first.certificate_pem).id == first.node_id
-    assert nodes.authenticate_certificate(second.certificate_pem).fleet == "yards"
+    assert nodes.authenticate_peer(first.certificate_pem)[1].id == first.node_id
+    assert nodes.authenticate_peer(second.certificate_pem)[1].fleet == "yards"
     with pytest.raises(CertificateRejectedError):
-        nodes.authenticate_certificate(b"garbage")
+        nodes.authenticate_peer(b"garbage")[1]
     assert nodes.refusals["cert-malformed"] == 1
 
 
@@ -298,7 +298,7 @@ def test_a_certificate_from_another_ca_is_refused(nodes: NodeService, tmp_path: 
         make_csr(), node_id=enrolled.node_id, fleet="gates", now=START
     )
     with pytest.raises(CertificateRejectedError):
-        nodes.authenticate_certificate(forged.pem)
+        nodes.authenticate_peer(forged.pem)[1]
     assert nodes.refusals["cert-unknown-issuer"] == 1
 
 
@@ -309,7 +309,7 @@ def test_an_expired_certificate_is_refused(nodes: NodeService, clock: ManualCloc
         nodes.authorize(enrolled.node_id, enrolled.cert_serial)
     assert reason_of(info) == "cert-expired"
     with pytest.raises(CertificateRejectedError):
-        nodes.authenticate_certificate(enrolled.certificate_pem)
+        nodes.authenticate_peer(enrolled.certificate_pem)[1]
 
 
 # ------------------------------------------------------------------- renewal
