@@ -34,7 +34,6 @@ import multiprocessing
 import os
 import queue
 import resource
-import selectors
 import shutil
 import sys
 import threading
@@ -246,147 +245,36 @@ def _settled(spec: WorkerSpec, reports: Any, outcome: dict[str, int]) -> None:
 
 
 def _mqtt_nodes(spec: WorkerSpec, reports: Any, stop: Any) -> None:
-    """Many paho clients on one selector loop, each on the wire like `MqttNodeLink`.
+    """Many paho clients on one selector loop (`MqttSwarm`), each on the wire like
+    `MqttNodeLink`, which runs one paho network thread per node: 2,500 nodes per process
+    cannot afford that; the packets are the same."""
+    from edge_node.testing.mqtt_swarm import MqttSwarm, SwarmConfig, SwarmNode
 
-    Per node: client id = user name = node id, its own password, MQTT 5, clean_start
-    False with a 7-day session, the offline Last Will; subscribe to ``desired``, ``ack``
-    and ``cmd`` (QoS 1, retain handling 1); publish the Hello on ``status`` (QoS 1).
-    `MqttNodeLink` itself runs one paho network thread per node, which 2,500 nodes per
-    process cannot afford; the packets are the same.
-    """
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-    from paho.mqtt.subscribeoptions import SubscribeOptions
-
-    from edge_node.link.mqtt_link import node_topic, offline_will
-    from protos.edgefleet.fleet.v1 import link_pb2
-
-    selector = selectors.DefaultSelector()
+    swarm = MqttSwarm(
+        SwarmConfig(
+            fleet=FLEET,
+            port=spec.port,
+            agent_version=AGENT_VERSION,
+            connect_concurrency=spec.connect_concurrency,
+        ),
+        [SwarmNode(node.node_id, node.mqtt_password) for node in spec.nodes],
+    )
     arrivals = Arrivals(spec, reports)
-    clients: list[mqtt.Client] = []
-    pending: set[int] = set()  # nodes between CONNECT and the Hello's PUBACK
-    hello_mids: dict[int, int] = {}
     outcome = {"ok": 0, "failed": 0}
-    hello = link_pb2.NodeMessage(
-        protocol_version=1, hello=link_pb2.Hello(agent_version="bench-0.1.0")
-    ).SerializeToString()
-    options = SubscribeOptions(qos=1, retainHandling=1)
-    fleet = FLEET
 
-    def done(index: int, ok: bool, why: str = "") -> None:
-        if index not in pending:
-            return
-        pending.discard(index)
+    def settled(index: int, ok: bool, why: str) -> None:
         outcome["ok" if ok else "failed"] += 1
         if not ok:
             reports.put(("failed", spec.index, f"{spec.nodes[index].node_id}: {why}"))
         _settled(spec, reports, outcome)
 
-    def on_connect(client: Any, index: int, flags: Any, reason: Any, props: Any) -> None:
-        if reason.is_failure:
-            done(index, False, f"CONNACK {reason}")
-            return
-        node_id = spec.nodes[index].node_id
-        client.subscribe([(node_topic(fleet, node_id, leaf), options) for leaf in _DOWNLINK])
-
-    def on_subscribe(client: Any, index: int, mid: int, reasons: Any, props: Any) -> None:
-        if any(r.is_failure for r in reasons):
-            done(index, False, f"SUBACK {reasons}")
-            return
-        topic = node_topic(fleet, spec.nodes[index].node_id, "status")
-        hello_mids[index] = client.publish(topic, hello, qos=1).mid
-
-    def on_publish(client: Any, index: int, mid: int, reason: Any, props: Any) -> None:
-        if hello_mids.get(index) == mid:
-            done(index, not reason.is_failure, f"PUBACK {reason}")
-
-    def on_message(client: Any, index: int, message: Any) -> None:
-        if message.topic.endswith("/desired") and message.payload:
-            arrivals.arrived(index, message.payload, time.monotonic())
-
-    def on_socket_open(client: Any, index: int, sock: Any) -> None:
-        selector.register(sock, selectors.EVENT_READ, client)
-
-    def on_socket_close(client: Any, index: int, sock: Any) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            selector.unregister(sock)
-
-    def on_register_write(client: Any, index: int, sock: Any) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, client)
-
-    def on_unregister_write(client: Any, index: int, sock: Any) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            selector.modify(sock, selectors.EVENT_READ, client)
-
-    will_payload, will_props = offline_will()
-    for index, node in enumerate(spec.nodes):
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=node.node_id,
-            protocol=mqtt.MQTTv5,
-            userdata=index,
-            reconnect_on_failure=False,
-        )
-        client.username_pw_set(node.node_id, node.mqtt_password)
-        client.will_set(
-            node_topic(fleet, node.node_id, "status"), will_payload, qos=1, properties=will_props
-        )
-        client.on_connect = on_connect
-        client.on_subscribe = on_subscribe
-        client.on_publish = on_publish
-        client.on_message = on_message
-        client.on_socket_open = on_socket_open
-        client.on_socket_close = on_socket_close
-        client.on_socket_register_write = on_register_write
-        client.on_socket_unregister_write = on_unregister_write
-        clients.append(client)
-
-    connect_props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-    connect_props.SessionExpiryInterval = 7 * 24 * 3600
-    next_node = 0
-    started: dict[int, float] = {}
     deadline = time.monotonic() + WORKER_LIFETIME_S
-    last_misc = time.monotonic()
-    while not stop.is_set() and time.monotonic() < deadline:
-        while next_node < len(clients) and len(pending) < spec.connect_concurrency:
-            index = next_node
-            next_node += 1
-            pending.add(index)
-            started[index] = time.monotonic()
-            try:
-                clients[index].connect(
-                    "127.0.0.1",
-                    spec.port,
-                    keepalive=60,
-                    clean_start=False,
-                    properties=connect_props,
-                )
-            except OSError as exc:
-                done(index, False, f"connect: {exc}")
-        for key, events in selector.select(timeout=0.05):
-            client = key.data
-            if events & selectors.EVENT_READ:
-                client.loop_read()
-            if events & selectors.EVENT_WRITE:
-                client.loop_write()
-        now = time.monotonic()
-        if now - last_misc > 1.0:
-            last_misc = now
-            for client in clients:
-                client.loop_misc()
-            for index in [i for i in pending if now - started[i] > 120.0]:
-                done(index, False, "no CONNACK/SUBACK/PUBACK within 120 s")
+    swarm.run(
+        keep_running=lambda: not stop.is_set() and time.monotonic() < deadline,
+        on_settled=settled,
+        on_desired=arrivals.arrived,
+    )
     arrivals.final()
-    for client in clients:
-        with contextlib.suppress(Exception):
-            client.disconnect()  # normal DISCONNECT: no Will, the session stays
-            client.loop_write()
-
-
-_DOWNLINK = ("desired", "ack", "cmd")
 
 
 class NodeProcesses:

@@ -20,6 +20,7 @@ from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from protos.edgefleet.fleet.v1 import link_pb2
 
 if TYPE_CHECKING:
+    from control_plane.services import Services
     from tests.control_plane.link.grpc_support import GrpcPlane
 
 CONTROL_WAIT_S = 15.0
@@ -29,6 +30,20 @@ async def until(condition: Callable[[], object], timeout: float = CONTROL_WAIT_S
     with anyio.fail_after(timeout):
         while not condition():
             await anyio.sleep(0.02)
+
+
+def control_plane_services(work: Path, clock: Any = None) -> Services:
+    """A real control plane's services on SQLite in `work`."""
+    from control_plane.services import ServiceConfig, build_services
+
+    data = work / "server"
+    config = ServiceConfig(
+        data_dir=data,
+        database_url=f"sqlite:///{work / 'cp.db'}",
+        artifacts_url=(data / "artifacts").as_uri(),
+        refresh_interval_s=3600,
+    )
+    return build_services(config) if clock is None else build_services(config, clock=clock)
 
 
 class LinkKit(abc.ABC):
@@ -130,21 +145,11 @@ class GrpcKit(LinkKit):
     def __init__(self, work: Path) -> None:
         from control_plane.clock import ManualClock
         from control_plane.link.grpc_server import GrpcLinkConfig
-        from control_plane.services import ServiceConfig, build_services
         from tests.conftest import free_port
         from tests.control_plane.link.grpc_support import ensure_fleet
 
-        data = work / "server"
         # Real "now": TLS checks certificate validity against the wall clock.
-        self.services = build_services(
-            ServiceConfig(
-                data_dir=data,
-                database_url=f"sqlite:///{work / 'cp.db'}",
-                artifacts_url=(data / "artifacts").as_uri(),
-                refresh_interval_s=3600,
-            ),
-            clock=ManualClock(datetime.now(UTC)),
-        )
+        self.services = control_plane_services(work, clock=ManualClock(datetime.now(UTC)))
         ensure_fleet(self.services)
         self._config = GrpcLinkConfig(
             node_address=f"127.0.0.1:{free_port()}",
@@ -222,18 +227,9 @@ class MqttKit(LinkKit):
     has_repository = False
 
     def __init__(self, work: Path, broker_factory: Any) -> None:
-        from control_plane.services import ServiceConfig, build_services
         from tests.control_plane.link.mqtt_helpers import create_fleet, enroll_mqtt_node
 
-        data = work / "server"
-        self.services = build_services(
-            ServiceConfig(
-                data_dir=data,
-                database_url=f"sqlite:///{work / 'cp.db'}",
-                artifacts_url=(data / "artifacts").as_uri(),
-                refresh_interval_s=3600,
-            )
-        )
+        self.services = control_plane_services(work)
         self.fleet = create_fleet(self.services, "gates")
         self.node = enroll_mqtt_node(self.services, self.fleet)
         self._work = work
