@@ -170,6 +170,7 @@ async def _load(spec: LoadSpec) -> dict[str, Any]:
     outcome = await fleet.connect_all()
     if outcome.failed:
         raise RuntimeError(f"{len(outcome.failed)} nodes did not connect: {outcome.failed[:3]}")
+    health_payload(0)  # imports the report builder now, not inside the window
     started = time.monotonic()
     window_start = started + spec.warmup_s
     window_end = window_start + spec.seconds
@@ -568,11 +569,40 @@ class Run:
     server_rss_end: int = 0
 
 
+def paired_windows(
+    run: Run,
+    args: argparse.Namespace,
+    nodes: list[EnrolledNode],
+    ca_pem: bytes,
+    batch: int,
+    repeat: int,
+    servers: Sequence[tuple[str, int, int, str | None]],
+) -> None:
+    """One window against each ``(name, port, pid, PostgreSQL database)``, back to back,
+    so that each edgefleet window has its echo anchor beside it."""
+    cpu = NODE_CPU if can_pin() else None
+    for server, port, pid, db in servers:
+        spec = LoadSpec(
+            transport=run.transport,
+            port=port,
+            nodes=nodes,
+            ca_pem=ca_pem,
+            batch=batch,
+            warmup_s=args.warmup,
+            seconds=args.seconds,
+            server_pid=pid,
+            database=db,
+            cpu=cpu,
+        )
+        window = run_window(spec, server, run.database if server != "echo" else "none")
+        run.windows.append(window)
+        _print_window(window, repeat)
+
+
 def run_grpc(args: argparse.Namespace, kind: str, work: Path) -> Run:
     from control_plane.identity.ca import CertificateAuthority
 
     run = Run("grpc", kind)
-    cpu = NODE_CPU if can_pin() else None
     with database(kind, work) as made:
         url, pg_name = made.url, made.postgres_name
         plane = control_plane(work, url, args, grpc=True).start()
@@ -590,26 +620,12 @@ def run_grpc(args: argparse.Namespace, kind: str, work: Path) -> Run:
                 run.server_rss_start = rss_bytes(plane.pid)
                 for batch in args.batches:
                     for repeat in range(args.repeat):
-                        for server, port, pid, db in (
+                        assert echo.pid is not None and plane.grpc_port is not None
+                        servers = [
                             ("echo", echo_port, echo.pid, None),
                             ("edgefleet", plane.grpc_port, plane.pid, pg_name),
-                        ):
-                            assert port is not None and pid is not None
-                            spec = LoadSpec(
-                                transport="grpc",
-                                port=port,
-                                nodes=nodes,
-                                ca_pem=ca_pem,
-                                batch=batch,
-                                warmup_s=args.warmup,
-                                seconds=args.seconds,
-                                server_pid=pid,
-                                database=db,
-                                cpu=cpu,
-                            )
-                            window = run_window(spec, server, kind if server != "echo" else "none")
-                            run.windows.append(window)
-                            _print_window(window, repeat)
+                        ]
+                        paired_windows(run, args, nodes, ca_pem, batch, repeat, servers)
                 run.server_rss_end = rss_bytes(plane.pid)
             run.acked = sum(w.acked_total for w in run.windows if w.server == "edgefleet")
             run.stored = stored_records(url)
@@ -626,7 +642,6 @@ def run_mqtt(args: argparse.Namespace, kind: str, work: Path) -> Run:
     echo uses one, the control plane's bridge the other, so the bridge's persistent
     session never holds messages from a raw window."""
     run = Run("mqtt", kind)
-    cpu = NODE_CPU if can_pin() else None
     with database(kind, work) as made:
         url, pg_name = made.url, made.postgres_name
         files = work / "broker-files"
@@ -665,26 +680,12 @@ def run_mqtt(args: argparse.Namespace, kind: str, work: Path) -> Run:
                 run.server_rss_start = rss_bytes(plane.pid)
                 for batch in args.batches:
                     for repeat in range(args.repeat):
-                        for server, broker, pid, db in (
-                            ("echo", brokers[0], echo.pid, None),
-                            ("edgefleet", brokers[1], plane.pid, pg_name),
-                        ):
-                            assert pid is not None
-                            spec = LoadSpec(
-                                transport="mqtt",
-                                port=broker.port,
-                                nodes=nodes,
-                                ca_pem=b"",
-                                batch=batch,
-                                warmup_s=args.warmup,
-                                seconds=args.seconds,
-                                server_pid=pid,
-                                database=db,
-                                cpu=cpu,
-                            )
-                            window = run_window(spec, server, kind if server != "echo" else "none")
-                            run.windows.append(window)
-                            _print_window(window, repeat)
+                        assert echo.pid is not None
+                        servers = [
+                            ("echo", brokers[0].port, echo.pid, None),
+                            ("edgefleet", brokers[1].port, plane.pid, pg_name),
+                        ]
+                        paired_windows(run, args, nodes, b"", batch, repeat, servers)
                         window = run_pubsub_window(
                             brokers[0].port, nodes[:PUBSUB_PUBLISHERS], password, batch, args
                         )
@@ -736,10 +737,8 @@ def summarise(runs: list[Run]) -> list[dict[str, Any]]:
             # nothing stored (grpc.aio echo; Mosquitto + paho pub/sub both ways). The
             # one-way open-loop pub/sub is reported beside it; it carries no Ack.
             anchor = echo
-            pairs = [o.records_per_s / a.records_per_s for a, o in zip(anchor, ours, strict=True)]
-            echo_pairs = [
-                o.records_per_s / e.records_per_s for e, o in zip(echo, ours, strict=True)
-            ]
+            pairs = [_ratio(o, a) for a, o in zip(anchor, ours, strict=True)]
+            echo_pairs = [_ratio(o, e) for e, o in zip(echo, ours, strict=True)]
             rate = median([w.records_per_s for w in ours])
             messages = median([w.messages_per_s for w in ours])
             server_cpu = median([w.server_cpu for w in ours])
@@ -786,6 +785,11 @@ def summarise(runs: list[Run]) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def _ratio(ours: Window, anchor: Window) -> float:
+    """Records per second of `ours` over the anchor's; NaN when the anchor acked nothing."""
+    return ours.records_per_s / anchor.records_per_s if anchor.records_per_s else math.nan
 
 
 def render(rows: list[dict[str, Any]], runs: list[Run]) -> str:
@@ -883,12 +887,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help="the shortest run that still exercises every path: 4 nodes, batch 10, one "
-        "1 s window each, SQLite (overrides those options; its figures mean nothing)",
+        "2 s window each, SQLite (overrides those options; its figures mean nothing)",
     )
     add_report_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
-        args.nodes, args.batches, args.seconds, args.warmup, args.repeat = 4, "10", 1.0, 0.5, 1
+        args.nodes, args.batches, args.seconds, args.warmup, args.repeat = 4, "10", 2.0, 1.0, 1
         args.databases = "sqlite"
     if args.broker_option is None:
         args.broker_option = list(DEFAULT_BROKER_OPTIONS)
