@@ -28,6 +28,7 @@ from protos.edgefleet.fleet.v1 import link_pb2
 
 # Control messages waiting for the node, as a real link's incoming queue is bounded.
 MAX_PENDING: Final = 100
+DEFAULT_CONNECT_TIMEOUT_S: Final = 10.0
 
 
 class MemoryLinkPeer:
@@ -44,6 +45,9 @@ class MemoryLinkPeer:
         self.ack_records = ack_records
         self.up = True
         self.refuse = False
+        # Reachable but silent: a connect waits out its timeout, as against a control plane
+        # (or broker) that accepts the connection and never answers.
+        self.silent = False
         self.metadata: dict[str, bytes] = {}
         self.artifacts: dict[str, bytes] = {}
         self.received = anyio.Event()
@@ -98,8 +102,11 @@ class MemoryLinkPeer:
 
 
 class MemoryNodeLink(NodeLink):
-    def __init__(self, peer: MemoryLinkPeer) -> None:
+    def __init__(
+        self, peer: MemoryLinkPeer, *, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    ) -> None:
         self.peer = peer
+        self.connect_timeout_s = connect_timeout_s
         self._send: MemoryObjectSendStream[link_pb2.ControlMessage] | None = None
         self._receive: MemoryObjectReceiveStream[link_pb2.ControlMessage] | None = None
 
@@ -109,6 +116,11 @@ class MemoryNodeLink(NodeLink):
             raise LinkRefusedError("refused by the test peer")
         if not self.peer.up:
             raise LinkUnavailableError("the test peer is down")
+        if self.peer.silent:
+            await anyio.sleep(self.connect_timeout_s)
+            raise LinkUnavailableError(
+                f"the test peer did not answer within {self.connect_timeout_s:g}s"
+            )
         send, receive = anyio.create_memory_object_stream[link_pb2.ControlMessage](MAX_PENDING)
         self._send, self._receive = send, receive
         self.peer.attach(send)

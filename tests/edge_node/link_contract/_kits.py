@@ -8,6 +8,7 @@ command down and takes the control plane away and back. Not here: the assertions
 from __future__ import annotations
 
 import abc
+import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +47,21 @@ def control_plane_services(work: Path, clock: Any = None) -> Services:
     return build_services(config) if clock is None else build_services(config, clock=clock)
 
 
+class SilentListener:
+    """A loopback port that takes TCP connections (the kernel's backlog does) and never
+    answers: no TLS handshake, no CONNACK."""
+
+    def __init__(self) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(16)
+        self.port: int = self._socket.getsockname()[1]
+        self.target = f"127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._socket.close()
+
+
 class LinkKit(abc.ABC):
     """The control plane side of the contract, for one adapter."""
 
@@ -66,6 +82,10 @@ class LinkKit(abc.ABC):
     @abc.abstractmethod
     def unreachable_link(self) -> NodeLink:
         """A link to a control plane (or broker) nobody listens for."""
+
+    @abc.abstractmethod
+    def silent_link(self, connect_timeout_s: float) -> NodeLink:
+        """A link to something that takes the connection and never answers."""
 
     @abc.abstractmethod
     async def hello_seen(self, agent_version: str) -> bool:
@@ -114,6 +134,11 @@ class MemoryKit(LinkKit):
     def unreachable_link(self) -> NodeLink:
         return MemoryNodeLink(self._nowhere)
 
+    def silent_link(self, connect_timeout_s: float) -> NodeLink:
+        silent = MemoryLinkPeer()
+        silent.silent = True
+        return MemoryNodeLink(silent, connect_timeout_s=connect_timeout_s)
+
     async def hello_seen(self, agent_version: str) -> bool:
         return any(h.agent_version == agent_version for h in self.peer.hellos)
 
@@ -157,6 +182,7 @@ class GrpcKit(LinkKit):
             auth_recheck_s=0.0,
         )
         self._work = work
+        self.silent = SilentListener()
         self._server: Any = None
         self.files: Any = None
         self._revoked: Any = None
@@ -188,6 +214,13 @@ class GrpcKit(LinkKit):
 
         return GrpcNodeLink(node_settings(f"127.0.0.1:{free_port()}"), self.files.credentials)
 
+    def silent_link(self, connect_timeout_s: float) -> NodeLink:
+        from edge_node.link.grpc_link import GrpcNodeLink
+        from tests.control_plane.link.grpc_support import node_settings
+
+        settings = node_settings(self.silent.target, connect_timeout_s=connect_timeout_s)
+        return GrpcNodeLink(settings, self.files.credentials)
+
     async def hello_seen(self, agent_version: str) -> bool:
         node = await anyio.to_thread.run_sync(self.services.nodes.get_node, self.files.node_id)
         return bool(node.online and node.agent_version == agent_version)
@@ -214,6 +247,7 @@ class GrpcKit(LinkKit):
         if self._server is not None:
             await self._server.stop(0)
         self.services.close()
+        self.silent.close()
 
 
 # ----------------------------------------------------------------------------- MQTT
@@ -233,6 +267,7 @@ class MqttKit(LinkKit):
         self.fleet = create_fleet(self.services, "gates")
         self.node = enroll_mqtt_node(self.services, self.fleet)
         self._work = work
+        self.silent = SilentListener()
         self._broker_factory = broker_factory
         self.broker: Any = None
         self.bridge: Any = None
@@ -260,6 +295,14 @@ class MqttKit(LinkKit):
         from tests.conftest import free_port
 
         return MqttNodeLink(self.node.link_config(self.broker, port=free_port()))
+
+    def silent_link(self, connect_timeout_s: float) -> NodeLink:
+        from edge_node.link.mqtt_link import MqttNodeLink
+
+        config = self.node.link_config(
+            self.broker, port=self.silent.port, connect_timeout_s=connect_timeout_s
+        )
+        return MqttNodeLink(config)
 
     async def hello_seen(self, agent_version: str) -> bool:
         node = await anyio.to_thread.run_sync(self.services.nodes.get_node, self.node.node_id)
@@ -289,3 +332,4 @@ class MqttKit(LinkKit):
         if self.bridge is not None:
             self.bridge.stop()
         self.services.close()
+        self.silent.close()

@@ -139,6 +139,20 @@ async def test_an_unreachable_control_plane_is_unavailable_within_a_bound(
     assert time.monotonic() - started < WAIT_S
 
 
+async def test_a_control_plane_that_never_answers_is_unavailable_after_the_timeout(
+    link_kit: LinkKit,
+) -> None:
+    silent = link_kit.silent_link(connect_timeout_s=0.5)
+    started = time.monotonic()
+    try:
+        with anyio.fail_after(WAIT_S), pytest.raises(LinkUnavailableError) as info:
+            await silent.connect(hello())
+        assert not isinstance(info.value, LinkRefusedError)
+    finally:
+        await silent.close()
+    assert 0.4 <= time.monotonic() - started < 5.0
+
+
 # ----------------------------------------------------------------------------- records
 
 
