@@ -122,7 +122,10 @@ class Agent:
         self._failure: AgentError | None = None
         self._started_at: datetime | None = None
         self._fault_point = fault_point
-        self._host = RuntimeHost(config, clock, on_result=self._count_result, stopping=self._stop)
+        # Looked up at each frame, not bound here: a test may wrap `_count_result`.
+        self._host = RuntimeHost(
+            config, clock, on_result=lambda result: self._count_result(result), stopping=self._stop
+        )
         self.ready = anyio.Event()  # set once enrolled, the outbox open and tasks started
         self.files: EnrollmentFiles | None = None
         self.uplink: Uplink | None = None
