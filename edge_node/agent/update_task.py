@@ -2,7 +2,8 @@
 
 `UpdateTask` owns the node's `Reconciler` (journal `<data dir>/updater/journal.json`,
 model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it; the model
-itself is reached through one port, the agent's `ModelHost` (`edge_node.updater.host`):
+itself is reached through one port, `ModelHost` (`edge_node.updater.host`), which the
+agent's runtime implements:
 
 - `start()` (before the agent's tasks run): `resume_after_crash()`, then serve the
   journal's active model again (`host.serve`), so a restarted node runs what it ran; a

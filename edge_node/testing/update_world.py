@@ -64,6 +64,7 @@ __all__ = [
     "Release",
     "UpdateWorld",
     "echo_model_bytes",
+    "fragile_model_bytes",
     "model_target_path",
     "reference_pair_bytes",
 ]
@@ -97,6 +98,31 @@ def echo_model_bytes(add: float, shape: tuple[int, ...] = SHAPE) -> bytes:
         outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
         initializer=[numpy_helper.from_array(np.array(add, dtype=np.float32), "c")],
     )
+    return _serialized(graph)
+
+
+def fragile_model_bytes(shape: tuple[int, ...] = SHAPE) -> bytes:
+    """An ONNX model fine on its reference input (values in [0, 1)) and on dark frames,
+    which fails on a frame with a white pixel (1.0 after scaling): it indexes past the
+    end of a table, which ONNX Runtime refuses. A model that passes its self-test and
+    then fails on the cameras (the watchdog's case)."""
+    images = helper.make_tensor_value_info("images", TensorProto.FLOAT, list(shape))
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMax", ["images"], ["peak"], keepdims=0),
+            helper.make_node("Floor", ["peak"], ["floored"]),
+            helper.make_node("Cast", ["floored"], ["index"], to=TensorProto.INT64),
+            helper.make_node("Gather", ["table", "index"], ["score"], axis=0),
+        ],
+        "fragile",
+        inputs=[images],
+        outputs=[helper.make_tensor_value_info("score", TensorProto.FLOAT, [])],
+        initializer=[numpy_helper.from_array(np.array([0.5], dtype=np.float32), "table")],
+    )
+    return _serialized(graph)
+
+
+def _serialized(graph: onnx.GraphProto) -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
