@@ -31,7 +31,8 @@ from tests.edge_node.updater._world import make_world
 
 pytestmark = pytest.mark.anyio
 
-WATCH = WatchdogConfig(window_s=0.6, max_errors=3, max_error_ratio=0.5, min_frames=4, poll_s=0.02)
+# Windows, polls and backoffs of minutes: they pass only on the task's manual clock.
+WATCH = WatchdogConfig(window_s=600, max_errors=3, max_error_ratio=0.5, min_frames=4, poll_s=2.0)
 
 
 @pytest.fixture
@@ -252,7 +253,7 @@ async def test_the_watchdog_reverts_a_failing_model_at_once(world: World) -> Non
     async with running(node):
         await applied(world, updater, first)
         # Its window passes.
-        await until(lambda: journal(world).probation is None, clock=node.clock, step_s=0.6)
+        await until(lambda: journal(world).probation is None, clock=node.clock, step_s=600)
         assert statuses(world)[-1].detail == "watchdog window passed"
 
         await applied(world, updater, second)
@@ -260,7 +261,7 @@ async def test_the_watchdog_reverts_a_failing_model_at_once(world: World) -> Non
         bad = str(updater.reconciler.store.path_of(second.sha256))
         runtime.counters[bad] = (40, 3)  # 3 frames failed: the limit
         # The next poll (well inside the window) sees it.
-        await until(lambda: journal(world).active == ref(first), clock=node.clock, step_s=0.02)
+        await until(lambda: journal(world).active == ref(first), clock=node.clock, step_s=2.0)
     store = updater.reconciler.store
     assert runtime.served[-1] == store.path_of(first.sha256)
     last = statuses(world)[-1]
@@ -275,7 +276,7 @@ async def test_the_watchdog_reverts_a_failing_model_at_once(world: World) -> Non
 async def test_a_stop_on_watch_pauses_it_and_the_next_start_watches_again(
     world: World,
 ) -> None:
-    long_watch = WatchdogConfig(window_s=60, max_errors=3, poll_s=0.02)
+    long_watch = WatchdogConfig(window_s=3600, max_errors=3, poll_s=2.0)
     rel = world.releases["1.0.0"]
     node = make_updater(world, Runtime(), watchdog=long_watch)
     updater = node.updater
@@ -291,7 +292,7 @@ async def test_a_stop_on_watch_pauses_it_and_the_next_start_watches_again(
         assert journal(world).active == ref(rel)  # a clean stop is not the model's fault
         assert runtime.served == [again.reconciler.store.path_of(rel.sha256)]
         runtime.counters[str(runtime.served[-1])] = (5, 5)  # watched again: it trips
-        await until(lambda: phases(world)[-1:] == ["failed"], clock=again_node.clock, step_s=0.02)
+        await until(lambda: phases(world)[-1:] == ["failed"], clock=again_node.clock, step_s=2.0)
     # Nothing to go back to: reported, and the model keeps serving (not a dark box).
     last = statuses(world)[-1]
     assert last.detail.startswith("watchdog-errors: 5 inference errors")
@@ -382,7 +383,7 @@ async def test_a_refusal_for_missing_metadata_is_tried_again_by_itself(world: Wo
         world,
         runtime,
         watchdog=WatchdogConfig(window_s=0),
-        retry=Backoff(initial_s=0.05, cap_s=0.2),
+        retry=Backoff(initial_s=50, cap_s=200),
     )
     updater = node.updater
     rel = world.releases["1.0.0"]
@@ -390,12 +391,14 @@ async def test_a_refusal_for_missing_metadata_is_tried_again_by_itself(world: Wo
     async with running(node):
         await updater.on_control(desired(world.assign(rel)))
         await until(lambda: updater.retry_pending)
+        await anyio.wait_all_tasks_blocked()
+        assert updater.applied == 1  # its backoff has not passed on the task's clock
         # Tried again once its backoff passed, still refused.
-        await until(lambda: updater.applied >= 2, clock=node.clock, step_s=0.2)
+        await until(lambda: updater.applied >= 2, clock=node.clock, step_s=200)
         assert journal(world).active is None
         assert "metadata-unavailable" in statuses(world)[-1].detail
         world.peer.metadata["timestamp.json"] = timestamp
-        await until(lambda: journal(world).active == ref(rel), clock=node.clock, step_s=0.2)
+        await until(lambda: journal(world).active == ref(rel), clock=node.clock, step_s=200)
         assert not updater.retry_pending
     assert phases(world)[-1] == "active"
 
@@ -405,9 +408,7 @@ async def test_a_refusal_is_not_retried_over_a_newer_assignment(world: World) ->
     refused one is not tried again after it (it would be refused as stale, and its
     failure would stand as the node's last status)."""
     runtime = Runtime()
-    node = make_updater(
-        world, runtime, watchdog=WatchdogConfig(window_s=0), retry=Backoff(0.05, 0.1)
-    )
+    node = make_updater(world, runtime, watchdog=WatchdogConfig(window_s=0), retry=Backoff(50, 100))
     updater = node.updater
     old, new = world.releases["1.0.0"], world.releases["1.1.0"]
     fetch = node.link.fetch_metadata
@@ -428,7 +429,7 @@ async def test_a_refusal_is_not_retried_over_a_newer_assignment(world: World) ->
         release.set()  # the first is refused (metadata-unavailable); the newer one passes
         await until(lambda: journal(world).active == ref(new))
         # Past every backoff: the refused one does not come back.
-        node.clock.advance(timedelta(seconds=1))
+        node.clock.advance(timedelta(seconds=1000))
         await anyio.wait_all_tasks_blocked()
         assert phases(world)[-1] == "active", phases(world)
         assert not updater.retry_pending
