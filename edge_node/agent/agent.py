@@ -66,6 +66,7 @@ from edge_node.telemetry import (
     Telemetry,
     encode_report,
 )
+from edge_node.updater.host import ModelHost
 from protos.edgefleet.fleet.v1 import link_pb2
 
 __all__ = [
@@ -84,15 +85,15 @@ _ENROLL_BACKOFF: Final = Backoff(initial_s=1.0, cap_s=60.0)
 
 @dataclass(frozen=True, slots=True)
 class AgentContext:
-    """What a component (the updater) gets: the node's identity, outbox, link and clock,
-    and `on_model_ready` to hand a verified model to the runtime."""
+    """What a component (one replacing the update task) gets: the node's identity,
+    outbox, link and clock, and the runtime's `ModelHost` to serve a verified model."""
 
     config: AgentConfig
     files: EnrollmentFiles
     outbox: Outbox
     link: NodeLink
     clock: TaskClock
-    on_model_ready: Callable[[Path], Awaitable[None]]
+    host: ModelHost
 
 
 # A supervised extra task: runs until `stop` is set; raising is fatal for the agent.
@@ -249,7 +250,7 @@ class Agent:
         )
         self.uplink = uplink
         self._started_at = self._clock.now()
-        context = AgentContext(config, files, outbox, link, self._clock, self.on_model_ready)
+        context = AgentContext(config, files, outbox, link, self._clock, self._host)
         stop = self._stop
         tasks: dict[str, Callable[[], Awaitable[None]]] = {
             "uplink": lambda: uplink.run(lambda: self._hello(), stop),
