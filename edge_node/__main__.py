@@ -6,8 +6,8 @@ code: 0 drained, 1 a fatal error, 2 bad configuration, 3 the control plane refus
 node (revoked or unknown: re-enroll it).
 
 Test hook (inert unless set): EDGEFLEET_NODE_TEST_KILL_AT=<point> makes the process
-SIGKILL itself at that updater step — downloading, verifying, self-testing, activated,
-active, failed or reverted (see `edge_node.agent.updater`) — so tests can check that a
+SIGKILL itself at that update step — downloading, verifying, self-testing, activated,
+active, failed or reverted (see `edge_node.agent.update_task`) — so tests can check that a
 restart converges from every step. It is not a setting; never set it on a real node.
 """
 
@@ -24,7 +24,7 @@ from typing import Final
 import anyio
 
 from edge_node.agent import EXIT_CONFIG, EXIT_OK, Agent, AgentError
-from edge_node.agent.updater import FaultPoint
+from edge_node.agent.update_task import FaultPoint
 from edge_node.clock import SystemClock
 from edge_node.config import AgentConfig, ConfigError, load_agent_config
 

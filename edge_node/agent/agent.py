@@ -3,9 +3,11 @@
 `run()` enrolls on first start (or loads the identity and finishes an interrupted
 renewal), opens the outbox, starts the updater (crash recovery, then the journal's active
 model is served again), and supervises its tasks in one task group: the uplink (outbox →
-control plane), certificate renewal, the health producer, the inference runtime, the
-updater (`edge_node.agent.updater`: assignments from the control plane, applied one at a
-time, and the watchdog), camera capture (`edge_node.capture`: streams with a `source` are
+control plane), certificate renewal, the health producer, the inference runtime
+(`edge_node.agent.runtime_host`: loads and hot-swaps models), the update task
+(`edge_node.agent.update_task`: assignments from the control plane, applied one at a
+time, and the watchdog; it reaches the runtime only through its `ModelHost` port), camera
+capture (`edge_node.capture`: streams with a `source` are
 fed into the pipeline once a model serves; its failures are counted and retried, never
 fatal), and any extra components. A task that fails is fatal: it is
 logged with its reason, the others are cancelled, and `run()` raises an `AgentError`
@@ -13,9 +15,9 @@ whose `exit_code` the entry point returns. `shutdown()` sets stop, lets the task
 until a deadline, then cancels what remains; it is safe to call twice and before or
 after `run()`.
 
-The updater is built in rather than a `Component`: it needs the Hello (what the node
-runs), the control messages and the reconnects, which components do not see. A
-component named "updater" replaces it (tests do that).
+The update task is built in rather than a `Component`: it builds the Hello (what the
+node runs), and needs the control messages and the reconnects, which components do not
+see. A component named "updater" replaces it (tests do that).
 
 Not here: reading settings (`edge_node.config`), signals (`edge_node.__main__`), the
 update steps (`edge_node.updater`), full telemetry (later: this health record is
@@ -36,10 +38,11 @@ import anyio
 import anyio.to_thread
 
 from edge_node.agent.errors import AgentError, EnrollmentError, NodeRefusedError, TaskFailedError
+from edge_node.agent.runtime_host import RuntimeHost
 from edge_node.agent.transport import BrokerLoginRefusedError, NodeTransport, open_transport
-from edge_node.agent.updater import FaultPoint, NodeUpdater
+from edge_node.agent.update_task import FaultPoint, UpdateTask, UpdateTaskSettings
 from edge_node.capture import CaptureService, CaptureStats
-from edge_node.clock import Clock
+from edge_node.clock import TaskClock
 from edge_node.config import AgentConfig
 from edge_node.enroll import IDENTITY_FILE, EnrollmentFiles, enroll_over_grpc, enroll_over_https
 from edge_node.errors import ClosedError, EdgeNodeError, InvalidInputError, OutboxFullError
@@ -55,7 +58,6 @@ from edge_node.link.base import (
 from edge_node.link.uplink import ControlHandler, Uplink
 from edge_node.outbox import Outbox
 from edge_node.runtime.pipeline import FrameResult, InferencePipeline
-from edge_node.runtime.session import ModelSession
 from edge_node.runtime.timing import SystemTicker
 from edge_node.telemetry import (
     HEALTH_SCHEMA,
@@ -64,7 +66,7 @@ from edge_node.telemetry import (
     Telemetry,
     encode_report,
 )
-from edge_node.updater.watchdog import ModelHealth
+from edge_node.updater.host import ModelHost
 from protos.edgefleet.fleet.v1 import link_pb2
 
 __all__ = [
@@ -79,20 +81,19 @@ log = logging.getLogger(__name__)
 # The drift baselines of every model version seen, kept across restarts.
 BASELINES_FILE: Final = "telemetry-baselines.json"
 _ENROLL_BACKOFF: Final = Backoff(initial_s=1.0, cap_s=60.0)
-_RUNTIME_STOP_S: Final = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class AgentContext:
-    """What a component (the updater) gets: the node's identity, outbox, link and clock,
-    and `on_model_ready` to hand a verified model to the runtime."""
+    """What a component (one replacing the update task) gets: the node's identity,
+    outbox, link and clock, and the runtime's `ModelHost` to serve a verified model."""
 
     config: AgentConfig
     files: EnrollmentFiles
     outbox: Outbox
     link: NodeLink
-    clock: Clock
-    on_model_ready: Callable[[Path], Awaitable[None]]
+    clock: TaskClock
+    host: ModelHost
 
 
 # A supervised extra task: runs until `stop` is set; raising is fatal for the agent.
@@ -103,14 +104,14 @@ class Agent:
     def __init__(
         self,
         config: AgentConfig,
-        clock: Clock,
+        clock: TaskClock,
         *,
         components: Mapping[str, Component] | None = None,
         on_control: ControlHandler | None = None,
         fault_point: FaultPoint | None = None,
     ) -> None:
         """`on_control` sees every control message (after the updater took its own);
-        `fault_point` is the updater's test seam (see `edge_node.agent.updater`)."""
+        `fault_point` is the update task's test seam (see `edge_node.agent.update_task`)."""
         self._config = config
         self._clock = clock
         self._components = dict(components or {})
@@ -122,19 +123,19 @@ class Agent:
         self._failure: AgentError | None = None
         self._started_at: datetime | None = None
         self._fault_point = fault_point
-        self._pipeline: InferencePipeline | None = None
-        self._standby: ModelSession | None = None  # loaded, but no stream to serve
-        self._model: str | None = None
-        self._runtime_lock = anyio.Lock()
+        # Looked up at each frame, not bound here: a test may wrap `_count_result`.
+        self._host = RuntimeHost(
+            config, clock, on_result=lambda result: self._count_result(result), stopping=self._stop
+        )
         self.ready = anyio.Event()  # set once enrolled, the outbox open and tasks started
         self.files: EnrollmentFiles | None = None
         self.uplink: Uplink | None = None
         self.link: NodeLink | None = None  # the transport's link, once enrolled
-        self.updater: NodeUpdater | None = None
+        self.updater: UpdateTask | None = None
         self.health_dropped = 0
         self.health_failed = 0  # reports that could not be built (logged)
         # Camera sources feed the pipeline serving now (none before a model is loaded).
-        self.capture = CaptureService(config.camera_sources, lambda: self._pipeline, clock)
+        self.capture = CaptureService(config.camera_sources, lambda: self._host.pipeline, clock)
         ticker = SystemTicker()
         # Latency per model version, drift, RSS trend and the box (edge_node.telemetry):
         # the pipeline records every frame, `_report_health` asks for a report per window.
@@ -152,7 +153,7 @@ class Agent:
     @property
     def pipeline(self) -> InferencePipeline | None:
         """The runtime, once a model is loaded (frames are submitted to it)."""
-        return self._pipeline
+        return self._host.pipeline
 
     def capture_stats(self) -> Mapping[str, CaptureStats]:
         """Per stream with a camera source: frames captured and failures by reason."""
@@ -194,51 +195,9 @@ class Agent:
             await self._done.wait()
 
     async def on_model_ready(self, path: Path) -> None:
-        """Seam for the updater: serve the model at `path` (start the runtime, or hot-swap).
-
-        Raises `ModelLoadError` / `ModelSignatureError` when the model cannot serve with
-        the configured preprocessing; the current model (if any) keeps serving then.
-        With no camera stream configured the model is loaded and checked all the same,
-        and kept ready (nothing to run it on yet).
-        """
-        config = self._config
-        if self._stop.is_set():
-            raise ClosedError("the agent is stopping")
-        session = await anyio.to_thread.run_sync(
-            lambda: ModelSession.load(path, config.runtime.session, config.runtime.preprocess)
-        )
-        async with self._runtime_lock:
-            if self._stop.is_set():
-                session.close()
-                raise ClosedError("the agent is stopping")
-            if not config.runtime.streams:
-                standby, self._standby = self._standby, session
-                if standby is not None:
-                    standby.close()
-            elif self._pipeline is None:
-                pipeline = InferencePipeline(
-                    session,
-                    config.runtime.streams,
-                    self._clock,
-                    self._count_result,
-                    scheduler_config=config.runtime.scheduler,
-                    workers=config.runtime_workers,
-                )
-                pipeline.start()
-                self._pipeline = pipeline
-            else:
-                self._pipeline.swap_session(session)  # in-flight frames finish on the old one
-            self._model = str(path)
-        log.info("serving model %s", path)
-
-    def model_health(self) -> ModelHealth | None:
-        """Run counters of the model being served (the updater's watchdog reads them)."""
-        pipeline = self._pipeline
-        session = pipeline.session if pipeline is not None else self._standby
-        if session is None:
-            return None
-        runs, failures = session.run_counts()
-        return ModelHealth(str(session.path), runs, failures)
+        """Serve the model at `path` (start the runtime, or hot-swap): `RuntimeHost.serve`,
+        for components and tests; the update task holds the host itself."""
+        await self._host.serve(path)
 
     # ------------------------------------------------------------------ internals
 
@@ -264,19 +223,21 @@ class Agent:
         link = self.link = transport.link
         updater = None
         if config.updater.enabled and "updater" not in self._components:
-            updater = NodeUpdater(
-                config=config.updater,
-                files=files,
-                link=link,
-                source=transport.source,
-                clock=self._clock,
+            settings = UpdateTaskSettings(
+                config.updater,
                 data_dir=config.data_dir,
                 memory_budget_bytes=config.memory_budget_bytes,
-                activate=self.on_model_ready,
-                model_health=self.model_health,
+                agent_version=config.agent_version,
                 initial_model=config.model_path,
+            )
+            updater = UpdateTask(
+                settings,
+                files=files,
+                link=link,
+                clock=self._clock,
+                host=self._host,
+                source=transport.source,
                 fault_point=self._fault_point,
-                hello=self._hello,
             )
         self.updater = updater
         uplink = Uplink(
@@ -289,7 +250,7 @@ class Agent:
         )
         self.uplink = uplink
         self._started_at = self._clock.now()
-        context = AgentContext(config, files, outbox, link, self._clock, self.on_model_ready)
+        context = AgentContext(config, files, outbox, link, self._clock, self._host)
         stop = self._stop
         tasks: dict[str, Callable[[], Awaitable[None]]] = {
             "uplink": lambda: uplink.run(lambda: self._hello(), stop),
@@ -452,13 +413,9 @@ class Agent:
             raise EnrollmentError(f"cannot read the CA file {path}: {exc}") from exc
 
     def _hello(self) -> link_pb2.Hello:
-        hello = link_pb2.Hello(agent_version=self._config.agent_version)
         if self.updater is not None:
-            running = self.updater.running()
-            hello.active_target = running.active_target
-            hello.installed_targets.extend(running.installed_targets)
-            hello.director_sequence = running.director_sequence
-        return hello
+            return self.updater.hello()  # it knows what the node runs
+        return link_pb2.Hello(agent_version=self._config.agent_version)
 
     async def _control(self, message: link_pb2.ControlMessage) -> None:
         if self.updater is not None:
@@ -502,12 +459,12 @@ class Agent:
             logging.getLogger("edge_node").removeHandler(errors)
 
     def _health_payload(self, outbox: Outbox, uplink: Uplink, files: EnrollmentFiles) -> bytes:
-        pipeline = self._pipeline
+        pipeline = self._host.pipeline
         report = self.telemetry.report(
             self._clock.now(),
             node_id=files.node_id,
             agent_version=self._config.agent_version,
-            active_model=pipeline.session.label if pipeline is not None else self._model,
+            active_model=pipeline.session.label if pipeline is not None else self._host.model,
             streams=pipeline.stats() if pipeline is not None else None,
             capture=self.capture.stats(),
             queue_depth_frames=pipeline.backlog() if pipeline is not None else None,
@@ -552,12 +509,7 @@ class Agent:
         self.telemetry.record_result(result)
 
     async def _close(self, transport: NodeTransport, outbox: Outbox) -> None:
-        pipeline, self._pipeline = self._pipeline, None
-        if pipeline is not None:
-            await anyio.to_thread.run_sync(pipeline.stop, _RUNTIME_STOP_S)
-        standby, self._standby = self._standby, None
-        if standby is not None:
-            standby.close()
+        await self._host.close()
         try:
             await transport.close()
         except Exception:

@@ -5,5 +5,6 @@ reconciler that takes a signed assignment to the running model.
 trial state and its transitions; `store` keeps model files by content hash; `tuf_fetch`
 runs `tuf.ngclient` over the node's link; `download` fetches a target resumably;
 `selftest` checks a model against its reference pair; `reconciler` ties them together.
-The hot swap itself is the agent's (a callback here).
+The hot swap itself is the agent's, behind the `host.ModelHost` port; when to apply is
+the agent's update task (`edge_node.agent.update_task`).
 """

@@ -1,15 +1,17 @@
 """The updater's reconciler (DESIGN §5): take a signed director assignment to the running model.
 
 `Reconciler.apply(signed)` refreshes TUF (fresh `Updater`, in a thread), verifies the
-assignment against it, journals the accepted sequence and the trial, downloads the model
-and its reference pair (resuming, verified), installs them into the store, self-tests,
-calls `activate(path)` (the agent's hot swap) and commits — or reverts the trial and stays
-on the active model. Every step is journalled first, so `resume_after_crash()` at start-up
-converges whatever step a SIGKILL interrupted. Phases go to a `report(UpdateReport)`
-callback that the agent turns into UpdateStatus messages. With `limits.watchdog_s` the
-commit also opens the active model's watchdog window (`journal.Probation`);
-`revert_active`, `end_probation` and `pause_probation` close it. Not here: the hot swap
-itself, the runtime, when to call `apply` or judge the watchdog (the agent's updater task).
+assignment against it (`AssignmentTrust`: this node, its fleet, the director's keys),
+journals the accepted sequence and the trial, downloads the model and its reference pair
+(resuming, verified, with backoff on the injected clock), installs them into the store,
+self-tests, has the `ModelHost` serve it (the agent's hot swap) and commits — or reverts
+the trial and stays on the active model. Every step is journalled first, so
+`resume_after_crash()` at start-up converges whatever step a SIGKILL interrupted. Phases
+go to a `report(UpdateReport)` callback that the agent turns into UpdateStatus messages.
+With `limits.watchdog_s` the commit also opens the active model's watchdog window
+(`journal.Probation`); `revert_active`, `end_probation` and `pause_probation` close it.
+Not here: the hot swap itself, the runtime, when to call `apply` or judge the watchdog
+(the agent's update task, `edge_node.agent.update_task`).
 
 Decisions:
 - A trial found in the journal at start-up is **reverted**, not retried: the process may
@@ -45,7 +47,7 @@ from typing import Any, Final, Protocol
 from securesystemslib.signer import Key
 from tuf.api.exceptions import DownloadError, ExpiredMetadataError, RepositoryError
 
-from edge_node.clock import Clock
+from edge_node.clock import TaskClock
 from edge_node.errors import EdgeNodeError
 from edge_node.link.base import Backoff, LinkError, LinkUnavailableError
 from edge_node.updater.director import (
@@ -57,6 +59,7 @@ from edge_node.updater.director import (
     verify_assignment,
 )
 from edge_node.updater.download import ArtifactRejectedError, download_target
+from edge_node.updater.host import ModelHost
 from edge_node.updater.journal import (
     Journal,
     JournalState,
@@ -77,6 +80,7 @@ from edge_node.updater.store import DiskFullError, ModelStore, StoreIntegrityErr
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 
 __all__ = [
+    "AssignmentTrust",
     "Outcome",
     "OutcomeKind",
     "Reconciler",
@@ -166,6 +170,16 @@ Report = Callable[[UpdateReport], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
+class AssignmentTrust:
+    """What a director assignment must match: this node, its fleet, and a signature by
+    one of the director's keys (none: every assignment is refused)."""
+
+    node_id: str
+    fleet: str
+    director_keys: Key | Collection[Key]
+
+
+@dataclass(frozen=True, slots=True)
 class ReconcilerLimits:
     max_artifact_bytes: int = 4 * _GIB
     space_margin_bytes: int = 256 << 20
@@ -221,33 +235,27 @@ class Reconciler:
         *,
         journal: Journal,
         store: ModelStore,
-        link: RepositorySource,
+        source: RepositorySource,
         tuf_client_factory: Callable[[], TargetsView],
-        director_key: Key | Collection[Key],
-        node_id: str,
-        fleet: str,
-        clock: Clock,
+        trust: AssignmentTrust,
+        clock: TaskClock,
         selftest: SelfTest,
-        activate: Callable[[Path], Awaitable[None]],
+        host: ModelHost,
         report: Report | None = None,
         limits: ReconcilerLimits | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """`tuf_client_factory()` is called in a worker thread and must refresh a fresh
-        `Updater` (e.g. `TufClient(...).refresh`)."""
+        """`source` serves the model files; `tuf_client_factory()` is called in a worker
+        thread and must refresh a fresh `Updater` (e.g. `TufClient(...).refresh`)."""
         self._journal = journal
         self._store = store
-        self._link = link
+        self._source = source
         self._tuf = tuf_client_factory
-        self._director_key = director_key
-        self._node_id = node_id
-        self._fleet = fleet
+        self._trust = trust
         self._clock = clock
         self._selftest = selftest
-        self._activate = activate
+        self._host = host
         self._report_cb = report or _no_report
         self._limits = limits or ReconcilerLimits()
-        self._sleep = sleep
         self._lock = asyncio.Lock()
         self._state: JournalState | None = None
 
@@ -352,9 +360,9 @@ class Reconciler:
         def verify(last_sequence: int) -> VerifiedAssignment:
             return verify_assignment(
                 signed,
-                director_key=self._director_key,
-                node_id=self._node_id,
-                fleet=self._fleet,
+                director_key=self._trust.director_keys,
+                node_id=self._trust.node_id,
+                fleet=self._trust.fleet,
                 last_sequence=last_sequence,
                 now=now,
                 target_lookup=view.target,
@@ -411,7 +419,7 @@ class Reconciler:
             raise SelfTestFailedError(result)
         _log.info("self-test of %s passed: %s", target_path, result.detail)
         try:
-            await self._activate(model_path)
+            await self._host.serve(model_path)
         except Exception as exc:
             raise _ActivationError(f"activation failed: {exc}", reason="activate-failed") from exc
         return model_path
@@ -421,7 +429,7 @@ class Reconciler:
         for attempt in range(limits.download_attempts):
             try:
                 return await download_target(
-                    self._link,
+                    self._source,
                     target,
                     self._store.staging_dir,
                     max_bytes=limits.max_artifact_bytes,
@@ -430,7 +438,7 @@ class Reconciler:
             except LinkUnavailableError:
                 if attempt + 1 >= limits.download_attempts:
                     raise
-                await self._sleep(limits.backoff.delay(attempt))
+                await self._clock.sleep(limits.backoff.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
     # --------------------------------------------------------------- resume
@@ -508,7 +516,7 @@ class Reconciler:
 
     async def revert_active(self, expected: ModelRef, reason: str, detail: str) -> Outcome:
         """Go back to `previous` because `expected`, the active model, fails after its
-        commit: the runtime is swapped first (`activate`), then the journal written — so
+        commit: the runtime is swapped first (`host.serve`), then the journal written — so
         a crash in between is a restart on watch, which reverts too.
 
         UNCHANGED when `expected` is no longer active (an apply moved on meanwhile);
@@ -528,7 +536,7 @@ class Reconciler:
                 problem = f"the previous model {previous.path} is missing or damaged"
             else:
                 try:
-                    await self._activate(self._store.path_of(previous.sha256))
+                    await self._host.serve(self._store.path_of(previous.sha256))
                 except Exception as exc:
                     problem = f"the previous model {previous.path} cannot be served: {exc}"
             if problem is not None:

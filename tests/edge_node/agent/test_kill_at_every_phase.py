@@ -27,7 +27,7 @@ import anyio.abc
 import pytest
 
 from control_plane.services import ServiceConfig
-from edge_node.agent.updater import JOURNAL_PATH
+from edge_node.agent.update_task import JOURNAL_PATH
 from edge_node.updater.journal import Journal, JournalState, ModelRef, Phase
 from tests.edge_node.agent.update_support import FleetPlane, fleet_plane, target_path, until
 

@@ -22,7 +22,7 @@ from control_plane.registry import onnx_inspect, sample_models
 from control_plane.registry.onnx_inspect import ReferencePair, make_reference
 from control_plane.services import ServiceConfig
 from edge_node.agent import Agent
-from edge_node.agent.updater import JOURNAL_PATH
+from edge_node.agent.update_task import JOURNAL_PATH
 from edge_node.clock import SystemClock
 from edge_node.enroll import enroll_over_grpc
 from edge_node.updater.journal import Journal, JournalState

@@ -20,8 +20,6 @@ import anyio
 import anyio.to_thread
 import httpx
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 from securesystemslib.signer import Signer
 from tuf.api.metadata import Metadata, Targets, Timestamp
 
@@ -35,6 +33,7 @@ from edge_node.config import AgentConfig
 from edge_node.link.base import Backoff
 from edge_node.link.uplink import UplinkConfig
 from edge_node.runtime.config import RuntimeConfig, StreamConfig
+from edge_node.testing.update_world import fragile_model_bytes
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.watchdog import WatchdogConfig
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
@@ -275,35 +274,11 @@ async def until(condition: Callable[[], object], timeout: float = 20.0) -> None:
 # ------------------------------------------------------------- models that misbehave
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    path.write_bytes(model.SerializeToString())
-    return path
-
-
-def _image_input() -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, SIZE, SIZE])
-
-
 def fragile_model(path: Path) -> Path:
-    """Fine on its reference input (values in [0, 1)) and on dark frames; a frame with a
-    white pixel (1.0 after scaling) makes it index past the end of a table, which ONNX
-    Runtime refuses: a model that passes its self-test and then fails on the cameras."""
-    graph = helper.make_graph(
-        [
-            helper.make_node("ReduceMax", ["images"], ["peak"], keepdims=0),
-            helper.make_node("Floor", ["peak"], ["floored"]),
-            helper.make_node("Cast", ["floored"], ["index"], to=TensorProto.INT64),
-            helper.make_node("Gather", ["table", "index"], ["score"], axis=0),
-        ],
-        "fragile",
-        inputs=[_image_input()],
-        outputs=[helper.make_tensor_value_info("score", TensorProto.FLOAT, [])],
-        initializer=[numpy_helper.from_array(np.array([0.5], dtype=np.float32), "table")],
-    )
-    return _save(graph, path)
+    """`edge_node.testing.update_world.fragile_model_bytes` for det's [1,3,32,32] input:
+    passes its self-test, then fails on a camera frame with a white pixel."""
+    path.write_bytes(fragile_model_bytes((1, 3, SIZE, SIZE)))
+    return path
 
 
 def frame(value: int) -> np.ndarray[Any, Any]:

@@ -1,5 +1,5 @@
 """Reconciler over MemoryNodeLink with real TUF metadata and real director signatures
-(the fleet in memory: `tests.edge_node.updater._world`)."""
+(the fleet in memory: `edge_node.testing.update_world`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,14 @@ from typing import Any
 
 import pytest
 
-from control_plane.trust.custom import model_target_path
 from edge_node.testing.memory_link import MemoryNodeLink
+from edge_node.testing.update_world import (
+    MODEL,
+    FakeModelHost,
+    Release,
+    UpdateWorld,
+    model_target_path,
+)
 from edge_node.updater.journal import JournalState, ModelRef, Phase
 from edge_node.updater.reconciler import (
     OutcomeKind,
@@ -20,15 +26,7 @@ from edge_node.updater.reconciler import (
 )
 from edge_node.updater.selftest import SelfTestResult, self_test
 from edge_node.updater.store import DiskUsage, ModelStore
-from tests.edge_node.updater._world import (
-    MODEL,
-    Crash,
-    Release,
-    World,
-    assert_consistent,
-    install_first,
-    make_world,
-)
+from tests.edge_node.updater._world import Crash, assert_consistent, install_first, make_world
 
 pytestmark = pytest.mark.anyio
 
@@ -39,14 +37,14 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> World:
+def world(tmp_path: Path) -> UpdateWorld:
     return make_world(tmp_path)
 
 
 # ------------------------------------------------------------------------ cases
 
 
-async def test_normal_update_then_idempotent(world: World) -> None:
+async def test_normal_update_then_idempotent(world: UpdateWorld) -> None:
     first = await install_first(world)
     new = world.releases["1.1.0"]
     signed = world.assign(new)
@@ -70,7 +68,7 @@ async def test_normal_update_then_idempotent(world: World) -> None:
     assert world.journal.load().active == state.active
 
 
-async def test_tampered_artifact_fails_and_stays_on_old(world: World) -> None:
+async def test_tampered_artifact_fails_and_stays_on_old(world: UpdateWorld) -> None:
     first = await install_first(world)
     new = world.releases["1.1.0"]
     world.peer.artifacts[new.sha256] = new.data[:-1] + b"\x00"
@@ -84,7 +82,7 @@ async def test_tampered_artifact_fails_and_stays_on_old(world: World) -> None:
     assert_consistent(world, state)
 
 
-async def test_assignment_for_another_node(world: World) -> None:
+async def test_assignment_for_another_node(world: UpdateWorld) -> None:
     outcome = await world.reconciler().apply(
         world.assign(world.releases["1.0.0"], node_id="n-someoneelse")
     )
@@ -95,7 +93,7 @@ async def test_assignment_for_another_node(world: World) -> None:
     ]
 
 
-async def test_stale_assignment_is_refused(world: World) -> None:
+async def test_stale_assignment_is_refused(world: UpdateWorld) -> None:
     old = world.assign(world.releases["1.0.0"])
     world.sequence = 5
     await world.reconciler().apply(world.assign(world.releases["1.1.0"]))
@@ -106,14 +104,14 @@ async def test_stale_assignment_is_refused(world: World) -> None:
     )
 
 
-async def test_below_the_floor(world: World) -> None:
+async def test_below_the_floor(world: UpdateWorld) -> None:
     world.raise_floor(2)
     outcome = await world.reconciler().apply(world.assign(world.releases["1.0.0"]))
     assert (outcome.kind, outcome.reason) == (OutcomeKind.REJECTED, "below-floor")
     assert world.journal.load().director_sequence == 0
 
 
-async def test_target_not_in_tuf(world: World) -> None:
+async def test_target_not_in_tuf(world: UpdateWorld) -> None:
     ghost = Release(
         "9.9.9", model_target_path(MODEL, "9.9.9"), b"ghost", hashlib.sha256(b"ghost").hexdigest()
     )
@@ -121,7 +119,7 @@ async def test_target_not_in_tuf(world: World) -> None:
     assert (outcome.kind, outcome.reason) == (OutcomeKind.REJECTED, "unknown-target")
 
 
-async def test_self_test_output_mismatch_reverts(world: World) -> None:
+async def test_self_test_output_mismatch_reverts(world: UpdateWorld) -> None:
     first = await install_first(world)
     bad = world.release("2.0.0", add=3.0, counter=3, reference_add=4.0)
     outcome = await world.reconciler().apply(world.assign(bad))
@@ -132,7 +130,7 @@ async def test_self_test_output_mismatch_reverts(world: World) -> None:
     assert_consistent(world, state)
 
 
-async def test_model_that_fails_to_load_reverts(world: World) -> None:
+async def test_model_that_fails_to_load_reverts(world: UpdateWorld) -> None:
     first = await install_first(world)
     broken = world.release("2.0.0", add=0.0, counter=3, content=b"not onnx at all")
     outcome = await world.reconciler().apply(world.assign(broken))
@@ -140,16 +138,25 @@ async def test_model_that_fails_to_load_reverts(world: World) -> None:
     assert world.journal.load().active == ModelRef(first.path, first.sha256)
 
 
-async def test_activation_failure_reverts(world: World) -> None:
-    async def refuse(path: Path) -> None:
-        raise RuntimeError("swap refused")
+class _RefusingHost(FakeModelHost):
+    """A runtime that refuses every model it is handed."""
 
-    outcome = await world.reconciler(activate=refuse).apply(world.assign(world.releases["1.0.0"]))
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    async def serve(self, path: Path) -> None:
+        raise RuntimeError(self.message)
+
+
+async def test_activation_failure_reverts(world: UpdateWorld) -> None:
+    refuse = _RefusingHost("swap refused")
+    outcome = await world.reconciler(host=refuse).apply(world.assign(world.releases["1.0.0"]))
     assert (outcome.kind, outcome.reason) == (OutcomeKind.REVERTED, "activate-failed")
     assert world.journal.load().active is None
 
 
-async def test_disk_too_full_is_refused_before_download(world: World) -> None:
+async def test_disk_too_full_is_refused_before_download(world: UpdateWorld) -> None:
     world.free = 500
     downloads: list[str] = []
 
@@ -172,7 +179,7 @@ async def test_disk_too_full_is_refused_before_download(world: World) -> None:
     assert (await world.reconciler().apply(signed)).kind is OutcomeKind.APPLIED
 
 
-async def test_redelivery_retries_a_transient_failure(world: World) -> None:
+async def test_redelivery_retries_a_transient_failure(world: UpdateWorld) -> None:
     rel = world.releases["1.0.0"]
     world.peer.artifacts[rel.sha256] = rel.data[:10]  # stream ends short: link trouble
     signed = world.assign(rel)
@@ -185,7 +192,7 @@ async def test_redelivery_retries_a_transient_failure(world: World) -> None:
 
 
 async def test_redelivery_does_not_retry_a_model_that_failed_on_its_merits(
-    world: World,
+    world: UpdateWorld,
 ) -> None:
     await install_first(world)
     bad = world.release("2.0.0", add=3.0, counter=3, reference_add=4.0)
@@ -200,7 +207,7 @@ async def test_redelivery_does_not_retry_a_model_that_failed_on_its_merits(
     assert world.journal.load().attempts == 2
 
 
-async def test_redelivery_gives_up_after_max_attempts(world: World) -> None:
+async def test_redelivery_gives_up_after_max_attempts(world: UpdateWorld) -> None:
     rel = world.releases["1.0.0"]
     world.peer.artifacts[rel.sha256] = rel.data[:10]
     signed = world.assign(rel)
@@ -211,7 +218,7 @@ async def test_redelivery_gives_up_after_max_attempts(world: World) -> None:
 # ---------------------------------------------------------------- crash + resume
 
 
-def _crash_in(phase: str, w: World) -> dict[str, Any]:
+def _crash_in(phase: str, w: UpdateWorld) -> dict[str, Any]:
     """Reconciler arguments that 'SIGKILL' the process at `phase`."""
 
     class CrashingLink(MemoryNodeLink):
@@ -228,20 +235,22 @@ def _crash_in(phase: str, w: World) -> dict[str, Any]:
     def crashing_selftest(*args: Any) -> SelfTestResult:
         raise Crash
 
-    async def crashing_activate(path: Path) -> None:
-        raise Crash
+    class CrashingHost(FakeModelHost):
+        async def serve(self, path: Path) -> None:
+            raise Crash
 
     store_args = {"disk_usage": lambda _: DiskUsage(10**13, 0, 10**12)}
-    return {
+    crashes: dict[str, dict[str, Any]] = {
         "downloading": {"link": CrashingLink(w.peer)},
         "verifying": {"store": CrashingStore(w.tmp / "node" / "models", **store_args)},
         "self-testing": {"selftest": crashing_selftest},
-        "activating": {"activate": crashing_activate},
-    }[phase]
+        "activating": {"host": CrashingHost()},
+    }
+    return crashes[phase]
 
 
 @pytest.mark.parametrize("phase", ["downloading", "verifying", "self-testing", "activating"])
-async def test_crash_in_each_phase_then_resume_converges(world: World, phase: str) -> None:
+async def test_crash_in_each_phase_then_resume_converges(world: UpdateWorld, phase: str) -> None:
     first = await install_first(world)
     new = world.releases["1.1.0"]
     signed = world.assign(new)
@@ -264,7 +273,7 @@ async def test_crash_in_each_phase_then_resume_converges(world: World, phase: st
     assert_consistent(world, world.journal.load())
 
 
-async def test_crash_after_commit_before_gc(world: World) -> None:
+async def test_crash_after_commit_before_gc(world: UpdateWorld) -> None:
     await install_first(world)
     new = world.releases["1.1.0"]
     rec = world.reconciler()
@@ -284,7 +293,7 @@ async def test_crash_after_commit_before_gc(world: World) -> None:
     assert_consistent(world, state)
 
 
-async def test_resume_falls_back_to_previous_when_active_is_gone(world: World) -> None:
+async def test_resume_falls_back_to_previous_when_active_is_gone(world: UpdateWorld) -> None:
     first = await install_first(world)
     new = world.releases["1.1.0"]
     await world.reconciler().apply(world.assign(new))
@@ -299,7 +308,7 @@ async def test_resume_falls_back_to_previous_when_active_is_gone(world: World) -
 # ------------------------------------------------------------------ reports
 
 
-async def test_reports_name_the_target_and_the_sequence(world: World) -> None:
+async def test_reports_name_the_target_and_the_sequence(world: UpdateWorld) -> None:
     rel = world.releases["1.0.0"]
     await world.reconciler().apply(world.assign(rel))
     assert [(r.phase.value, r.target_path, r.sequence) for r in world.reports] == [
@@ -325,7 +334,7 @@ async def test_reports_name_the_target_and_the_sequence(world: World) -> None:
 
 
 async def test_a_trial_drops_other_partial_downloads_and_a_commit_drops_all(
-    world: World,
+    world: UpdateWorld,
 ) -> None:
     staging = world.store.staging_dir
     stale = staging / f"{'0' * 64}.part"
@@ -344,7 +353,7 @@ async def test_a_trial_drops_other_partial_downloads_and_a_commit_drops_all(
     assert list(staging.iterdir()) == []
 
 
-async def test_a_failed_trial_keeps_its_partial_download_for_the_retry(world: World) -> None:
+async def test_a_failed_trial_keeps_its_partial_download_for_the_retry(world: UpdateWorld) -> None:
     rel = world.releases["1.0.0"]
     world.peer.artifacts[rel.sha256] = rel.data[:10]
     await world.reconciler().apply(world.assign(rel))
@@ -354,17 +363,17 @@ async def test_a_failed_trial_keeps_its_partial_download_for_the_retry(world: Wo
 # -------------------------------------------------------------- watchdog
 
 
-async def test_a_commit_opens_the_watchdog_window_in_the_same_save(world: World) -> None:
+async def test_a_commit_opens_the_watchdog_window_in_the_same_save(world: UpdateWorld) -> None:
     rel = world.releases["1.0.0"]
     await world.reconciler(watchdog_s=90).apply(world.assign(rel))
     state = world.journal.load()
     assert state.active == ModelRef(rel.path, rel.sha256)
     assert state.probation is not None and not state.probation.paused
-    assert state.probation.until == world.fleet.now + timedelta(seconds=90)
+    assert state.probation.until == world.now + timedelta(seconds=90)
     assert world.reports[-1].detail.startswith("on watch until ")
 
 
-async def test_revert_active_swaps_back_then_journals(world: World) -> None:
+async def test_revert_active_swaps_back_then_journals(world: UpdateWorld) -> None:
     first = await install_first(world)
     new = world.releases["1.1.0"]
     rec = world.reconciler(watchdog_s=60)
@@ -394,7 +403,7 @@ async def test_revert_active_swaps_back_then_journals(world: World) -> None:
     assert again.kind is OutcomeKind.UNCHANGED
 
 
-async def test_revert_active_without_a_previous_model_keeps_serving(world: World) -> None:
+async def test_revert_active_without_a_previous_model_keeps_serving(world: UpdateWorld) -> None:
     rel = world.releases["1.0.0"]
     rec = world.reconciler(watchdog_s=60)
     await rec.apply(world.assign(rel))
@@ -406,15 +415,13 @@ async def test_revert_active_without_a_previous_model_keeps_serving(world: World
     assert "no previous model" in world.reports[-1].detail
 
 
-async def test_revert_active_when_the_previous_model_cannot_be_served(world: World) -> None:
+async def test_revert_active_when_the_previous_model_cannot_be_served(world: UpdateWorld) -> None:
     await install_first(world)
     new = world.releases["1.1.0"]
     await world.reconciler(watchdog_s=60).apply(world.assign(new))
 
-    async def refuse(path: Path) -> None:
-        raise RuntimeError("cannot load")
-
-    outcome = await world.reconciler(activate=refuse).revert_active(
+    refuse = _RefusingHost("cannot load")
+    outcome = await world.reconciler(host=refuse).revert_active(
         ModelRef(new.path, new.sha256), "watchdog-errors", "x"
     )
     assert outcome.kind is OutcomeKind.REJECTED
@@ -422,7 +429,7 @@ async def test_revert_active_when_the_previous_model_cannot_be_served(world: Wor
     assert "cannot be served: cannot load" in world.reports[-1].detail
 
 
-async def test_end_and_pause_of_the_watchdog_window(world: World) -> None:
+async def test_end_and_pause_of_the_watchdog_window(world: UpdateWorld) -> None:
     rel = world.releases["1.0.0"]
     rec = world.reconciler(watchdog_s=60)
     await rec.apply(world.assign(rel))
@@ -437,7 +444,7 @@ async def test_end_and_pause_of_the_watchdog_window(world: World) -> None:
     assert rec.state == world.journal.load()
 
 
-async def test_a_restart_on_watch_reverts_the_model_it_died_with(world: World) -> None:
+async def test_a_restart_on_watch_reverts_the_model_it_died_with(world: UpdateWorld) -> None:
     first = await install_first(world)
     new = world.releases["1.1.0"]
     signed = world.assign(new)
@@ -456,7 +463,7 @@ async def test_a_restart_on_watch_reverts_the_model_it_died_with(world: World) -
     assert (await world.reconciler().apply(signed)).kind is OutcomeKind.APPLIED
 
 
-async def test_a_restart_after_a_clean_stop_on_watch_keeps_the_model(world: World) -> None:
+async def test_a_restart_after_a_clean_stop_on_watch_keeps_the_model(world: UpdateWorld) -> None:
     await install_first(world)
     new = world.releases["1.1.0"]
     rec = world.reconciler(watchdog_s=60)
@@ -468,7 +475,7 @@ async def test_a_restart_after_a_clean_stop_on_watch_keeps_the_model(world: Worl
 
 
 async def test_a_restart_during_a_trial_blames_the_trial_not_the_model_on_watch(
-    world: World,
+    world: UpdateWorld,
 ) -> None:
     await install_first(world)
     watched = world.releases["1.1.0"]

@@ -1,40 +1,38 @@
-"""The agent's updater task over an in-memory link and fleet: serial applies, status
-messages (and their resend on reconnect), serving the journal's model at start, and the
-watchdog that reverts a failing model without the control plane.
+"""The agent's update task over an in-memory link and fleet (`edge_node.testing.update_world`):
+serial applies, status messages (and their resend on reconnect), serving the journal's
+model at start, and the watchdog that reverts a failing model without the control plane.
+
+Time is a `ManualClock`: a test moves it where a watch window, a watchdog poll or a
+retry's backoff must pass (`until(..., clock=...)`), and nothing sleeps for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
 import pytest
 
-from edge_node.agent.updater import JOURNAL_PATH, PULL_DESIRED, NodeUpdater
+from edge_node.agent.update_task import JOURNAL_PATH, PULL_DESIRED, UpdateTask
 from edge_node.clock import ManualClock
-from edge_node.enroll import EnrollmentFiles
 from edge_node.link.base import Backoff, LinkUnavailableError
 from edge_node.testing.memory_link import MemoryNodeLink
-from edge_node.updater.config import UpdaterConfig
+from edge_node.testing.update_world import FakeModelHost, Release
+from edge_node.testing.update_world import UpdateWorld as World
 from edge_node.updater.journal import Journal, JournalState, ModelRef
-from edge_node.updater.watchdog import ModelHealth, WatchdogConfig
+from edge_node.updater.watchdog import WatchdogConfig
 from protos.edgefleet.fleet.v1 import link_pb2
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
-from tests.edge_node.updater._world import (
-    FLEET,
-    NODE,
-    Release,
-    World,
-    make_world,
-    write_trust_anchors,
-)
+from tests.edge_node.updater._world import make_world
 
 pytestmark = pytest.mark.anyio
 
-WATCH = WatchdogConfig(window_s=0.6, max_errors=3, max_error_ratio=0.5, min_frames=4, poll_s=0.02)
+# Windows, polls and backoffs of minutes: they pass only on the task's manual clock.
+WATCH = WatchdogConfig(window_s=600, max_errors=3, max_error_ratio=0.5, min_frames=4, poll_s=2.0)
 
 
 @pytest.fixture
@@ -45,40 +43,12 @@ def anyio_backend() -> str:
 @pytest.fixture
 def world(tmp_path: Path) -> World:
     w = make_world(tmp_path)
-    write_trust_anchors(w, tmp_path / "node")
+    w.write_trust_anchors()
     return w
 
 
-@dataclass
-class Runtime:
-    """The agent's side: what is served, and the served model's run counters."""
-
-    served: list[Path] = field(default_factory=list)
-    counters: dict[str, tuple[int, int]] = field(default_factory=dict)
-    refuse: set[Path] = field(default_factory=set)
-    gate: anyio.Event | None = None
-    busy: int = 0
-    most_busy: int = 0
-
-    async def activate(self, path: Path) -> None:
-        self.busy += 1
-        self.most_busy = max(self.most_busy, self.busy)
-        try:
-            if self.gate is not None:
-                with anyio.fail_after(10):
-                    await self.gate.wait()
-            if path in self.refuse:
-                raise RuntimeError(f"cannot load {path.name}")
-            self.served.append(path)
-        finally:
-            self.busy -= 1
-
-    def health(self) -> ModelHealth | None:
-        if not self.served:
-            return None
-        model = str(self.served[-1])
-        frames, errors = self.counters.get(model, (0, 0))
-        return ModelHealth(model, frames, errors)
+# The agent's side: what is served, and the served model's run counters.
+Runtime = FakeModelHost
 
 
 def desired(signed: SignedDirectorAssignment) -> link_pb2.ControlMessage:
@@ -103,34 +73,48 @@ def ref(rel: Release) -> ModelRef:
     return ModelRef(rel.path, rel.sha256)
 
 
-async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
+async def until(
+    condition: Callable[[], object],
+    timeout: float = 10.0,
+    *,
+    clock: ManualClock | None = None,
+    step_s: float = 0.0,
+) -> None:
+    """Poll `condition` (the update steps run in worker threads), bounded; with `clock`,
+    move it by `step_s` before each poll: the time the condition needs passes."""
     with anyio.fail_after(timeout):
         while not condition():
+            if clock is not None:
+                clock.advance(timedelta(seconds=step_s))
             await anyio.sleep(0.01)
 
 
 @dataclass
 class Node:
-    updater: NodeUpdater
+    updater: UpdateTask
     link: MemoryNodeLink
+    clock: ManualClock
 
 
 def make_updater(
-    w: World, runtime: Runtime, *, watchdog: WatchdogConfig = WATCH, **extra: object
+    w: World,
+    runtime: Runtime,
+    *,
+    watchdog: WatchdogConfig = WATCH,
+    hello_on_change: bool = False,
+    **settings: object,
 ) -> Node:
     link = MemoryNodeLink(w.peer)
-    updater = NodeUpdater(
-        config=UpdaterConfig(watchdog=watchdog, selftest_latency_budget_s=5.0),
-        files=EnrollmentFiles(directory=w.tmp / "node", node_id=NODE, fleet=FLEET),
+    clock = ManualClock(w.now)
+    updater = w.update_task(
+        runtime,
+        clock=clock,
         link=link,
-        clock=ManualClock(w.fleet.now),
-        data_dir=w.tmp / "node",
-        memory_budget_bytes=1 << 34,
-        activate=runtime.activate,
-        model_health=runtime.health,
-        **extra,  # type: ignore[arg-type]
+        watchdog=watchdog,
+        hello_on_change=hello_on_change,
+        **settings,
     )
-    return Node(updater, link)
+    return Node(updater, link, clock)
 
 
 @asynccontextmanager
@@ -148,7 +132,7 @@ async def running(node: Node) -> AsyncIterator[anyio.Event]:
             stop.set()
 
 
-async def applied(w: World, updater: NodeUpdater, rel: Release) -> None:
+async def applied(w: World, updater: UpdateTask, rel: Release) -> None:
     await updater.on_control(desired(w.assign(rel)))
     await until(lambda: journal(w).active == ref(rel))
 
@@ -194,8 +178,13 @@ async def test_a_pull_desired_doorbell_is_answered_with_a_hello(world: World) ->
     """The MQTT doorbell may say only "look": the node says Hello (the control plane
     answers it with the current assignment) and repeats its last status."""
     runtime = Runtime()
-    hello = link_pb2.Hello(agent_version="9.9.9")
-    node = make_updater(world, runtime, watchdog=WatchdogConfig(window_s=0), hello=lambda: hello)
+    node = make_updater(
+        world,
+        runtime,
+        watchdog=WatchdogConfig(window_s=0),
+        hello_on_change=True,
+        agent_version="9.9.9",
+    )
     updater = node.updater
     pull = link_pb2.ControlMessage(protocol_version=1, command=link_pb2.Command(name=PULL_DESIRED))
     async with running(node):
@@ -263,14 +252,16 @@ async def test_the_watchdog_reverts_a_failing_model_at_once(world: World) -> Non
     first, second = world.releases["1.0.0"], world.releases["1.1.0"]
     async with running(node):
         await applied(world, updater, first)
-        await until(lambda: journal(world).probation is None)  # its window passed
+        # Its window passes.
+        await until(lambda: journal(world).probation is None, clock=node.clock, step_s=600)
         assert statuses(world)[-1].detail == "watchdog window passed"
 
         await applied(world, updater, second)
         assert journal(world).probation is not None
         bad = str(updater.reconciler.store.path_of(second.sha256))
         runtime.counters[bad] = (40, 3)  # 3 frames failed: the limit
-        await until(lambda: journal(world).active == ref(first))
+        # The next poll (well inside the window) sees it.
+        await until(lambda: journal(world).active == ref(first), clock=node.clock, step_s=2.0)
     store = updater.reconciler.store
     assert runtime.served[-1] == store.path_of(first.sha256)
     last = statuses(world)[-1]
@@ -285,7 +276,7 @@ async def test_the_watchdog_reverts_a_failing_model_at_once(world: World) -> Non
 async def test_a_stop_on_watch_pauses_it_and_the_next_start_watches_again(
     world: World,
 ) -> None:
-    long_watch = WatchdogConfig(window_s=60, max_errors=3, poll_s=0.02)
+    long_watch = WatchdogConfig(window_s=3600, max_errors=3, poll_s=2.0)
     rel = world.releases["1.0.0"]
     node = make_updater(world, Runtime(), watchdog=long_watch)
     updater = node.updater
@@ -301,7 +292,7 @@ async def test_a_stop_on_watch_pauses_it_and_the_next_start_watches_again(
         assert journal(world).active == ref(rel)  # a clean stop is not the model's fault
         assert runtime.served == [again.reconciler.store.path_of(rel.sha256)]
         runtime.counters[str(runtime.served[-1])] = (5, 5)  # watched again: it trips
-        await until(lambda: phases(world)[-1:] == ["failed"])
+        await until(lambda: phases(world)[-1:] == ["failed"], clock=again_node.clock, step_s=2.0)
     # Nothing to go back to: reported, and the model keeps serving (not a dark box).
     last = statuses(world)[-1]
     assert last.detail.startswith("watchdog-errors: 5 inference errors")
@@ -368,12 +359,7 @@ async def test_other_control_messages_are_left_alone(world: World) -> None:
 
 
 async def test_a_change_of_model_is_announced_by_a_fresh_hello(world: World) -> None:
-    node = make_updater(
-        world,
-        Runtime(),
-        watchdog=WatchdogConfig(window_s=0),
-        hello=lambda: link_pb2.Hello(agent_version="test", active_target="from-the-journal"),
-    )
+    node = make_updater(world, Runtime(), watchdog=WatchdogConfig(window_s=0), hello_on_change=True)
     updater = node.updater
     rel = world.releases["1.0.0"]
     async with running(node):
@@ -397,7 +383,7 @@ async def test_a_refusal_for_missing_metadata_is_tried_again_by_itself(world: Wo
         world,
         runtime,
         watchdog=WatchdogConfig(window_s=0),
-        retry=Backoff(initial_s=0.05, cap_s=0.2),
+        retry=Backoff(initial_s=50, cap_s=200),
     )
     updater = node.updater
     rel = world.releases["1.0.0"]
@@ -405,11 +391,14 @@ async def test_a_refusal_for_missing_metadata_is_tried_again_by_itself(world: Wo
     async with running(node):
         await updater.on_control(desired(world.assign(rel)))
         await until(lambda: updater.retry_pending)
-        await until(lambda: updater.applied >= 2)  # tried again, still refused
+        await anyio.wait_all_tasks_blocked()
+        assert updater.applied == 1  # its backoff has not passed on the task's clock
+        # Tried again once its backoff passed, still refused.
+        await until(lambda: updater.applied >= 2, clock=node.clock, step_s=200)
         assert journal(world).active is None
         assert "metadata-unavailable" in statuses(world)[-1].detail
         world.peer.metadata["timestamp.json"] = timestamp
-        await until(lambda: journal(world).active == ref(rel))
+        await until(lambda: journal(world).active == ref(rel), clock=node.clock, step_s=200)
         assert not updater.retry_pending
     assert phases(world)[-1] == "active"
 
@@ -419,9 +408,7 @@ async def test_a_refusal_is_not_retried_over_a_newer_assignment(world: World) ->
     refused one is not tried again after it (it would be refused as stale, and its
     failure would stand as the node's last status)."""
     runtime = Runtime()
-    node = make_updater(
-        world, runtime, watchdog=WatchdogConfig(window_s=0), retry=Backoff(0.05, 0.1)
-    )
+    node = make_updater(world, runtime, watchdog=WatchdogConfig(window_s=0), retry=Backoff(50, 100))
     updater = node.updater
     old, new = world.releases["1.0.0"], world.releases["1.1.0"]
     fetch = node.link.fetch_metadata
@@ -441,9 +428,12 @@ async def test_a_refusal_is_not_retried_over_a_newer_assignment(world: World) ->
         node.link.fetch_metadata = fetch  # type: ignore[method-assign]
         release.set()  # the first is refused (metadata-unavailable); the newer one passes
         await until(lambda: journal(world).active == ref(new))
-        await anyio.sleep(0.3)  # past every backoff: the refused one does not come back
+        # Past every backoff: the refused one does not come back.
+        node.clock.advance(timedelta(seconds=1000))
+        await anyio.wait_all_tasks_blocked()
         assert phases(world)[-1] == "active", phases(world)
         assert not updater.retry_pending
+        assert updater.applied == 2
 
 
 async def test_with_nothing_to_go_back_to_the_configured_model_serves(

@@ -1,11 +1,13 @@
-"""The agent's updater task: when to reconcile, what to serve at start, and the watchdog.
+"""The agent's update task: when to reconcile, what to serve at start, and the watchdog.
 
-`NodeUpdater` owns the node's `Reconciler` (journal `<data dir>/updater/journal.json`,
-model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it:
+`UpdateTask` owns the node's `Reconciler` (journal `<data dir>/updater/journal.json`,
+model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it; the model
+itself is reached through one port, `ModelHost` (`edge_node.updater.host`), which the
+agent's runtime implements:
 
 - `start()` (before the agent's tasks run): `resume_after_crash()`, then serve the
-  journal's active model again (`activate` is the agent's `on_model_ready`), so a
-  restarted node runs what it ran; a model still on watch is watched again.
+  journal's active model again (`host.serve`), so a restarted node runs what it ran; a
+  model still on watch is watched again.
 - `on_control()` takes `DesiredState` messages from the uplink without blocking it: the
   newest assignment waits in a one-slot mailbox (a newer one replaces one not yet
   started), and `run()` applies them one at a time — never two applies at once.
@@ -13,7 +15,7 @@ model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it:
   control plane unreachable, its timestamp expired) is tried again by itself with capped
   backoff (`METADATA_RETRY`), until it passes or a newer assignment replaces it.
 - After an apply that activated a model, the watchdog window: the model's own run
-  counters (`model_health`) are judged every `poll_s` (`updater.watchdog.judge`); a
+  counters (`host.health()`) are judged every `poll_s` (`updater.watchdog.judge`); a
   failing model is reverted to `previous` at once, without waiting for the control
   plane. The window runs between applies: an apply in progress delays a verdict, and
   cannot lose one (the counters belong to the session).
@@ -23,8 +25,11 @@ model store `<data dir>/models`, TUF cache `<data dir>/tuf`) and drives it:
   latest status of a node and a Hello resets it, so the last status is sent again after
   every (re)connect (`on_connect`); a status sent while the link is down is not queued
   — the last one is what counts, and it is always sent again. When an update changed
-  what the node runs, a fresh Hello (`hello`) goes out first, so the control plane's
-  view of the active and installed targets is current without waiting for a reconnect.
+  what the node runs, a fresh Hello (`hello()`, which the agent's uplink sends too) goes
+  out first, so the control plane's view of the active and installed targets is current
+  without waiting for a reconnect.
+- Every wait (the retry backoff, the watchdog's polls and window) is on the injected
+  `TaskClock`, so tests move time by hand instead of sleeping.
 
 `fault_point(name)` is a test seam, inert unless given: called with the phase of each
 step the reconciler reports (right after that step's journal write: "downloading" after
@@ -34,16 +39,16 @@ the trial is journalled, "verifying" with the downloads complete but not install
 journalled); `python -m edge_node` turns EDGEFLEET_NODE_TEST_KILL_AT=<name> into a
 SIGKILL there.
 
-Not here: the update steps themselves (`edge_node.updater.reconciler`), the hot swap
-(`Agent.on_model_ready`), settings (`edge_node.config`).
+Not here: the update steps themselves (`edge_node.updater.reconciler`, the verified-update
+library), the hot swap (`edge_node.agent.runtime_host`), settings (`edge_node.config`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -52,13 +57,15 @@ import anyio.to_thread
 from google.protobuf.timestamp_pb2 import Timestamp
 from securesystemslib.signer import Key
 
-from edge_node.clock import Clock
+from edge_node.clock import TaskClock
 from edge_node.enroll import EnrollmentFiles
 from edge_node.errors import StorageError
 from edge_node.link.base import Backoff, LinkError, NodeLink, node_message
 from edge_node.updater.config import UpdaterConfig
+from edge_node.updater.host import ModelHost
 from edge_node.updater.journal import Journal, JournalCorruptError, JournalState, ModelRef
 from edge_node.updater.reconciler import (
+    AssignmentTrust,
     Outcome,
     OutcomeKind,
     Reconciler,
@@ -80,8 +87,9 @@ __all__ = [
     "PULL_DESIRED",
     "TUF_DIR",
     "FaultPoint",
-    "NodeUpdater",
     "RunningState",
+    "UpdateTask",
+    "UpdateTaskSettings",
 ]
 
 log = logging.getLogger(__name__)
@@ -116,43 +124,74 @@ class RunningState:
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateTaskSettings:
+    """How the node's update task runs: the `updater:` settings and what the agent's
+    config adds to them."""
+
+    updater: UpdaterConfig
+    data_dir: Path
+    """Holds the journal, the model store and the TUF cache (see the module constants)."""
+    memory_budget_bytes: int
+    """The self-test's memory budget for a candidate model."""
+    agent_version: str
+    """For the Hello that says what the node runs."""
+    initial_model: Path | None = None
+    """`runtime.model_path`: served while the journal names no active model."""
+    retry: Backoff = field(default_factory=lambda: METADATA_RETRY)
+    """Backoff of a refused assignment tried again by itself (`RETRIED_REFUSALS`)."""
+    hello_on_change: bool = True
+    """Send a fresh Hello when what the node runs changed (the agent does; a test of the
+    status sequence alone may turn it off)."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Watch:
     target: ModelRef
     model: str
     baseline: ModelHealth
-    deadline: float  # anyio.current_time()
+    deadline: float  # TaskClock.monotonic()
 
 
-class NodeUpdater:
+class _FaultingHost:
+    """The host as the reconciler sees it: the fault point "activated" right after each
+    swap it makes (before the journal records it)."""
+
+    def __init__(self, host: ModelHost, fault: Callable[[str], None]) -> None:
+        self._host = host
+        self._fault = fault
+
+    async def serve(self, path: Path) -> None:
+        await self._host.serve(path)
+        self._fault("activated")
+
+    def health(self) -> ModelHealth | None:
+        return self._host.health()
+
+
+class UpdateTask:
     def __init__(
         self,
+        settings: UpdateTaskSettings,
         *,
-        config: UpdaterConfig,
         files: EnrollmentFiles,
         link: NodeLink,
-        clock: Clock,
-        data_dir: Path,
+        clock: TaskClock,
+        host: ModelHost,
         source: RepositorySource | None = None,
-        memory_budget_bytes: int,
-        activate: Callable[[Path], Awaitable[None]],
-        model_health: Callable[[], ModelHealth | None],
-        initial_model: Path | None = None,
         fault_point: FaultPoint | None = None,
-        hello: Callable[[], link_pb2.Hello] | None = None,
-        retry: Backoff = METADATA_RETRY,
     ) -> None:
-        self._config = config
+        """`source` serves TUF metadata and models (default: `link`); `fault_point` is
+        the test seam described above."""
+        self._settings = settings
+        self._config = settings.updater
         self._files = files
         self._link = link
         self._source: RepositorySource = link if source is None else source
         self._clock = clock
-        self._data_dir = Path(data_dir)
-        self._memory_budget = memory_budget_bytes
-        self._activate_cb = activate
-        self._model_health = model_health
-        self._initial_model = initial_model
+        self._data_dir = Path(settings.data_dir)
+        self._host = host
+        self._initial_model = settings.initial_model
         self._fault_point = fault_point
-        self._hello = hello
         self._journal = Journal(self._data_dir / JOURNAL_PATH, clock)
         self._store: ModelStore | None = None
         self._reconciler: Reconciler | None = None
@@ -161,7 +200,7 @@ class NodeUpdater:
         # An assignment refused because TUF metadata could not be had (control plane
         # unreachable, timestamp expired, untrusted metadata served) is tried again on its
         # own: (assignment, when, attempts so far). A newer assignment replaces it.
-        self._retry_policy = retry
+        self._retry_policy = settings.retry
         self._retry: tuple[SignedDirectorAssignment, float, int] | None = None
         self._wake = anyio.Event()
         self._watch: _Watch | None = None
@@ -174,7 +213,7 @@ class NodeUpdater:
     @property
     def reconciler(self) -> Reconciler:
         if self._reconciler is None:
-            raise RuntimeError("NodeUpdater.start() has not run")
+            raise RuntimeError("UpdateTask.start() has not run")
         return self._reconciler
 
     def running(self) -> RunningState:
@@ -188,6 +227,17 @@ class NodeUpdater:
             installed,
             state.director_sequence,
         )
+
+    def hello(self) -> link_pb2.Hello:
+        """The node's Hello: its agent version and what it runs (`running()`)."""
+        running = self.running()
+        hello = link_pb2.Hello(
+            agent_version=self._settings.agent_version,
+            active_target=running.active_target,
+            director_sequence=running.director_sequence,
+        )
+        hello.installed_targets.extend(running.installed_targets)
+        return hello
 
     @property
     def retry_pending(self) -> bool:
@@ -203,10 +253,9 @@ class NodeUpdater:
         """
         kind = message.WhichOneof("body")
         if kind == "command" and message.command.name == PULL_DESIRED:
-            if self._hello is not None:
-                await self._send(node_message(hello=self._hello()))
-                if self._last_status is not None:
-                    await self._send(self._last_status)
+            await self._send(node_message(hello=self.hello()))
+            if self._last_status is not None:
+                await self._send(self._last_status)
             return
         if kind != "desired" or not message.desired.HasField("assignment"):
             return
@@ -242,14 +291,12 @@ class NodeUpdater:
         self._reconciler = reconciler = Reconciler(
             journal=self._journal,
             store=store,
-            link=self._source,
+            source=self._source,
             tuf_client_factory=tuf.refresh,
-            director_key=director_keys,
-            node_id=self._files.node_id,
-            fleet=self._files.fleet,
+            trust=AssignmentTrust(self._files.node_id, self._files.fleet, director_keys),
             clock=self._clock,
             selftest=self._self_test,
-            activate=self._activate,
+            host=_FaultingHost(self._host, self._fault),
             report=self._step_reported,
             limits=ReconcilerLimits(
                 max_artifact_bytes=config.max_artifact_bytes,
@@ -298,20 +345,32 @@ class NodeUpdater:
             attempts = 0
             if signed is None and self._retry is not None:
                 again, due, tried = self._retry
-                if anyio.current_time() >= due:
+                if self._clock.monotonic() >= due:
                     signed, attempts, self._retry = again, tried, None
             if signed is not None:
                 await self._apply(signed, attempts)
                 await self._check_watch()
                 continue
-            with anyio.move_on_after(self._next_wait()):
-                await self._wake.wait()
+            await self._wait_for_wake(self._next_wait())
             self._wake = anyio.Event()
             if not stop.is_set():
                 await self._check_watch()
 
+    async def _wait_for_wake(self, seconds: float) -> None:
+        """Until `on_control` or the stop wakes the task, or `seconds` pass on the clock."""
+        wake = self._wake
+        async with anyio.create_task_group() as group:
+
+            async def timeout() -> None:
+                await self._clock.sleep(seconds)
+                group.cancel_scope.cancel()
+
+            group.start_soon(timeout)
+            await wake.wait()
+            group.cancel_scope.cancel()
+
     def _next_wait(self) -> float:
-        now = anyio.current_time()
+        now = self._clock.monotonic()
         wait = _IDLE_WAIT_S
         if self._retry is not None:
             wait = min(wait, self._retry[1] - now)
@@ -337,7 +396,7 @@ class NodeUpdater:
             and self._pending is None  # a newer assignment came meanwhile: it wins
         ):
             delay = self._retry_policy.delay(attempts)
-            self._retry = (signed, anyio.current_time() + delay, attempts + 1)
+            self._retry = (signed, self._clock.monotonic() + delay, attempts + 1)
             log.info("assignment refused (%s); trying again in %.0fs", outcome.reason, delay)
         await self._announce(before)
 
@@ -346,13 +405,13 @@ class NodeUpdater:
         if not watchdog.enabled:
             return
         model = str(self.reconciler.store.path_of(target.sha256))
-        health = self._model_health()
+        health = self._host.health()
         baseline = health if health is not None and health.model == model else None
         self._watch = _Watch(
             target,
             model,
             baseline or ModelHealth(model, 0, 0),
-            anyio.current_time() + watchdog.window_s,
+            self._clock.monotonic() + watchdog.window_s,
         )
         log.info("watching %s for %.0fs", target.path, watchdog.window_s)
 
@@ -360,7 +419,7 @@ class NodeUpdater:
         watch = self._watch
         if watch is None:
             return
-        health = self._model_health()
+        health = self._host.health()
         if health is not None and health.model == watch.model:
             verdict = judge(watch.baseline, health, self._config.watchdog)
             if verdict is not None:
@@ -373,7 +432,7 @@ class NodeUpdater:
                 _log_outcome(outcome)
                 await self._announce(before)
                 return
-        if anyio.current_time() >= watch.deadline:
+        if self._clock.monotonic() >= watch.deadline:
             self._watch = None
             await self.reconciler.end_probation(watch.target)
             log.info("watchdog window of %s passed", watch.target.path)
@@ -385,11 +444,11 @@ class NodeUpdater:
             if self._initial_model is not None:
                 # The configured model (runtime.model_path) serves until an assignment
                 # replaces it; it cannot load: fatal, as without the updater.
-                await self._activate_cb(self._initial_model)
+                await self._host.serve(self._initial_model)
             return state
         path = reconciler.store.path_of(active.sha256)
         try:
-            await self._activate_cb(path)
+            await self._host.serve(path)
         except Exception as exc:
             log.error("cannot serve the active model %s: %s", active.path, exc)
             outcome = await reconciler.revert_active(
@@ -400,7 +459,7 @@ class NodeUpdater:
                 # No previous model to go back to: serve the configured one rather than
                 # nothing, until an assignment replaces it.
                 try:
-                    await self._activate_cb(self._initial_model)
+                    await self._host.serve(self._initial_model)
                     log.warning("serving runtime.model_path %s instead", self._initial_model)
                 except Exception as fallback:
                     log.error(
@@ -448,12 +507,8 @@ class NodeUpdater:
             atol=atol,
             rtol=rtol,
             latency_budget_s=self._config.selftest_latency_budget_s,
-            memory_budget_bytes=self._memory_budget,
+            memory_budget_bytes=self._settings.memory_budget_bytes,
         )
-
-    async def _activate(self, path: Path) -> None:
-        await self._activate_cb(path)
-        self._fault("activated")
 
     async def _step_reported(self, report: UpdateReport) -> None:
         """The reconciler's report of a step (its journal write, if any, is done)."""
@@ -488,9 +543,9 @@ class NodeUpdater:
     async def _announce(self, before: RunningState) -> None:
         """What the node runs changed: a Hello says so, then the last status again (the
         Hello resets it upstream)."""
-        if self._hello is None or self.running() == before:
+        if not self._settings.hello_on_change or self.running() == before:
             return
-        await self._send(node_message(hello=self._hello()))
+        await self._send(node_message(hello=self.hello()))
         if self._last_status is not None:
             await self._send(self._last_status)
 

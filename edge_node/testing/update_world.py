@@ -1,0 +1,463 @@
+"""The update world: a fleet's TUF repository and director in memory, and a stand-in for a
+node's runtime, so the real update path (reconciler, update task) runs without a server.
+
+Built from `tuf` and `securesystemslib` directly, as an operator and a control plane would
+sign (real keys, real signatures, consistent snapshots), and served through a
+`MemoryLinkPeer`; the edge node never imports the control plane. Models are tiny ONNX
+graphs with their reference pairs. Not here: a control plane's rules for accepting a push
+(the world signs whatever it is told), test assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from securesystemslib.signer import CryptoSigner
+from tuf.api.metadata import (
+    Metadata,
+    MetaFile,
+    Root,
+    Snapshot,
+    TargetFile,
+    Targets,
+    Timestamp,
+)
+
+from edge_node.agent.update_task import UpdateTask, UpdateTaskSettings
+from edge_node.clock import ManualClock, TaskClock
+from edge_node.enroll import EnrollmentFiles
+from edge_node.link.base import NodeLink
+from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
+from edge_node.updater.config import UpdaterConfig
+from edge_node.updater.host import ModelHost
+from edge_node.updater.journal import Journal
+from edge_node.updater.reconciler import (
+    AssignmentTrust,
+    Reconciler,
+    ReconcilerLimits,
+    SelfTest,
+    UpdateReport,
+)
+from edge_node.updater.selftest import SelfTestResult, self_test
+from edge_node.updater.store import DiskUsage, ModelStore
+from edge_node.updater.tuf_fetch import TufClient, floor_target_path
+from edge_node.updater.watchdog import ModelHealth, WatchdogConfig
+from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
+
+__all__ = [
+    "FLEET",
+    "MODEL",
+    "NODE",
+    "SHAPE",
+    "FakeModelHost",
+    "Release",
+    "UpdateWorld",
+    "echo_model_bytes",
+    "fragile_model_bytes",
+    "model_target_path",
+    "reference_pair_bytes",
+]
+
+NODE: Final = "n-0123456789ab"
+FLEET: Final = "gates"
+MODEL: Final = "det"
+SHAPE: Final = (1, 4)
+"""Input and output shape of the world's echo models."""
+ROOT, TARGETS, SNAPSHOT, TIMESTAMP = "root", "targets", "snapshot", "timestamp"  # TUF roles
+_YEAR: Final = timedelta(days=365)
+_MONTH: Final = timedelta(days=30)
+_FORMAT: Final = 1  # the `edgefleet` format version of custom fields and assignments
+
+
+def model_target_path(model: str, version: str) -> str:
+    """`models/<model>/<version>/model.onnx`, as docs/protocol.md names model targets."""
+    return f"models/{model}/{version}/model.onnx"
+
+
+def _reference_target_path(model: str, version: str) -> str:
+    return f"models/{model}/{version}/reference.npz"
+
+
+def echo_model_bytes(add: float, shape: tuple[int, ...] = SHAPE) -> bytes:
+    """An ONNX model `y = images + add` (float32); distinct `add`, distinct bytes."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["images", "c"], ["y"])],
+        "echo",
+        inputs=[helper.make_tensor_value_info("images", TensorProto.FLOAT, list(shape))],
+        outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        initializer=[numpy_helper.from_array(np.array(add, dtype=np.float32), "c")],
+    )
+    return _serialized(graph)
+
+
+def fragile_model_bytes(shape: tuple[int, ...] = SHAPE) -> bytes:
+    """An ONNX model fine on its reference input (values in [0, 1)) and on dark frames,
+    which fails on a frame with a white pixel (1.0 after scaling): it indexes past the
+    end of a table, which ONNX Runtime refuses. A model that passes its self-test and
+    then fails on the cameras (the watchdog's case)."""
+    images = helper.make_tensor_value_info("images", TensorProto.FLOAT, list(shape))
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMax", ["images"], ["peak"], keepdims=0),
+            helper.make_node("Floor", ["peak"], ["floored"]),
+            helper.make_node("Cast", ["floored"], ["index"], to=TensorProto.INT64),
+            helper.make_node("Gather", ["table", "index"], ["score"], axis=0),
+        ],
+        "fragile",
+        inputs=[images],
+        outputs=[helper.make_tensor_value_info("score", TensorProto.FLOAT, [])],
+        initializer=[numpy_helper.from_array(np.array([0.5], dtype=np.float32), "table")],
+    )
+    return _serialized(graph)
+
+
+def _serialized(graph: onnx.GraphProto) -> bytes:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return bytes(model.SerializeToString())
+
+
+def reference_pair_bytes(add: float, shape: tuple[int, ...] = SHAPE) -> bytes:
+    """The reference pair (`.npz` with `input/images`, `output/y`) of `echo_model_bytes(add)`."""
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    buffer = io.BytesIO()
+    arrays: dict[str, Any] = {"input/images": x, "output/y": x + np.float32(add)}
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+@dataclass
+class Release:
+    version: str
+    path: str
+    data: bytes
+    sha256: str
+
+
+@dataclass
+class FakeModelHost:
+    """A node's runtime as the update path sees it (`ModelHost`): it records what it
+    was told to serve, refuses the paths in `refuse`, holds each swap at `gate` while it
+    is set, and reports the run counters a test puts in `counters` (by model path)."""
+
+    served: list[Path] = field(default_factory=list)
+    counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+    refuse: set[Path] = field(default_factory=set)
+    gate: anyio.Event | None = None
+    busy: int = 0
+    most_busy: int = 0
+
+    async def serve(self, path: Path) -> None:
+        self.busy += 1
+        self.most_busy = max(self.most_busy, self.busy)
+        try:
+            if self.gate is not None:
+                with anyio.fail_after(10):
+                    await self.gate.wait()
+            if path in self.refuse:
+                raise RuntimeError(f"cannot load {path.name}")
+            self.served.append(path)
+        finally:
+            self.busy -= 1
+
+    def health(self) -> ModelHealth | None:
+        if not self.served:
+            return None
+        model = str(self.served[-1])
+        frames, errors = self.counters.get(model, (0, 0))
+        return ModelHealth(model, frames, errors)
+
+
+def _signers() -> dict[str, CryptoSigner]:
+    return {role: CryptoSigner.generate_ed25519() for role in (ROOT, TARGETS, SNAPSHOT, TIMESTAMP)}
+
+
+@dataclass
+class UpdateWorld:
+    """One fleet (`FLEET`) with one model (`MODEL`) and one node (`NODE`) whose data dir
+    is `tmp/node`. `peer` serves what `publish()` wrote; `assign()` signs as the director.
+
+    `now` is the fleet's time (its metadata expires a month after it); keep it near the
+    real time, since `tuf.ngclient` checks expiry against the system clock.
+    """
+
+    tmp: Path
+    now: datetime
+    peer: MemoryLinkPeer
+    director: CryptoSigner
+    signers: dict[str, CryptoSigner]
+    root: Metadata[Root]
+    targets: Metadata[Targets]
+    artifacts: dict[str, bytes] = field(default_factory=dict)
+    releases: dict[str, Release] = field(default_factory=dict)
+    snapshot: Metadata[Snapshot] | None = None
+    timestamp: Metadata[Timestamp] | None = None
+    sequence: int = 0
+    free: int = 10**12
+    """Free bytes the node's model store sees."""
+    reports: list[UpdateReport] = field(default_factory=list)
+    """What the reconcilers built by `reconciler()` reported, in order."""
+    host: FakeModelHost = field(default_factory=FakeModelHost)
+    """The default host of `reconciler()`."""
+
+    @classmethod
+    def create(
+        cls, tmp: Path, *, now: datetime | None = None, versions: tuple[str, ...] = ()
+    ) -> UpdateWorld:
+        """Root, targets, snapshot and timestamp published; the node's data dir holds the
+        fleet root (`tuf-root.json`), as enrollment leaves it. Each of `versions` is
+        released in order (the n-th adds n to its input, with release counter n)."""
+        now = now or datetime.now(UTC)
+        signers = _signers()
+        root = Root(expires=now + _YEAR, consistent_snapshot=True)
+        for role, signer in signers.items():
+            root.add_key(signer.public_key, role)
+        root_md = Metadata(root)
+        root_md.sign(signers[ROOT])
+        targets = Metadata(Targets(version=1, expires=now + _MONTH))
+        targets.sign(signers[TARGETS])
+        peer = MemoryLinkPeer()
+        peer.metadata["1.root.json"] = root_md.to_bytes()
+        node = tmp / "node"
+        node.mkdir(parents=True, exist_ok=True)
+        (node / "tuf-root.json").write_bytes(root_md.to_bytes())
+        world = cls(tmp, now, peer, CryptoSigner.generate_ed25519(), signers, root_md, targets)
+        world.publish()
+        for counter, version in enumerate(versions, start=1):
+            world.release(version, add=float(counter), counter=counter)
+        return world
+
+    @property
+    def activated(self) -> list[Path]:
+        """What the default host was told to serve, in order."""
+        return self.host.served
+
+    # ------------------------------------------------------------ operator
+
+    def release(
+        self,
+        version: str,
+        add: float,
+        counter: int,
+        *,
+        reference_add: float | None = None,
+        content: bytes | None = None,
+    ) -> Release:
+        """Sign and publish `MODEL` `version` (an echo model adding `add`, or `content`)
+        with release counter `counter` and a reference pair (of `reference_add`)."""
+        data = content if content is not None else echo_model_bytes(add)
+        reference = reference_pair_bytes(add if reference_add is None else reference_add)
+        path = model_target_path(MODEL, version)
+        ref_path = _reference_target_path(MODEL, version)
+        custom = {
+            "edgefleet": _FORMAT,
+            "kind": "model",
+            "model": MODEL,
+            "version": version,
+            "release_counter": counter,
+            "min_agent_version": "0.1.0",
+            "reference": {
+                "path": ref_path,
+                "sha256": hashlib.sha256(reference).hexdigest(),
+                "length": len(reference),
+                "atol": "0.0001",
+                "rtol": "0.001",
+            },
+        }
+        model_file = TargetFile.from_data(path, data)
+        model_file.unrecognized_fields["custom"] = custom
+        self._sign_targets([model_file, TargetFile.from_data(ref_path, reference)], data, reference)
+        rel = Release(version, path, data, hashlib.sha256(data).hexdigest())
+        self.releases[version] = rel
+        return rel
+
+    def raise_floor(self, floor: int) -> None:
+        """Forbid `MODEL` releases with a counter below `floor` (a signed floor target)."""
+        custom = {"edgefleet": _FORMAT, "kind": "floor", "model": MODEL, "floor": floor}
+        # Canonical JSON (sorted keys, no spaces), as the control plane writes floor files.
+        content = json.dumps(custom, sort_keys=True, separators=(",", ":")).encode()
+        target = TargetFile.from_data(floor_target_path(MODEL), content)
+        target.unrecognized_fields["custom"] = custom
+        self._sign_targets([target], content)
+
+    def _sign_targets(self, files: list[TargetFile], *contents: bytes) -> None:
+        for content in contents:
+            self.artifacts[hashlib.sha256(content).hexdigest()] = content
+        new = Metadata[Targets].from_bytes(self.targets.to_bytes())
+        new.signatures.clear()
+        new.signed.version += 1
+        new.signed.expires = self.now + _MONTH
+        for target in files:
+            new.signed.targets[target.path] = target
+        new.sign(self.signers[TARGETS])
+        self.targets = new
+        self.publish()
+
+    # -------------------------------------------------------- control plane
+
+    def publish(self) -> None:
+        """Serve the current targets with a new snapshot and timestamp, and the artifacts."""
+        version = self.targets.signed.version
+        self.peer.metadata[f"{version}.targets.json"] = self.targets.to_bytes()
+        snapshot = Metadata(
+            Snapshot(
+                version=1 if self.snapshot is None else self.snapshot.signed.version + 1,
+                expires=self.now + _MONTH,
+                meta={"targets.json": MetaFile(version=version)},
+            )
+        )
+        snapshot.sign(self.signers[SNAPSHOT])
+        timestamp = Metadata(
+            Timestamp(
+                version=1 if self.timestamp is None else self.timestamp.signed.version + 1,
+                expires=self.now + _MONTH,
+                snapshot_meta=MetaFile(version=snapshot.signed.version),
+            )
+        )
+        timestamp.sign(self.signers[TIMESTAMP])
+        self.peer.metadata[f"{snapshot.signed.version}.snapshot.json"] = snapshot.to_bytes()
+        self.peer.metadata["timestamp.json"] = timestamp.to_bytes()
+        self.snapshot, self.timestamp = snapshot, timestamp
+        self.peer.artifacts.update(self.artifacts)
+
+    def assign(
+        self,
+        rel: Release,
+        *,
+        node_id: str = NODE,
+        sequence: int | None = None,
+        length: int | None = None,
+    ) -> SignedDirectorAssignment:
+        """The director's signed "`node_id` shall run `rel`", valid for an hour; the next
+        sequence unless one is given."""
+        if sequence is None:
+            self.sequence += 1
+            sequence = self.sequence
+        assignment = DirectorAssignment(
+            fleet=FLEET,
+            node_id=node_id,
+            sequence=sequence,
+            target_path=rel.path,
+            sha256=rel.sha256,
+            length=len(rel.data) if length is None else length,
+            format_version=_FORMAT,
+        )
+        assignment.issued_at.FromDatetime(self.now - timedelta(minutes=1))
+        assignment.expires_at.FromDatetime(self.now + timedelta(hours=1))
+        payload = assignment.SerializeToString(deterministic=True)
+        signature = self.director.sign(payload)
+        return SignedDirectorAssignment(
+            assignment=payload,
+            keyid=self.director.public_key.keyid,
+            signature=bytes.fromhex(signature.signature),
+        )
+
+    # ----------------------------------------------------------------- node
+
+    @property
+    def node_dir(self) -> Path:
+        return self.tmp / "node"
+
+    @property
+    def store(self) -> ModelStore:
+        """The node's model store (`tmp/node/models`), seeing `free` bytes free."""
+        return ModelStore(
+            self.node_dir / "models", disk_usage=lambda _: DiskUsage(10**13, 0, self.free)
+        )
+
+    @property
+    def journal(self) -> Journal:
+        return Journal(self.node_dir / "journal.json", ManualClock(self.now))
+
+    def write_trust_anchors(self, directory: Path | None = None) -> None:
+        """What enrollment leaves in a node's data dir: the fleet root and the director key."""
+        directory = directory or self.node_dir
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "tuf-root.json").write_bytes(self.root.to_bytes())
+        key = self.director.public_key
+        (directory / "director-key.json").write_text(
+            json.dumps({"keyid": key.keyid, **key.to_dict()})
+        )
+
+    def reconciler(
+        self,
+        *,
+        link: NodeLink | None = None,
+        selftest: SelfTest | None = None,
+        host: ModelHost | None = None,
+        store: ModelStore | None = None,
+        watchdog_s: float = 0.0,
+    ) -> Reconciler:
+        """A reconciler of the node over `link` (default: a fresh `MemoryNodeLink` to
+        `peer`), whose reports go to `reports` and whose download backoff takes no time.
+        Call it on the running event loop (TUF runs in its worker threads)."""
+        link = link or MemoryNodeLink(self.peer)
+        tuf = TufClient(
+            link,
+            asyncio.get_running_loop(),
+            metadata_dir=self.node_dir / "tuf",
+            trusted_root=self.node_dir / "tuf-root.json",
+        )
+
+        async def report(report: UpdateReport) -> None:
+            self.reports.append(report)
+
+        def default_selftest(model: Path, ref: Path, atol: float, rtol: float) -> SelfTestResult:
+            return self_test(
+                model, ref, atol=atol, rtol=rtol, latency_budget_s=5.0, memory_budget_bytes=1 << 34
+            )
+
+        return Reconciler(
+            journal=self.journal,
+            store=store or self.store,
+            source=link,
+            tuf_client_factory=tuf.refresh,
+            trust=AssignmentTrust(NODE, FLEET, self.director.public_key),
+            clock=ManualClock(self.now, sleeps_advance=True),
+            selftest=selftest or default_selftest,
+            host=host or self.host,
+            report=report,
+            limits=ReconcilerLimits(
+                space_margin_bytes=1000, download_attempts=2, watchdog_s=watchdog_s
+            ),
+        )
+
+    def update_task(
+        self,
+        host: ModelHost,
+        *,
+        clock: TaskClock,
+        link: NodeLink | None = None,
+        watchdog: WatchdogConfig | None = None,
+        **settings: Any,
+    ) -> UpdateTask:
+        """The node's update task over `link` (default: a fresh `MemoryNodeLink` to
+        `peer`), enrolled in `tmp/node` (see `write_trust_anchors`); `settings` go to
+        `UpdateTaskSettings` (e.g. `initial_model`, `retry`, `hello_on_change`)."""
+        updater = UpdaterConfig(
+            watchdog=watchdog or WatchdogConfig(), selftest_latency_budget_s=5.0
+        )
+        values: dict[str, Any] = {"memory_budget_bytes": 1 << 34, "agent_version": "0.1.0"}
+        values.update(settings)
+        return UpdateTask(
+            UpdateTaskSettings(updater, data_dir=self.node_dir, **values),
+            files=EnrollmentFiles(directory=self.node_dir, node_id=NODE, fleet=FLEET),
+            link=link or MemoryNodeLink(self.peer),
+            clock=clock,
+            host=host,
+        )
+
+    def phases(self) -> list[str]:
+        return [r.phase.value for r in self.reports]
