@@ -166,6 +166,7 @@ class _Walk:
             self.problems.append(SchemaProblem(path, problem))
 
     def message(self, doc: Mapping[str, Any], plan: dict[str, _Field], path: str) -> dict[str, Any]:
+        isfinite = math.isfinite
         out: dict[str, Any] = {}
         for key, value in doc.items():
             spec = plan.get(key)
@@ -180,17 +181,29 @@ class _Walk:
                     self.note(_join(path, key), "null, but the field cannot be unset")
                 out[key] = None
             elif spec.shape == _SINGLE:
-                fits, kept = self.single(spec, value, path, key)
-                if fits:
-                    out[key] = kept
+                # ``_plain`` inlined: this line runs for nearly every field of a report.
+                kind = type(value)
+                if kind is spec.scalar and (
+                    kind is str
+                    or kind is bool
+                    or (kind is float and isfinite(value))
+                    or (kind is int and spec.low <= value < spec.high)
+                ):
+                    out[key] = value
+                else:
+                    fits, kept = self.single(spec, value, path, key)
+                    if fits:
+                        out[key] = kept
             elif spec.shape == _MAP:
                 if isinstance(value, Mapping):
                     entries: dict[str, Any] = {}
-                    here = _join(path, key)
                     for name, item in value.items():
-                        fits, kept = self.single(spec, item, here, f"[{name!r}]")
-                        if fits:
-                            entries[name] = kept
+                        if _plain(spec, item):
+                            entries[name] = item
+                        else:
+                            fits, kept = self.single(spec, item, _join(path, key), f"[{name!r}]")
+                            if fits:
+                                entries[name] = kept
                     out[key] = entries
                 else:
                     self.note(_join(path, key), f"expected an object, got {_json_type(value)}")
@@ -205,10 +218,14 @@ class _Walk:
     def repeated(self, spec: _Field, value: list[Any], path: str) -> list[Any] | None:
         # One bad element drops the list: a sketch's bins are pairs, and a list with a
         # hole would read as another list.
+        if not value:
+            return []
+        # The common case, a sketch's few hundred integers, checked in C.
         if (
             spec.scalar is int
-            and all(type(item) is int for item in value)
-            and (not value or (spec.low <= min(value) and max(value) < spec.high))
+            and set(map(type, value)) == {int}
+            and spec.low <= min(value)
+            and max(value) < spec.high
         ):
             return list(value)
         items: list[Any] = []
@@ -239,6 +256,18 @@ class _Walk:
                 return True, int(number)
         self.note(_join(path, key), f"{_json_type(value)} {_short(value)} does not fit")
         return False, None
+
+
+def _plain(spec: _Field, value: object) -> bool:
+    """The common case, a scalar of exactly its type and in range, without a call to
+    ``single`` (most of a report is such fields: this halves the walk)."""
+    kind = type(value)
+    return kind is spec.scalar and (
+        kind is str
+        or kind is bool
+        or (kind is float and math.isfinite(value))  # type: ignore[arg-type]
+        or (kind is int and spec.low <= value < spec.high)  # type: ignore[operator]
+    )
 
 
 def _join(path: str, key: str) -> str:
