@@ -241,6 +241,8 @@ class _Walk:
         if spec.message is not None:
             if kind is dict or isinstance(value, Mapping):
                 return True, self.message(value, spec.message, _join(path, key))  # type: ignore[arg-type]
+            self.note(_join(path, key), f"expected an object, got {_json_type(value)}")
+            return False, None
         elif kind is spec.scalar:
             if kind is int:
                 if spec.low <= value < spec.high:  # type: ignore[operator]
@@ -254,7 +256,8 @@ class _Walk:
             number: float = value  # type: ignore[assignment]
             if number.is_integer() and spec.low <= number < spec.high:
                 return True, int(number)
-        self.note(_join(path, key), f"{_json_type(value)} {_short(value)} does not fit")
+        shown = "null" if value is None else f"{_json_type(value)} {_short(value)}"
+        self.note(_join(path, key), f"{shown} does not fit")
         return False, None
 
 

@@ -9,7 +9,7 @@ field names exactly as written here (json_format's preserving_proto_field_name) 
 the JSON types below: integers as JSON numbers, `optional` fields and messages as
 null or absent when the node has no value. The node checks each report it builds
 against this file before it is stored; the control plane reads stored reports
-through it (protos/health_schema.py does both). Units are in the names (_ms,
+through it (protos/health_schema.py checks both ways). Units are in the names (_ms,
 _bytes, _s, _c, _khz, _mb_per_h, _percent, _ratio). ADR 0024 says why JSON stays
 on the wire; docs/operator-guide.md ("Node health reports") explains each number.
 
@@ -363,8 +363,8 @@ class Drift(_message.Message):
     COMPUTE_FIELD_NUMBER: _builtins.int
     END_TO_END_FIELD_NUMBER: _builtins.int
     state: _builtins.str
-    """"collecting", "judging" or "none" (baseline state); free text for forward
-    compatibility.
+    """The baseline's state: "warming_up", "collecting" or "ready" (a string, so a
+    newer agent's state reads as text rather than failing the report).
     """
     baseline_frames: _builtins.int
     suspected: _builtins.bool
