@@ -15,8 +15,8 @@ on the wire; docs/operator-guide.md ("Node health reports") explains each number
 
 Wire rules: fields are never renumbered, retyped or reused; readers ignore unknown
 fields (mixed-version fleets); a field that changes meaning gets a new name and the
-schema string a new version. Reports of schema "edgefleet.agent.health/1" (agents
-before 0.2) predate this file; the control plane still reads them by hand.
+schema string a new version. Reports of schema "edgefleet.agent.health/1" (older
+agents) predate this file; the control plane still reads them by hand.
 """
 
 from collections import abc as _abc
