@@ -4,7 +4,7 @@ control plane.
 
 What it is for: both sides of ``edgefleet.agent.health/2``. The node calls
 ``check_report`` on each document it builds (an unknown field, a wrong JSON type, a null
-where the schema has no presence is a bug: ``ReportSchemaError`` lists every one). The
+where the schema has no presence is a bug: ``ReportSchemaError`` lists them, up to 32). The
 control plane calls ``conform_report`` on each document it reads: it gets back only the
 fields the schema knows, each of its declared type; unknown fields are ignored (newer
 agents) and a wrong-typed one is left out and named in the problems, so a report is read
@@ -49,7 +49,7 @@ _MAX_PROBLEMS: Final = 32
 
 @dataclass(frozen=True, slots=True)
 class SchemaProblem:
-    """One field that does not fit: ``path`` like ``latency["m/1"].compute.p99_ms``."""
+    """One field that does not fit: ``path`` like ``latency['m/1'].compute.p99_ms``."""
 
     path: str
     problem: str
@@ -120,16 +120,17 @@ def _field(
 
 
 def _plans(root: Descriptor) -> dict[str, dict[str, _Field]]:
+    # Every message type reachable from ``root``, looking through map entries (which are
+    # messages in the descriptor, objects in JSON); then each one's fields, so a field
+    # can hold the plan of its message type directly.
     messages: dict[str, Descriptor] = {}
     pending = [root]
     while pending:
         message = pending.pop()
-        if message.full_name in messages or message.GetOptions().map_entry:
-            if message.GetOptions().map_entry:
-                pending.extend(f.message_type for f in message.fields if f.message_type)
-            continue
-        messages[message.full_name] = message
-        pending.extend(f.message_type for f in message.fields if f.message_type is not None)
+        if message.GetOptions().map_entry or message.full_name not in messages:
+            if not message.GetOptions().map_entry:
+                messages[message.full_name] = message
+            pending.extend(f.message_type for f in message.fields if f.message_type is not None)
     plans: dict[str, dict[str, _Field]] = {name: {} for name in messages}
     for name, message in messages.items():
         for f in message.fields:
