@@ -54,6 +54,7 @@ PURE_CORES = (
     "control_plane/health/rollup.py",
     "control_plane/health/alerts.py",
     "protos/latency_sketch.py",
+    "protos/health_schema.py",
     "edge_node/telemetry/config.py",
     "edge_node/telemetry/latency.py",
     "edge_node/telemetry/memory.py",

@@ -2,10 +2,13 @@
 
 What it is for: the health processor hands it a stored record's payload and gets a
 ``HealthPoint``: a flat map of numbers (names below, units in the names) and, per model
-version, the latency percentiles with the mergeable sketch when the node sent one. Fields
-it does not know are ignored and a field of the wrong type is left out, so mixed fleets
-and newer agents are read as far as they are understood; a schema version above 2 is
-read like 2. Only a report that cannot be read at all (not JSON, not an object, no
+version, the latency percentiles with the mergeable sketch when the node sent one. A ``/2``
+report is read through its definition, ``HealthReport`` in
+``protos/edgefleet/fleet/v1/health.proto`` (``protos.health_schema.conform_report``, ADR
+0024): fields it does not declare are ignored and a field of the wrong type is left out, so
+mixed fleets and newer agents are read as far as they are understood; a schema version above
+2 is read like 2. ``/1`` predates the definition and is read by hand. Only a report that
+cannot be read at all (over 512 KiB, not JSON, not an object, no
 ``edgefleet.agent.health/N`` schema) raises ``MalformedReportError``.
 
 Pure: no I/O, no clock (the caller passes the record's ``created_at`` for reports that
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from protos.health_schema import SCHEMA_PREFIX, conform_report
 from protos.latency_sketch import LatencySketch, SketchError
 
 __all__ = [
@@ -33,7 +37,6 @@ __all__ = [
     "parse_report",
 ]
 
-SCHEMA_PREFIX: Final = "edgefleet.agent.health/"
 LATENCY_KINDS: Final = ("end_to_end", "compute", "queue")
 _PERCENTILES: Final = ("p50_ms", "p95_ms", "p99_ms", "max_ms")
 MAX_VERSIONS: Final = 16
@@ -127,6 +130,9 @@ def parse_report(payload: bytes, *, created_at: datetime) -> HealthPoint:
     assert isinstance(schema, str)
     if version == 1:
         return HealthPoint(schema=schema, at=created_at, metrics=_v1_metrics(doc))
+    # What the definition does not know, or not as this type, is left out here, so
+    # the reading below sees declared fields of their declared types (or null).
+    doc, _left_out = conform_report(doc)
     at = _timestamp(doc.get("window_end")) or created_at
     decoded: dict[str, dict[str, LatencySketch]] = {}
     latency = _latency(doc.get("latency"), decoded)
@@ -263,9 +269,10 @@ def _latency(
             if not isinstance(summary, Mapping):
                 continue
             values: dict[str, Any] = {}
+            # The schema left only numbers (or null) here: a boolean is not a latency.
             for name in _PERCENTILES:
                 number = _number(summary.get(name))
-                if number is not None and not isinstance(summary.get(name), bool):
+                if number is not None:
                     values[name] = number
             wire = summary.get("sketch_ms")
             if isinstance(wire, Mapping):
@@ -281,7 +288,7 @@ def _latency(
             reading = _section(drift, kind)
             for name in ("p95_ratio", "p99_ratio"):
                 number = _number(reading.get(name))
-                if number is not None and not isinstance(reading.get(name), bool):
+                if number is not None:
                     ratios[f"{kind}_{name}"] = number
         if ratios:
             kinds["drift"] = ratios

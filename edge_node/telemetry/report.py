@@ -5,8 +5,12 @@ stream counters, a system sample, the outbox and uplink counters the agent passe
 the JSON document the agent appends to its outbox, with units in every name (``_ms``,
 ``_bytes``, ``_s``, ``_c``, ``_khz``, ``_mb_per_h``, ``_percent``, ``_ratio``) and a bounded
 size: a report over ``max_report_bytes`` first loses its sketches (percentiles stay), then
-its per-stream detail, and says so. Every field is described in docs/operator-guide.md
-("Node health reports"); readers must ignore fields they do not know (mixed fleets).
+its per-stream detail, and says so. The document is the JSON form of ``HealthReport``
+(``protos/edgefleet/fleet/v1/health.proto``, ADR 0024): ``encode`` and ``bound_size`` check
+it against that definition and refuse one that does not fit (``ReportSchemaError``), so
+nothing the control plane's schema does not know leaves the node. Every field is described
+in docs/operator-guide.md ("Node health reports"); readers must ignore fields they do not
+know (mixed fleets).
 
 Pure: no clock, no I/O, no psutil; ``Telemetry`` gathers the inputs.
 """
@@ -22,6 +26,7 @@ from typing import Any, Final, Protocol
 from edge_node.telemetry.latency import DriftReading, LatencyWindow, RatioReading
 from edge_node.telemetry.memory import RssTrendReading
 from edge_node.telemetry.thermal import ThermalReading
+from protos.health_schema import SCHEMA, ReportSchemaError, check_report
 from protos.latency_sketch import LatencySketch
 
 __all__ = [
@@ -29,6 +34,7 @@ __all__ = [
     "CaptureCounts",
     "ErrorNote",
     "OutboxCounts",
+    "ReportSchemaError",
     "StreamCounts",
     "StreamTotals",
     "UplinkCounts",
@@ -45,7 +51,7 @@ __all__ = [
     "uplink_section",
 ]
 
-HEALTH_SCHEMA: Final = "edgefleet.agent.health/2"
+HEALTH_SCHEMA: Final = SCHEMA
 _QUANTILES: Final = (0.5, 0.95, 0.99)
 _COUNTER_GROUPS: Final = ("dropped", "skipped", "bad", "failed")
 _MAX_REASONS: Final = 32
@@ -381,7 +387,13 @@ def errors_section(count: int, last: ErrorNote | None) -> dict[str, Any]:
 
 
 def encode(report: Mapping[str, Any]) -> bytes:
-    """The report as the outbox stores it: compact, sorted JSON, UTF-8."""
+    """The report as the outbox stores it: compact, sorted JSON, UTF-8; checked against
+    ``HealthReport`` first (``ReportSchemaError`` names each field that does not fit)."""
+    check_report(report)
+    return _dump(report)
+
+
+def _dump(report: Mapping[str, Any]) -> bytes:
     return json.dumps(report, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -394,21 +406,24 @@ def _sketch_holders(report: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
 
 
 def bound_size(report: dict[str, Any], max_bytes: int) -> bytes:
-    """Encode ``report``, shedding detail until it fits in ``max_bytes``; mark what went.
+    """Check and encode ``report``, shedding detail until it fits in ``max_bytes``; mark
+    what went.
 
     First the sketches (``telemetry.sketches_dropped``), then the per-stream detail
-    (``streams`` emptied, ``streams_omitted`` counts them). Mutates ``report``.
+    (``streams`` emptied, ``streams_omitted`` counts them). Mutates ``report``. Checked
+    once, before shedding: shedding only removes fields and sets ones the schema has.
     """
-    data = encode(report)
+    check_report(report)
+    data = _dump(report)
     if len(data) <= max_bytes:
         return data
     for holder in _sketch_holders(report):
         holder.pop("sketch_ms", None)
     report.setdefault("telemetry", {})["sketches_dropped"] = True
-    data = encode(report)
+    data = _dump(report)
     if len(data) <= max_bytes:
         return data
     streams = report.get("streams") or {}
     report["streams_omitted"] = report.get("streams_omitted", 0) + len(streams)
     report["streams"] = {}
-    return encode(report)
+    return _dump(report)

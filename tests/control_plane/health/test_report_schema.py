@@ -1,0 +1,100 @@
+"""The control plane reads ``/2`` reports through ``HealthReport`` (health.proto) and gets
+the same points as before it had the definition.
+
+``tests/protos/data/node_report_v2.json`` is a report exactly as the node wrote it before
+this schema existed (commit b6fa5da: the ``Rig`` of tests/edge_node/telemetry/
+test_telemetry.py with two model versions, drift ready on one, two streams, one with a
+camera, thermal zones, an RSS trend, an error, outbox and uplink counters);
+``data/node_report_v2.point.json`` is what that commit's ``parse_report`` made of it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from control_plane.health.report import MAX_PAYLOAD_BYTES, MalformedReportError, parse_report
+from tests.control_plane.health.support import START, v2_report
+
+DATA = Path(__file__).parent / "data"
+CAPTURED = (Path(__file__).parents[2] / "protos" / "data" / "node_report_v2.json").read_bytes()
+CREATED_AT = datetime(2026, 3, 1, 11, 0, tzinfo=UTC)
+
+
+def as_stored(point: Any) -> dict[str, Any]:
+    return {
+        "schema": point.schema,
+        "at": point.at.isoformat(),
+        "metrics": point.metrics,
+        "latency": point.latency,
+    }
+
+
+def test_a_report_from_today_s_node_still_parses_to_the_same_point() -> None:
+    expected = json.loads((DATA / "node_report_v2.point.json").read_text())
+    point = parse_report(CAPTURED, created_at=CREATED_AT)
+    assert as_stored(point) == expected
+    assert point.sketches()["detector/1.4.0"]["compute"].count == 120
+    assert point.metrics["rss_slope_mb_per_h"] == 360.0 and point.metrics["errors"] == 1.0
+
+
+def test_unknown_fields_anywhere_are_ignored() -> None:
+    doc = json.loads(CAPTURED)
+    doc["gpu"] = {"util_percent": 40}
+    doc["memory"]["swap_bytes"] = 0
+    doc["latency"]["detector/1.4.0"]["npu"] = {"p99_ms": 1.0}
+    doc["latency"]["detector/1.4.0"]["compute"]["sketch_ms"]["layout"] = "log"
+    point = parse_report(json.dumps(doc).encode(), created_at=CREATED_AT)
+    expected = as_stored(parse_report(CAPTURED, created_at=CREATED_AT))
+    assert as_stored(point) == expected
+    assert "npu" not in point.latency["detector/1.4.0"]
+
+
+def test_a_field_the_schema_types_otherwise_is_left_out_alone() -> None:
+    doc = json.loads(CAPTURED)
+    doc["latency"]["detector/1.4.0"]["compute"]["p99_ms"] = True  # not a latency
+    doc["latency"]["detector/1.4.0"]["compute"]["sketch_ms"]["bins"][0] = "159"
+    doc["thermal"]["throttled"] = "yes"
+    doc["outbox"] = ["not", "an", "object"]
+    point = parse_report(json.dumps(doc).encode(), created_at=CREATED_AT)
+    compute = point.latency["detector/1.4.0"]["compute"]
+    assert "p99_ms" not in compute and compute["p95_ms"] == 24.78
+    # A sketch without its bins cannot be merged: the percentiles stay, the merge goes.
+    assert "sketch_ms" not in compute and "compute" not in point.sketches()["detector/1.4.0"]
+    assert "throttled" not in point.metrics and point.metrics["max_temp_c"] == 61.5
+    assert not any(name.startswith("outbox_") for name in point.metrics)
+    assert point.metrics["rss_bytes"] == 306_000_000
+
+
+def test_an_integral_number_in_an_integer_field_is_read_as_proto3_json_reads_it() -> None:
+    report = v2_report(START, frames_dropped=2.0)
+    assert (
+        parse_report(json.dumps(report).encode(), created_at=START).metrics["frames_dropped"] == 2.0
+    )
+    report = v2_report(START, frames_dropped=2.5)  # no such count
+    assert (
+        "frames_dropped" not in parse_report(json.dumps(report).encode(), created_at=START).metrics
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason", "says"),
+    [
+        (b"\xff{}", "not-json", "not JSON"),
+        (b'"a string"', "not-an-object", "JSON object"),
+        (b'{"schema": 2}', "unknown-schema", "unknown report schema 2"),
+        (b'{"schema": "edgefleet.agent.status/2"}', "unknown-schema", "edgefleet.agent.status/2"),
+        (b" " * (MAX_PAYLOAD_BYTES + 1), "too-large", f"over {MAX_PAYLOAD_BYTES} bytes"),
+    ],
+)
+def test_a_report_that_cannot_be_read_is_refused_with_its_reason(
+    payload: bytes, reason: str, says: str
+) -> None:
+    with pytest.raises(MalformedReportError) as caught:
+        parse_report(payload, created_at=START)
+    assert caught.value.reason == reason
+    assert says in str(caught.value)
