@@ -95,7 +95,7 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
 @pytest.mark.parametrize(
     ("package", "forbidden"),
     [
-        ("device_sdk", ("control_plane", "edge_node")),
+        ("device_sdk", ("control_plane", "edge_node", "protos")),
         ("edge_node", ("control_plane",)),
         ("control_plane", ("edge_node", "device_sdk")),
         ("protos", ("control_plane", "edge_node", "device_sdk")),
