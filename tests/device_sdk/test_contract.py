@@ -13,6 +13,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from device_sdk.proto.edgefleet.device.v1 import device_pb2
+from protos import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,6 +71,12 @@ def test_package_and_where_the_contract_lives() -> None:
     assert device_pb2.DESCRIPTOR.name == "device_sdk/proto/edgefleet/device/v1/device.proto"
 
 
+def test_the_generator_covers_the_device_contract() -> None:
+    """`make protos` writes it, and the up-to-date check (tests/protos) compares it."""
+    assert Path("device_sdk/proto/edgefleet/device/v1/device.proto") in generate.find_protos()
+    assert not [p for p in generate.stale_files() if "device_sdk/" in p]
+
+
 def test_a_frame_result_round_trips() -> None:
     original = _frame_result()
     parsed = device_pb2.DeviceEnvelope.FromString(original.SerializeToString())
@@ -88,7 +95,10 @@ def test_every_device_message_travels_with_an_idempotency_id() -> None:
     assert {"protocol_version", "message_id", "device_id", "boot_id"} <= set(
         envelope.fields_by_name
     )
-    bodies = {f.name: f.message_type.name for f in envelope.oneofs_by_name["body"].fields}
+    bodies = {
+        f.name: f.message_type.name if f.message_type else None
+        for f in envelope.oneofs_by_name["body"].fields
+    }
     assert bodies == {"frame_result": "FrameResult", "heartbeat": "Heartbeat", "frame": "Frame"}
     node = device_pb2.NodeEnvelope.DESCRIPTOR
     assert {f.name for f in node.oneofs_by_name["body"].fields} == {"config", "time_sync"}
