@@ -1,0 +1,1 @@
+"""The control plane (cloud side). Its subpackages are imported directly; nothing here."""

@@ -1,11 +1,14 @@
-"""Generate the checked-in Python code for every ``.proto`` under ``protos/``.
+"""Generate the checked-in Python code for every ``.proto`` under ``protos/`` and
+``device_sdk/proto/`` (the device contract, shipped inside the device SDK's own wheel).
 
     python -m protos.generate            regenerate in the tree (also drops orphans)
     python -m protos.generate --check    exit 1 listing generated files that are stale
     python -m protos.generate --out DIR  generate under DIR instead
 
 Sources compile from the repository root (``-I .``), so ``protos/edgefleet/fleet/v1/
-director.proto`` becomes the module ``protos.edgefleet.fleet.v1.director_pb2``. Each
+director.proto`` becomes the module ``protos.edgefleet.fleet.v1.director_pb2`` and
+``device_sdk/proto/edgefleet/device/v1/device.proto`` ``device_sdk.proto.edgefleet.device.
+v1.device_pb2``. Each
 file gets ``_pb2.py`` plus a mypy-protobuf ``_pb2.pyi`` stub; a file that declares a
 service also gets ``_pb2_grpc.py`` and ``_pb2_grpc.pyi``. Output depends only on the
 sources and the versions of grpcio-tools and mypy-protobuf. This is a developer tool:
@@ -36,7 +39,9 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_PACKAGE = "protos"
+# Where .proto sources live, relative to the repository root. The device contract sits
+# inside device_sdk so that the SDK's wheel carries it without depending on `protos`.
+_SOURCE_DIRS = ("protos", "device_sdk/proto")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 _MESSAGE_OUTPUTS = ("_pb2.py", "_pb2.pyi")
 _SERVICE_OUTPUTS = ("_pb2_grpc.py", "_pb2_grpc.pyi")
@@ -47,13 +52,17 @@ class GenerationError(Exception):
 
 
 def find_protos(source_root: Path = REPO_ROOT) -> list[Path]:
-    """Every ``.proto`` under ``<source_root>/protos``, relative to ``source_root``, sorted."""
-    package_dir = source_root / _PACKAGE
+    """Every ``.proto`` under the source dirs of ``source_root``, relative to it, sorted."""
     return sorted(
         p.relative_to(source_root)
+        for package_dir in _source_dirs(source_root)
         for p in package_dir.rglob("*.proto")
         if not any(part.startswith(".") for part in p.relative_to(package_dir).parts)
     )
+
+
+def _source_dirs(source_root: Path) -> list[Path]:
+    return [source_root / d for d in _SOURCE_DIRS if (source_root / d).is_dir()]
 
 
 def generate(out_dir: Path, *, source_root: Path = REPO_ROOT) -> list[Path]:
@@ -65,7 +74,8 @@ def generate(out_dir: Path, *, source_root: Path = REPO_ROOT) -> list[Path]:
     source_root = source_root.resolve()
     protos = find_protos(source_root)
     if not protos:
-        raise GenerationError(f"no .proto files under {source_root / _PACKAGE}")
+        where = " or ".join(str(source_root / d) for d in _SOURCE_DIRS)
+        raise GenerationError(f"no .proto files under {where}")
     out_dir.mkdir(parents=True, exist_ok=True)
     includes = [f"-I{source_root}", f"-I{_well_known_protos()}"]
     sources = [str(source_root / p) for p in protos]
@@ -257,9 +267,9 @@ def _package_dirs(protos: list[Path]) -> list[Path]:
 def _orphans(source_root: Path, expected: list[Path]) -> list[Path]:
     """Checked-in generated modules that no ``.proto`` produces any more."""
     wanted = set(expected)
-    package_dir = source_root / _PACKAGE
     return sorted(
         rel
+        for package_dir in _source_dirs(source_root)
         for p in package_dir.rglob("*")
         if p.is_file()
         and p.name.endswith(GENERATED_SUFFIXES)

@@ -1,14 +1,20 @@
-"""The dependency rules of shared/DESIGN.md §2, checked on the source (AST, no imports).
+"""The dependency rules of shared/DESIGN.md §2, checked on the source (AST) and by import.
 
 - device_sdk imports nothing from control_plane or edge_node;
 - edge_node and control_plane never import each other (they share only protos/);
-- a pure core never imports a framework, a database, a broker or a runtime.
+- a pure core never imports a framework, a database, a broker or a runtime, neither
+  itself (AST) nor through anything it imports (a fresh interpreter that refuses them).
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -26,6 +32,7 @@ FRAMEWORKS = (
     "onnxruntime",
     "uvicorn",
     "httpx",
+    "psutil",
 )
 
 # Modules that hold domain rules only: they take data and `now` and return decisions.
@@ -48,6 +55,7 @@ PURE_CORES = (
     "edge_node/updater/watchdog.py",
     "control_plane/link/mqtt_topics.py",
     "control_plane/link/wire.py",
+    "control_plane/link/records.py",
     "control_plane/director/delivery.py",
     "control_plane/health/config.py",
     "control_plane/health/report.py",
@@ -88,7 +96,7 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
 @pytest.mark.parametrize(
     ("package", "forbidden"),
     [
-        ("device_sdk", ("control_plane", "edge_node")),
+        ("device_sdk", ("control_plane", "edge_node", "protos")),
         ("edge_node", ("control_plane",)),
         ("control_plane", ("edge_node", "device_sdk")),
         ("protos", ("control_plane", "edge_node", "device_sdk")),
@@ -104,6 +112,127 @@ def test_pure_cores_import_no_framework(core: str) -> None:
     assert path.exists(), f"{core} moved: update PURE_CORES"
     bad = [name for name in imported_modules(path) if name.split(".")[0] in FRAMEWORKS]
     assert bad == []
+
+
+# Our own packages: an attempt to import a framework from one of them is always a fault.
+OURS = frozenset({"control_plane", "edge_node", "device_sdk", "protos"})
+
+# Third-party modules that try a framework import and carry on without it, as
+# (framework, importing module). Each is tolerated here only because the probe refuses
+# the import, so the framework never loads; tests/test_packaging.py proves on a node
+# install that the framework is not even installed there.
+ALLOWED_TRY_IMPORTS = frozenset(
+    {
+        # securesystemslib.signer registers its AWS KMS signer inside `try: import boto3`;
+        # tuf.api.metadata imports securesystemslib.signer, so every TUF-reading core does.
+        ("boto3", "securesystemslib.signer._aws_signer"),
+    }
+)
+
+# Runs in a fresh interpreter: refuses every framework import (recording who asked),
+# imports one module and prints what happened as JSON.
+PROBE = """
+import importlib, json, sys
+
+frameworks = frozenset(sys.argv[2].split(","))
+attempts = []
+
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] not in frameworks:
+            return None
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith(
+            ("importlib", "_frozen_importlib")
+        ):
+            frame = frame.f_back
+        attempts.append([name, frame.f_globals.get("__name__", "?") if frame else "?"])
+        raise ModuleNotFoundError(f"{name} is refused in this probe", name=name)
+
+
+sys.meta_path.insert(0, Refuse())
+error = None
+try:
+    importlib.import_module(sys.argv[1])
+except Exception as exc:
+    error = repr(exc)
+loaded = sorted({m.partition(".")[0] for m in sys.modules} & frameworks)
+print(json.dumps({"error": error, "loaded": loaded, "attempts": attempts}))
+"""
+
+
+class Probe(TypedDict):
+    error: str | None  # repr of what the import raised
+    loaded: list[str]  # frameworks in sys.modules afterwards
+    attempts: list[list[str]]  # [framework module, importing module] per refused import
+
+
+def module_name(core: str) -> str:
+    return core.removesuffix(".py").replace("/", ".")
+
+
+def probe_import(module: str) -> Probe:
+    """Import `module` in a fresh interpreter that refuses every framework import."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, module, ",".join(FRAMEWORKS)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
+    result: Probe = json.loads(done.stdout)
+    return result
+
+
+def faults(probe: Probe) -> list[str]:
+    """What in a probe's report breaks the purity rule (empty: the module is pure)."""
+    found = []
+    if probe["error"] is not None:
+        found.append(f"import failed: {probe['error']}")
+    found += [f"loaded {name}" for name in probe["loaded"]]
+    for name, importer in probe["attempts"]:
+        framework = name.partition(".")[0]
+        if importer.partition(".")[0] in OURS:
+            found.append(f"{importer} imports {name}")
+        elif (framework, importer) not in ALLOWED_TRY_IMPORTS:
+            found.append(f"{importer} tries {name} (not in ALLOWED_TRY_IMPORTS)")
+    return found
+
+
+@pytest.mark.parametrize("core", PURE_CORES)
+def test_pure_cores_import_without_a_framework(core: str) -> None:
+    """Purity is a property of the import graph: package __init__s and third parties too."""
+    assert faults(probe_import(module_name(core))) == []
+
+
+def test_the_probe_sees_a_framework_behind_an_import() -> None:
+    # ingest.py imports SQLAlchemy itself.
+    direct = probe_import("control_plane.link.ingest")
+    assert ["sqlalchemy", "control_plane.link.ingest"] in direct["attempts"]
+    assert "control_plane.link.ingest imports sqlalchemy" in faults(direct)
+    # cli/context.py names no framework (the AST test passes it), but its client does.
+    context = Path("control_plane/cli/context.py")
+    assert not [n for n in imported_modules(ROOT / context) if n.split(".")[0] in FRAMEWORKS]
+    assert "control_plane.cli.client imports httpx" in faults(
+        probe_import("control_plane.cli.context")
+    )
+
+
+def test_only_allow_listed_third_party_tries_are_tolerated() -> None:
+    allowed = Probe(
+        error=None, loaded=[], attempts=[["boto3", "securesystemslib.signer._aws_signer"]]
+    )
+    assert faults(allowed) == []
+    other = Probe(error=None, loaded=[], attempts=[["grpc", "tuf.ngclient"]])
+    assert faults(other) == ["tuf.ngclient tries grpc (not in ALLOWED_TRY_IMPORTS)"]
+    assert faults(Probe(error=None, loaded=["psutil"], attempts=[])) == ["loaded psutil"]
 
 
 def test_the_director_knows_no_transport() -> None:

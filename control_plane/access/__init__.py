@@ -1,0 +1,1 @@
+"""API tokens, roles and the audit log: `roles` (pure) and `service` (storage)."""

@@ -1,0 +1,1 @@
+"""The REST API (FastAPI): `app` builds it; no business logic lives here."""

@@ -29,21 +29,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import re
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, NamedTuple, NoReturn
+from typing import Any, Final
 
 from sqlalchemy import Connection, func, select
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import Clock
-from control_plane.errors import InvalidInputError, PayloadTooLargeError, UnavailableError
+from control_plane.errors import InvalidInputError, UnavailableError
+from control_plane.link.records import RECORD_KINDS, IncomingRecord, IngestLimits, validate_batch
 from control_plane.storage.models import NodeRecordRow
 
 __all__ = [
@@ -58,14 +58,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-RECORD_KINDS = frozenset({"event", "health"})
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
-_CONTENT_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]{1,32}/[A-Za-z0-9!#$&^_.+-]{1,31}\Z")
-# What agents send (checked against _CONTENT_TYPE by a test); others go through the regex.
-_COMMON_CONTENT_TYPES: Final = frozenset(
-    {"application/json", "application/x-protobuf", "application/octet-stream"}
-)
 
 # PostgreSQL: a binary COPY straight into node_records (about 1 µs of Python per row
 # against 10 µs for a multi-row INSERT or unnest of arrays, and a round trip less than
@@ -117,7 +109,6 @@ _SQLITE_INSERT: Final = (
 # How SQLAlchemy's SQLite DateTime stores a (naive UTC) datetime; UTCDateTime reads it.
 _SQLITE_DATETIME: Final = "%Y-%m-%d %H:%M:%S.%f"
 _STOP_POLL_S: Final = 0.5
-_MAX_SEQ: Final = 2**63 - 1  # the column is a signed 64-bit integer
 # A group may not wait on locks or run for long: a record is stamped received_at before
 # its group commits, and the health store reads behind a settle window (10 s) on that
 # stamp; a group that cannot commit in time fails, and its batches are sent again.
@@ -125,81 +116,6 @@ _POSTGRESQL_TIMEOUTS: Final = "SET LOCAL lock_timeout = '2s'; SET LOCAL statemen
 # Set in a pooled connection's info once its temporary staging table has committed.
 _STAGE_READY: Final = "edgefleet.node_records_stage"
 _UNIQUE_VIOLATION: Final = "23505"
-
-
-class IncomingRecord(NamedTuple):
-    """A record as a transport decoded it, not yet validated (`validate_batch`).
-
-    A named tuple: one is made per record on the ingestion path, and a frozen
-    dataclass cost three times as much to build. `wire.incoming_records` builds it with
-    `tuple.__new__`, which checks no field count: a field added here goes there too."""
-
-    id: str
-    seq: int
-    kind: str
-    created_at: datetime
-    content_type: str
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class IngestLimits:
-    max_records: int = 1000
-    max_payload_bytes: int = 256 * 1024
-    # At most this many rows per group commit (a batch is never split across groups).
-    max_group_rows: int = 5000
-    # Batches waiting for the writer; `submit` refuses more (UnavailableError).
-    max_queued_batches: int = 20_000
-    # Writer threads of `submit`, each committing its own group on its own connection:
-    # one writes while another waits for its commit.
-    writers: int = 2
-
-
-def validate_batch(records: Sequence[IncomingRecord], limits: IngestLimits) -> None:
-    """Refuse a malformed batch whole, naming the first bad record (pure)."""
-    if len(records) > limits.max_records:
-        raise PayloadTooLargeError(
-            f"a batch carries at most {limits.max_records} records, got {len(records)}",
-            limit=limits.max_records,
-        )
-    # One pass of cheap checks per record (this runs for every record ingested); the
-    # message naming the bad record is built only when one fails.
-    uuid_match = _UUID.match
-    max_payload = limits.max_payload_bytes
-    for index, (record_id, seq, kind, created_at, content_type, payload) in enumerate(records):
-        if (
-            uuid_match(record_id) is not None
-            and kind in RECORD_KINDS
-            and 1 <= seq <= _MAX_SEQ
-            and created_at.tzinfo is not None
-            and (content_type in _COMMON_CONTENT_TYPES or _CONTENT_TYPE.match(content_type))
-            and len(payload) <= max_payload
-        ):
-            continue
-        _refuse_record(index, records[index], limits)
-
-
-def _refuse_record(index: int, record: IncomingRecord, limits: IngestLimits) -> NoReturn:
-    """Raise the error naming why `record` (which failed a check) is refused."""
-    where = f"record {index} ({record.id!r})"
-    if not _UUID.match(record.id):
-        raise InvalidInputError(f"{where}: id is not a lowercase UUID", index=index)
-    if record.kind not in RECORD_KINDS:
-        raise InvalidInputError(f"{where}: unknown kind {record.kind!r}", index=index)
-    if not 1 <= record.seq <= _MAX_SEQ:
-        raise InvalidInputError(f"{where}: seq must be in [1, 2**63 - 1]", index=index)
-    if record.created_at.tzinfo is None:
-        raise InvalidInputError(f"{where}: created_at has no time zone", index=index)
-    if not _CONTENT_TYPE.match(record.content_type):
-        raise InvalidInputError(f"{where}: bad content type", index=index)
-    if len(record.payload) > limits.max_payload_bytes:
-        raise PayloadTooLargeError(
-            f"{where}: payload of {len(record.payload)} bytes is over {limits.max_payload_bytes}",
-            index=index,
-            limit=limits.max_payload_bytes,
-        )
-    # Only if validate_batch's one-pass check and these rules ever disagree.
-    raise InvalidInputError(f"{where}: refused", index=index)
 
 
 @dataclass(frozen=True, slots=True)

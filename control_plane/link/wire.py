@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from control_plane.errors import InvalidInputError
-from control_plane.link.ingest import IncomingRecord
+from control_plane.link.records import IncomingRecord
 from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 
 __all__ = [

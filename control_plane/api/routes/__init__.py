@@ -1,0 +1,1 @@
+"""One router module per resource; each parses, calls one service and renders."""

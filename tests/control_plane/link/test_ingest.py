@@ -113,7 +113,7 @@ def test_malformed_records_refuse_the_batch(
 
 
 def test_the_content_types_taken_without_the_regex_would_pass_it() -> None:
-    from control_plane.link import ingest as module
+    from control_plane.link import records as module
 
     assert all(module._CONTENT_TYPE.match(t) for t in module._COMMON_CONTENT_TYPES)
 
