@@ -1,13 +1,17 @@
-"""The `edgefleet` command: global options, sub-command groups, and error rendering."""
+"""The `edgefleet` command: global options, sub-command groups, and error rendering.
+
+Importing this module must stay cheap (`edgefleet --help` in well under 0.5 s): heavy
+libraries load inside the commands that use them (tests/control_plane/cli/test_startup.py).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
 import control_plane.cli.commands.director  # noqa: F401  (registers `nodes pin`)
@@ -16,8 +20,10 @@ from control_plane.cli.commands.alerts import alerts_app
 from control_plane.cli.commands.mqtt import mqtt_app
 from control_plane.cli.commands.nodes import node_app, nodes_app
 from control_plane.cli.commands.registry import fleet_app, keys_app, model_app
-from control_plane.cli.context import CliContext
+from control_plane.cli.context import CliContext, cli_context
+from control_plane.cli.global_options import hoist_global_options
 from control_plane.errors import EdgefleetError, InvalidInputError
+from control_plane.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 
 app = typer.Typer(
     name="edgefleet",
@@ -47,14 +53,23 @@ def root(
         str | None, typer.Option(envvar="EDGEFLEET_TOKEN", help="API token", show_default=False)
     ] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="table | json")] = "table",
+    log_format: Annotated[
+        str, typer.Option(envvar=LOG_FORMAT_ENV, help="logfmt (key=value) | json (one per line)")
+    ] = "logfmt",
 ) -> None:
+    """Global options go before or after the sub-command: `edgefleet fleet list -o json`."""
     if output not in {"table", "json"}:
         raise typer.BadParameter("--output must be table or json")
-    ctx.obj = CliContext(server=server, token=token, output=output, console=Console())
+    if log_format not in LOG_FORMATS:
+        raise typer.BadParameter("--log-format must be logfmt or json")
+    ctx.obj = CliContext(
+        server=server, token=token, output=output, console=Console(), log_format=log_format
+    )
 
 
 @app.command("server")
 def server(
+    ctx: typer.Context,
     data_dir: Annotated[Path | None, typer.Option(help="state, keys and default stores")] = None,
     database_url: Annotated[str | None, typer.Option(help="default: SQLite in data dir")] = None,
     artifacts: Annotated[
@@ -86,6 +101,8 @@ def server(
     ] = None,
 ) -> None:
     """Run the control plane (REST API, TUF repository, freshness re-signing)."""
+    from pydantic import ValidationError
+
     from control_plane.server import serve
     from control_plane.settings import ServerSettings
 
@@ -104,6 +121,7 @@ def server(
         "mqtt": mqtt,
         "mqtt_username": mqtt_username,
         "mqtt_password_file": mqtt_password_file,
+        "log_format": cli_context(ctx).log_format,
     }
     merged = settings.model_dump() | {k: v for k, v in updates.items() if v is not None}
     try:
@@ -119,7 +137,8 @@ def server(
 def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True)
     try:
-        app(args=argv, standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        app(args=hoist_global_options(args), standalone_mode=False, prog_name="edgefleet")
     except EdgefleetError as exc:
         err.print(f"[red]error:[/red] {exc.message}")
         return 1
@@ -139,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: a real process, so it owns the root logger."""
+    configure_logging(os.environ.get(LOG_FORMAT_ENV, "logfmt"), "warning")
     sys.exit(main())
 
 

@@ -1,0 +1,92 @@
+"""Log lines of the control plane's processes (server, CLI): logfmt by default, JSON lines
+with `--log-format json`; every `extra=` field and the request id are kept. Not metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import IO, Any, Final
+
+__all__ = [
+    "LOG_FORMATS",
+    "LOG_FORMAT_ENV",
+    "JsonFormatter",
+    "LogfmtFormatter",
+    "configure_logging",
+    "current_request_id",
+    "record_fields",
+]
+
+LOG_FORMAT_ENV: Final = "EDGEFLEET_LOG_FORMAT"
+LOG_FORMATS: Final = ("logfmt", "json")
+
+current_request_id: ContextVar[str | None] = ContextVar("edgefleet_request_id", default=None)
+"""Set by the API's request-id middleware for the duration of one request."""
+
+# What every LogRecord has; anything else on a record came from `extra=`.
+_STANDARD: Final = frozenset(
+    {*vars(logging.LogRecord("", 0, "", 0, "", None, None)), "message", "asctime", "taskName"}
+)
+
+
+def record_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """time, level, logger, msg, the request id if any, then the `extra=` fields."""
+    fields: dict[str, Any] = {
+        "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+        "level": record.levelname.lower(),
+        "logger": record.name,
+        "msg": record.getMessage(),
+    }
+    request_id = current_request_id.get()
+    if request_id is not None:
+        fields["request_id"] = request_id
+    fields.update((k, v) for k, v in vars(record).items() if k not in _STANDARD)
+    return fields
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; values JSON cannot hold become their `str`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = record_fields(record)
+        if record.exc_info:
+            fields["exc"] = self.formatException(record.exc_info)
+        return json.dumps(fields, default=str, ensure_ascii=False)
+
+
+class LogfmtFormatter(logging.Formatter):
+    """`key=value` pairs on one line; values with blanks, quotes or `=` are quoted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = record_fields(record)
+        if record.exc_info:
+            fields["exc"] = self.formatException(record.exc_info)
+        return " ".join(f"{key}={_logfmt_value(value)}" for key, value in fields.items())
+
+
+def _logfmt_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if text and not any(c in text for c in ' "=\\\n\t'):
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Ours, so configuring again replaces it and leaves other handlers (pytest's) alone."""
+
+
+def configure_logging(log_format: str, level: str, stream: IO[str] | None = None) -> None:
+    """Send the root logger's records to `stream` (stderr) in `log_format` at `level`."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
+    handler = _Handler(sys.stderr if stream is None else stream)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else LogfmtFormatter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
