@@ -1,0 +1,89 @@
+"""How long `edgefleet` takes to start: `--help`, a group's `--help` and one real command,
+each beside a bare `python -c pass` (and `import typer`) measured in the same run.
+
+Wall time of fresh processes only; what `--help` may import is a test
+(tests/control_plane/cli/test_startup.py), not this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench._util import REPO_ROOT, free_port, median
+
+GOAL_S = 0.5
+"""`edgefleet --help` and `edgefleet <group> --help` (issue 11)."""
+
+
+def cases(dead_server: str) -> dict[str, list[str]]:
+    cli = ["-m", "control_plane.cli.main"]
+    return {
+        "python -c pass (anchor)": ["-c", "pass"],
+        "python -c 'import typer' (library floor)": ["-c", "import typer"],
+        "edgefleet --help": [*cli, "--help"],
+        "edgefleet nodes --help": [*cli, "nodes", "--help"],
+        # A real command up to its first request: parse, import httpx, connection refused.
+        "edgefleet fleet list (refused)": [
+            *cli,
+            "fleet",
+            "list",
+            "--server",
+            dead_server,
+            "--token",
+            "eft_bench",
+        ],
+    }
+
+
+def time_once(args: list[str], tree: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100"}
+    started = time.perf_counter()
+    subprocess.run(  # noqa: S603  (our own interpreter and arguments)
+        [sys.executable, *args], cwd=tree, env=env, capture_output=True, check=False
+    )
+    return time.perf_counter() - started
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=9, help="runs of each case (median)")
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        action="append",
+        help="a checkout to measure (repeatable, e.g. an older one to compare); default: this",
+    )
+    parser.add_argument("--check", action="store_true", help=f"exit 1 if a --help >= {GOAL_S}s")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    trees: list[Path] = [t.resolve() for t in args.tree or [REPO_ROOT]]
+    named = cases(f"http://127.0.0.1:{free_port()}")
+    samples: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in named}
+    for _ in range(args.rounds):  # interleaved, so load on the machine hits every case alike
+        for tree in trees:
+            for name, case in named.items():
+                samples[(tree, name)].append(time_once(case, tree))
+    missed = False
+    for tree in trees:
+        anchor = median(samples[(tree, "python -c pass (anchor)")])
+        print(f"\n{tree} ({args.rounds} rounds, median / min wall seconds)")
+        print(f"{'case':44} {'median':>7} {'min':>7} {'- anchor':>9}")
+        for name in named:
+            values = samples[(tree, name)]
+            print(
+                f"{name:44} {median(values):7.3f} {min(values):7.3f} "
+                f"{median(values) - anchor:9.3f}"
+            )
+            if name.endswith("--help") and median(values) >= GOAL_S:
+                missed = True
+    print(f"\ngoal: every --help under {GOAL_S} s: {'missed' if missed else 'met'}")
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
