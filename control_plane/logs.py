@@ -14,8 +14,7 @@ from typing import IO, Any, Final
 __all__ = [
     "LOG_FORMATS",
     "LOG_FORMAT_ENV",
-    "JsonFormatter",
-    "LogfmtFormatter",
+    "LineFormatter",
     "configure_logging",
     "current_request_id",
     "record_fields",
@@ -41,30 +40,28 @@ def record_fields(record: logging.LogRecord) -> dict[str, Any]:
         "logger": record.name,
         "msg": record.getMessage(),
     }
-    request_id = current_request_id.get()
+    # A record may carry its own (the access line does), else the request's being served.
+    request_id = getattr(record, "request_id", None) or current_request_id.get()
     if request_id is not None:
         fields["request_id"] = request_id
     fields.update((k, v) for k, v in vars(record).items() if k not in _STANDARD)
     return fields
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; values JSON cannot hold become their `str`."""
+class LineFormatter(logging.Formatter):
+    """One record, one line: `key=value` pairs (values with blanks, quotes or `=` quoted),
+    or a JSON object whose values JSON cannot hold become their `str`."""
+
+    def __init__(self, as_json: bool) -> None:
+        super().__init__()
+        self.as_json = as_json
 
     def format(self, record: logging.LogRecord) -> str:
         fields = record_fields(record)
         if record.exc_info:
             fields["exc"] = self.formatException(record.exc_info)
-        return json.dumps(fields, default=str, ensure_ascii=False)
-
-
-class LogfmtFormatter(logging.Formatter):
-    """`key=value` pairs on one line; values with blanks, quotes or `=` are quoted."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields = record_fields(record)
-        if record.exc_info:
-            fields["exc"] = self.formatException(record.exc_info)
+        if self.as_json:
+            return json.dumps(fields, default=str, ensure_ascii=False)
         return " ".join(f"{key}={_logfmt_value(value)}" for key, value in fields.items())
 
 
@@ -84,7 +81,7 @@ def configure_logging(log_format: str, level: str, stream: IO[str] | None = None
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
     handler = _Handler(sys.stderr if stream is None else stream)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else LogfmtFormatter())
+    handler.setFormatter(LineFormatter(as_json=log_format == "json"))
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _Handler)]:
         root.removeHandler(old)

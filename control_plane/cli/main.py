@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import control_plane.cli.commands.director  # noqa: F401  (registers `nodes pin`)
 from control_plane.cli.commands.access import audit_app, token_app
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         args = sys.argv[1:] if argv is None else argv
         app(args=hoist_global_options(args), standalone_mode=False, prog_name="edgefleet")
     except EdgefleetError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
+        # One line, never wrapped: scripts and log collectors read it.
+        err.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
         return 1
     except typer.Exit as exc:
         return int(exc.exit_code)
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if callable(show):
             show()
         else:
-            err.print(f"[red]error:[/red] {exc}")
+            err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         return int(getattr(exc, "exit_code", 2))
     return 0
 
