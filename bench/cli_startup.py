@@ -44,9 +44,7 @@ def cases(dead_server: str) -> dict[str, list[str]]:
 def time_once(args: list[str], tree: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100"}
     started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, *args], cwd=tree, env=env, capture_output=True, check=False
-    )
+    subprocess.run([sys.executable, *args], cwd=tree, env=env, capture_output=True, check=False)
     return time.perf_counter() - started
 
 
