@@ -26,9 +26,13 @@ LOG_FORMATS: Final = ("logfmt", "json")
 current_request_id: ContextVar[str | None] = ContextVar("edgefleet_request_id", default=None)
 """Set by the API's request-id middleware for the duration of one request."""
 
-# What every LogRecord has; anything else on a record came from `extra=`.
+# What every LogRecord has; anything else on a record came from `extra=`, except
+# uvicorn's `color_message` (the message again, with terminal colours).
 _STANDARD: Final = frozenset(
-    {*vars(logging.LogRecord("", 0, "", 0, "", None, None)), "message", "asctime", "taskName"}
+    {
+        *vars(logging.LogRecord("", 0, "", 0, "", None, None)),
+        *("message", "asctime", "taskName", "color_message"),
+    }
 )
 
 

@@ -151,6 +151,9 @@ class ControlPlane:
                         self._http_task.result()  # raises what stopped it
                         raise RuntimeError("the REST API stopped while starting")
                     await asyncio.sleep(0.01)  # uvicorn offers no event to await
+            # uvicorn says where it runs only when it binds itself.
+            bound = f"{host}:{listener.getsockname()[1]}"
+            log.info("REST API on http://%s", bound, extra={"address": bound})
         except BaseException:
             await self.stop()
             raise

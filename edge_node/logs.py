@@ -17,9 +17,13 @@ __all__ = ["LOG_FORMATS", "LOG_FORMAT_ENV", "LineFormatter", "configure_logging"
 LOG_FORMAT_ENV: Final = "EDGEFLEET_LOG_FORMAT"
 LOG_FORMATS: Final = ("logfmt", "json")
 
-# What every LogRecord has; anything else on a record came from `extra=`.
+# What every LogRecord has; anything else on a record came from `extra=`, except
+# uvicorn's `color_message` (the message again, with terminal colours).
 _STANDARD: Final = frozenset(
-    {*vars(logging.LogRecord("", 0, "", 0, "", None, None)), "message", "asctime", "taskName"}
+    {
+        *vars(logging.LogRecord("", 0, "", 0, "", None, None)),
+        *("message", "asctime", "taskName", "color_message"),
+    }
 )
 
 
