@@ -425,10 +425,3 @@ def git_describe() -> str:
             check=False,
         ).stdout.strip()
     return "unknown"
-
-
-def print_verdicts(verdicts: Sequence[tuple[str, bool]]) -> bool:
-    """Print each goal as met/MISSED; True when every goal was met."""
-    for text, met in verdicts:
-        print(f"  [{'met' if met else 'MISSED'}] {text}")
-    return all(met for _, met in verdicts)

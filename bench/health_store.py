@@ -22,15 +22,15 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select
 
-from bench._util import BENCH_DIR, git_describe, print_verdicts, throwaway_postgres
+from bench._harness import database
+from bench._report import Report, add_report_arguments
+from bench._util import BENCH_DIR, git_describe
 from control_plane.clock import ManualClock
 from control_plane.health.config import HealthConfig
 from control_plane.health.report import parse_report
@@ -102,21 +102,6 @@ def report(rng: random.Random, at: datetime, rss_mb: float) -> bytes:
         "errors": {"count": 0, "last": None},
     }
     return json.dumps(doc, separators=(",", ":")).encode()
-
-
-@contextmanager
-def database(backend: str) -> Iterator[str]:
-    if backend == "postgresql":
-        with throwaway_postgres(prefix="edgefleet_bench_health") as (url, _):
-            yield url
-        return
-    BENCH_DIR.mkdir(parents=True, exist_ok=True)
-    path = BENCH_DIR / f"health-{uuid.uuid4().hex[:8]}.db"
-    try:
-        yield f"sqlite:///{path}"
-    finally:
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def fill(engine: Engine, nodes: int, reports: int) -> tuple[int, int]:
@@ -224,8 +209,8 @@ def processor(engine: Engine, batch: int) -> tuple[float, dict[str, int]]:
 
 
 def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
-    with database(backend) as url:
-        engine = create_engine_for(url)
+    with database(backend, BENCH_DIR, prefix="edgefleet_bench_health") as made:
+        engine = create_engine_for(made.url)
         try:
             migrate(engine)
             reports, size = fill(engine, args.nodes, args.reports)
@@ -254,12 +239,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reports", type=int, default=30, help="reports per node")
     parser.add_argument("--batch", type=int, default=500, help="records per transaction")
     parser.add_argument("--backends", default="postgresql,sqlite")
-    parser.add_argument("--json", help="write the figures here")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the shortest run: 10 nodes x 3 reports, SQLite only (its figures mean nothing)",
+    )
+    add_report_arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.quick:
+        args.nodes, args.reports, args.backends = 10, 3, "sqlite"
+    report = Report("health_store")
     results = [run_backend(b.strip(), args) for b in args.backends.split(",") if b.strip()]
     print(f"health store processor ({git_describe()}), {args.nodes} nodes x {args.reports}")
-    verdicts = []
     for r in results:
         print(
             f"  {r['backend']:<10} processor {r['processor_reports_per_s']:>8,.0f} reports/s "
@@ -269,18 +260,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"= {r['nodes_at_10s']:,} nodes at one report / 10 s "
             f"({r['mean_report_bytes']} B per report)"
         )
-        if r["backend"] == "postgresql":
-            verdicts.append(
-                (
-                    f"PostgreSQL processor keeps up with {GOAL_NODES:,} nodes at 10 s",
-                    r["nodes_at_10s"] >= GOAL_NODES,
-                )
+        postgres = r["backend"] == "postgresql"
+        report.figure(
+            f"{r['backend']} processor",
+            r["processor_reports_per_s"],
+            "reports/s",
+            anchor=r["anchor_reports_per_s"],
+            anchor_name="raw points only",
+            goal=f"{GOAL_NODES:,} nodes at 10 s" if postgres else "",
+            met=r["nodes_at_10s"] >= GOAL_NODES if postgres else None,
+        )
+        if postgres:
+            report.goal(
+                f"PostgreSQL processor keeps up with {GOAL_NODES:,} nodes at 10 s",
+                r["nodes_at_10s"] >= GOAL_NODES,
             )
-    met = print_verdicts(verdicts) if verdicts else True
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return 1 if args.check and not met else 0
+    return report.finish(args, {"results": results})
 
 
 if __name__ == "__main__":

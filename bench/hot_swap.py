@@ -29,7 +29,6 @@ Not a test: it asserts nothing unless ``--check`` is given. See docs/benchmarks.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -43,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from bench import _report
+from bench._report import add_report_arguments
 from bench._util import BENCH_DIR, can_pin, pin_self
 from bench.runtime_overhead import build_mid_cnn, find_ppocr, frames_for, machine_info, pct
 from edge_node.clock import SystemClock
@@ -505,19 +506,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=0, help="intra-op threads (0: CPUs we may use)"
     )
-    parser.add_argument("--json", help="write the figures here")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the shortest run: a 64-pixel input, 1 s warm-up, 3 s steady, 2 swaps 1 s apart "
+        "(its figures mean nothing)",
+    )
+    add_report_arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.quick:
+        args.size, args.warmup, args.steady, args.swaps, args.every = 64, 1.0, 3.0, 2, 1.0
     if args.cpu == -2:
         args.cpu = max(os.sched_getaffinity(0))
     report = run(args)
     print_report(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(asdict(report), indent=2))
-    if args.check and not all(report.goals.values()):
-        return 1
-    return 0
+    written = _report.Report("hot_swap")
+    written.figure(
+        "P99 in swap windows",
+        report.windows["p99_ms"],
+        "ms",
+        anchor=report.steady["p99_ms"],
+        anchor_name="steady, no swap",
+        goal=f"<= {GOAL_FACTOR} x the anchor",
+        met=report.goals["p99_during_swap"],
+    )
+    written.figure(
+        "frames lost to swaps",
+        float(report.losses["lost_to_swaps"]),
+        "frames",
+        goal="none",
+        met=report.goals["no_frame_lost"],
+    )
+    written.extend_goals(
+        [
+            (f"P99 in swap windows <= {GOAL_FACTOR} x steady", report.goals["p99_during_swap"]),
+            ("no frame lost to a swap", report.goals["no_frame_lost"]),
+        ]
+    )
+    return written.finish(args, asdict(report), print_goals=False)
 
 
 if __name__ == "__main__":

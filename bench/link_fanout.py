@@ -28,26 +28,24 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-import json
 import logging
 import math
 import multiprocessing
 import os
-import platform
 import queue
 import resource
-import selectors
 import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench._harness import AGENT_VERSION, EnrolledNode, InProcessPlane, database, grpc_link
+from bench._report import Report, add_report_arguments
 from bench._util import (
     BENCH_DIR,
     MB,
@@ -56,9 +54,7 @@ from bench._util import (
     git_describe,
     median,
     pin_self,
-    print_verdicts,
     rss_bytes,
-    throwaway_postgres,
 )
 
 GOAL_FANOUT_S = 10.0
@@ -82,14 +78,6 @@ log = logging.getLogger("bench.link_fanout")
 
 
 # ----------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True, slots=True)
-class NodeIdentity:
-    node_id: str
-    key_pem: bytes
-    cert_pem: bytes
-    mqtt_password: str
 
 
 @dataclass
@@ -147,7 +135,7 @@ class Phase:
 class WorkerSpec:
     index: int
     transport: str  # grpc | mqtt
-    nodes: list[NodeIdentity]
+    nodes: list[EnrolledNode]
     ca_pem: bytes
     port: int
     cpu: int | None
@@ -214,51 +202,41 @@ def node_worker(spec: WorkerSpec, reports: Any, stop: Any) -> None:
 
 async def _grpc_nodes(spec: WorkerSpec, reports: Any, stop: Any) -> None:
     """Each node: its own `GrpcNodeLink` (own channel, own mTLS identity), Hello, read."""
-    from edge_node.link.base import LinkError
-    from edge_node.link.grpc_link import GrpcLinkSettings, GrpcNodeLink, NodeCredentials
-    from protos.edgefleet.fleet.v1 import link_pb2
+    from edge_node.testing.simulator import SimulatedFleet, SimulatedNode, SimulatorConfig
 
-    settings = GrpcLinkSettings(
-        target=f"127.0.0.1:{spec.port}", server_name="localhost", connect_timeout_s=120.0
+    target = f"127.0.0.1:{spec.port}"
+    fleet = SimulatedFleet(
+        [grpc_link(target, node, spec.ca_pem, connect_timeout_s=120.0) for node in spec.nodes],
+        SimulatorConfig(
+            agent_version=AGENT_VERSION,
+            connect_concurrency=spec.connect_concurrency,
+            connect_timeout_s=120.0,
+            connect_attempts=3,
+        ),
     )
     arrivals = Arrivals(spec, reports)
-    gate = asyncio.Semaphore(spec.connect_concurrency)
     outcome = {"ok": 0, "failed": 0}
-    links: list[GrpcNodeLink] = []
 
-    async def run_node(index: int, node: NodeIdentity) -> None:
-        link = GrpcNodeLink(settings, NodeCredentials(node.key_pem, node.cert_pem, spec.ca_pem))
-        links.append(link)
-        hello = link_pb2.Hello(agent_version="bench-0.1.0")
-        async with gate:
-            for attempt in range(3):
-                try:
-                    await link.connect(hello)
-                    break
-                except LinkError as exc:
-                    if attempt == 2:
-                        outcome["failed"] += 1
-                        reports.put(("failed", spec.index, f"{node.node_id}: {exc}"))
-                        _settled(spec, reports, outcome)
-                        return
-                    await asyncio.sleep(0.5 * (attempt + 1))
-        outcome["ok"] += 1
+    def settled(node: SimulatedNode, error: BaseException | None) -> None:
+        if error is None:
+            outcome["ok"] += 1
+        else:
+            outcome["failed"] += 1
+            reports.put(("failed", spec.index, f"{spec.nodes[node.index].node_id}: {error}"))
         _settled(spec, reports, outcome)
-        with contextlib.suppress(LinkError):
-            async for message in link.incoming():
-                arrivals.arrived(index, message, time.monotonic())
 
-    tasks = [asyncio.create_task(run_node(i, n)) for i, n in enumerate(spec.nodes)]
-    deadline = time.monotonic() + WORKER_LIFETIME_S
-    while not stop.is_set() and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+    def arrived(index: int, message: Any, at: float) -> None:
+        arrivals.arrived(index, message, at)
+
+    async def stopped() -> None:
+        deadline = time.monotonic() + WORKER_LIFETIME_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+
+    await fleet.connect_all(settled)
+    await fleet.listen_all(arrived, stopped)
     arrivals.final()
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(20):
-            await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+    await fleet.close()
 
 
 def _settled(spec: WorkerSpec, reports: Any, outcome: dict[str, int]) -> None:
@@ -267,147 +245,36 @@ def _settled(spec: WorkerSpec, reports: Any, outcome: dict[str, int]) -> None:
 
 
 def _mqtt_nodes(spec: WorkerSpec, reports: Any, stop: Any) -> None:
-    """Many paho clients on one selector loop, each on the wire like `MqttNodeLink`.
+    """Many paho clients on one selector loop (`MqttSwarm`), each on the wire like
+    `MqttNodeLink`, which runs one paho network thread per node: 2,500 nodes per process
+    cannot afford that; the packets are the same."""
+    from edge_node.testing.mqtt_swarm import MqttSwarm, SwarmConfig, SwarmNode
 
-    Per node: client id = user name = node id, its own password, MQTT 5, clean_start
-    False with a 7-day session, the offline Last Will; subscribe to ``desired``, ``ack``
-    and ``cmd`` (QoS 1, retain handling 1); publish the Hello on ``status`` (QoS 1).
-    `MqttNodeLink` itself runs one paho network thread per node, which 2,500 nodes per
-    process cannot afford; the packets are the same.
-    """
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-    from paho.mqtt.subscribeoptions import SubscribeOptions
-
-    from edge_node.link.mqtt_link import node_topic, offline_will
-    from protos.edgefleet.fleet.v1 import link_pb2
-
-    selector = selectors.DefaultSelector()
+    swarm = MqttSwarm(
+        SwarmConfig(
+            fleet=FLEET,
+            port=spec.port,
+            agent_version=AGENT_VERSION,
+            connect_concurrency=spec.connect_concurrency,
+        ),
+        [SwarmNode(node.node_id, node.mqtt_password) for node in spec.nodes],
+    )
     arrivals = Arrivals(spec, reports)
-    clients: list[mqtt.Client] = []
-    pending: set[int] = set()  # nodes between CONNECT and the Hello's PUBACK
-    hello_mids: dict[int, int] = {}
     outcome = {"ok": 0, "failed": 0}
-    hello = link_pb2.NodeMessage(
-        protocol_version=1, hello=link_pb2.Hello(agent_version="bench-0.1.0")
-    ).SerializeToString()
-    options = SubscribeOptions(qos=1, retainHandling=1)
-    fleet = FLEET
 
-    def done(index: int, ok: bool, why: str = "") -> None:
-        if index not in pending:
-            return
-        pending.discard(index)
+    def settled(index: int, ok: bool, why: str) -> None:
         outcome["ok" if ok else "failed"] += 1
         if not ok:
             reports.put(("failed", spec.index, f"{spec.nodes[index].node_id}: {why}"))
         _settled(spec, reports, outcome)
 
-    def on_connect(client: Any, index: int, flags: Any, reason: Any, props: Any) -> None:
-        if reason.is_failure:
-            done(index, False, f"CONNACK {reason}")
-            return
-        node_id = spec.nodes[index].node_id
-        client.subscribe([(node_topic(fleet, node_id, leaf), options) for leaf in _DOWNLINK])
-
-    def on_subscribe(client: Any, index: int, mid: int, reasons: Any, props: Any) -> None:
-        if any(r.is_failure for r in reasons):
-            done(index, False, f"SUBACK {reasons}")
-            return
-        topic = node_topic(fleet, spec.nodes[index].node_id, "status")
-        hello_mids[index] = client.publish(topic, hello, qos=1).mid
-
-    def on_publish(client: Any, index: int, mid: int, reason: Any, props: Any) -> None:
-        if hello_mids.get(index) == mid:
-            done(index, not reason.is_failure, f"PUBACK {reason}")
-
-    def on_message(client: Any, index: int, message: Any) -> None:
-        if message.topic.endswith("/desired") and message.payload:
-            arrivals.arrived(index, message.payload, time.monotonic())
-
-    def on_socket_open(client: Any, index: int, sock: Any) -> None:
-        selector.register(sock, selectors.EVENT_READ, client)
-
-    def on_socket_close(client: Any, index: int, sock: Any) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            selector.unregister(sock)
-
-    def on_register_write(client: Any, index: int, sock: Any) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, client)
-
-    def on_unregister_write(client: Any, index: int, sock: Any) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            selector.modify(sock, selectors.EVENT_READ, client)
-
-    will_payload, will_props = offline_will()
-    for index, node in enumerate(spec.nodes):
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=node.node_id,
-            protocol=mqtt.MQTTv5,
-            userdata=index,
-            reconnect_on_failure=False,
-        )
-        client.username_pw_set(node.node_id, node.mqtt_password)
-        client.will_set(
-            node_topic(fleet, node.node_id, "status"), will_payload, qos=1, properties=will_props
-        )
-        client.on_connect = on_connect
-        client.on_subscribe = on_subscribe
-        client.on_publish = on_publish
-        client.on_message = on_message
-        client.on_socket_open = on_socket_open
-        client.on_socket_close = on_socket_close
-        client.on_socket_register_write = on_register_write
-        client.on_socket_unregister_write = on_unregister_write
-        clients.append(client)
-
-    connect_props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-    connect_props.SessionExpiryInterval = 7 * 24 * 3600
-    next_node = 0
-    started: dict[int, float] = {}
     deadline = time.monotonic() + WORKER_LIFETIME_S
-    last_misc = time.monotonic()
-    while not stop.is_set() and time.monotonic() < deadline:
-        while next_node < len(clients) and len(pending) < spec.connect_concurrency:
-            index = next_node
-            next_node += 1
-            pending.add(index)
-            started[index] = time.monotonic()
-            try:
-                clients[index].connect(
-                    "127.0.0.1",
-                    spec.port,
-                    keepalive=60,
-                    clean_start=False,
-                    properties=connect_props,
-                )
-            except OSError as exc:
-                done(index, False, f"connect: {exc}")
-        for key, events in selector.select(timeout=0.05):
-            client = key.data
-            if events & selectors.EVENT_READ:
-                client.loop_read()
-            if events & selectors.EVENT_WRITE:
-                client.loop_write()
-        now = time.monotonic()
-        if now - last_misc > 1.0:
-            last_misc = now
-            for client in clients:
-                client.loop_misc()
-            for index in [i for i in pending if now - started[i] > 120.0]:
-                done(index, False, "no CONNACK/SUBACK/PUBACK within 120 s")
+    swarm.run(
+        keep_running=lambda: not stop.is_set() and time.monotonic() < deadline,
+        on_settled=settled,
+        on_desired=arrivals.arrived,
+    )
     arrivals.final()
-    for client in clients:
-        with contextlib.suppress(Exception):
-            client.disconnect()  # normal DISCONNECT: no Will, the session stays
-            client.loop_write()
-
-
-_DOWNLINK = ("desired", "ack", "cmd")
 
 
 class NodeProcesses:
@@ -522,7 +389,7 @@ def settled_rss() -> int:
 
 
 def worker_specs(
-    transport: str, nodes: list[NodeIdentity], ca_pem: bytes, port: int, processes: int
+    transport: str, nodes: list[EnrolledNode], ca_pem: bytes, port: int, processes: int
 ) -> list[WorkerSpec]:
     size = math.ceil(len(nodes) / processes)
     cpu = NODE_CPU if can_pin() else None
@@ -552,27 +419,14 @@ def settle_incomplete(rounds: list[Round], processes: NodeProcesses) -> None:
 # ----------------------------------------------------------------------------- control plane
 
 
-class Plane:
-    """The control plane's services on a throwaway database, in this process."""
+class Plane(InProcessPlane):
+    """The harness's in-process control plane, plus what the fan-out rounds need: model
+    versions to pin, the director's key and signed assignments."""
 
     def __init__(self, work: Path, database_url: str) -> None:
-        from control_plane.access.roles import Principal, Role
-        from control_plane.access.service import RequestContext
         from control_plane.director.assignments import load_or_create_director_key
-        from control_plane.services import ServiceConfig, build_services
 
-        self.admin = RequestContext(
-            Principal(token_id="bench", name="bench", role=Role.ADMIN), "bench"
-        )
-        self.data_dir = work / "cp"
-        self.services = build_services(
-            ServiceConfig(
-                data_dir=self.data_dir,
-                database_url=database_url,
-                artifacts_url=(self.data_dir / "artifacts").as_uri(),
-            )
-        )
-        self.services.registry.create_fleet(self.admin, FLEET)
+        super().__init__(work, database_url, FLEET)
         # The director's own key, as the control plane loads it.
         self.director_key = load_or_create_director_key(self.data_dir / "director")
         self.sequence = 0
@@ -636,44 +490,6 @@ class Plane:
         result.queued_s = time.monotonic() - result.started
         result.sign_s = math.nan
 
-    def database_bytes(self) -> int | None:
-        """The database's size on disk (PostgreSQL only)."""
-        from sqlalchemy import text
-
-        if self.services.engine.dialect.name != "postgresql":
-            return None
-        with self.services.engine.connect() as conn:
-            return int(
-                conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
-            )
-
-    def enroll(self, count: int, threads: int = 4) -> list[NodeIdentity]:
-        """``count`` nodes through the real path: a bootstrap token each, a CSR each.
-
-        In-process service calls (the gRPC and REST enrollment front ends are thin), for
-        the MQTT transport, which also issues the client certificate: one identity serves
-        both transports.
-        """
-        from edge_node.enroll import generate_node_key, make_csr, private_key_pem
-
-        nodes = self.services.nodes
-        ttl = timedelta(hours=2)
-
-        def one(_: int) -> NodeIdentity:
-            key = generate_node_key()
-            token, _info = nodes.create_bootstrap_token(self.admin, FLEET, {}, ttl)
-            enrolled = nodes.enroll(token, make_csr(key), agent_version="0.1.0", transport="mqtt")
-            assert enrolled.mqtt_password
-            return NodeIdentity(
-                enrolled.node_id,
-                private_key_pem(key),
-                enrolled.certificate_pem,
-                enrolled.mqtt_password,
-            )
-
-        with ThreadPoolExecutor(threads) as pool:
-            return list(pool.map(one, range(count)))
-
     def sign(self, node_id: str) -> Any:
         """A fresh signed assignment for one node, as the director makes it."""
         from control_plane.director.assignments import sign_assignment
@@ -697,9 +513,6 @@ class Plane:
         return link_pb2.ControlMessage(
             protocol_version=1, desired=link_pb2.DesiredState(assignment=self.sign(node_id))
         )
-
-    def close(self) -> None:
-        self.services.close()
 
 
 # ----------------------------------------------------------------------------- gRPC
@@ -777,7 +590,7 @@ class PinRounds:
 
 
 async def grpc_phases(
-    plane: Plane, nodes: list[NodeIdentity], rounds: int, pins: PinRounds, processes: int
+    plane: Plane, nodes: list[EnrolledNode], rounds: int, pins: PinRounds, processes: int
 ) -> list[Phase]:
     return [
         await grpc_bare_phase(plane, nodes, rounds, processes),
@@ -786,7 +599,7 @@ async def grpc_phases(
 
 
 async def grpc_bare_phase(
-    plane: Plane, nodes: list[NodeIdentity], rounds: int, processes: int
+    plane: Plane, nodes: list[EnrolledNode], rounds: int, processes: int
 ) -> Phase:
     ca = plane.services.ca
     creds = ca.issue_server_certificate(["localhost"], ["127.0.0.1"], now=datetime.now(UTC))
@@ -849,7 +662,7 @@ async def _recv(conn: Any, timeout_s: float) -> Any:
 
 
 async def grpc_edgefleet_phase(
-    plane: Plane, nodes: list[NodeIdentity], rounds: int, pins: PinRounds, processes: int
+    plane: Plane, nodes: list[EnrolledNode], rounds: int, pins: PinRounds, processes: int
 ) -> Phase:
     from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
 
@@ -1020,7 +833,7 @@ class BarePublisher:
 
 async def mqtt_phases(
     plane: Plane,
-    nodes: list[NodeIdentity],
+    nodes: list[EnrolledNode],
     rounds: int,
     pins: PinRounds,
     processes: int,
@@ -1143,7 +956,7 @@ def _mqtt_delivery(plane: Plane, bridge: Any) -> Any:
 
 
 def _publish_desired_all(
-    plane: Plane, bridge: Any, nodes: list[NodeIdentity], result: Round
+    plane: Plane, bridge: Any, nodes: list[EnrolledNode], result: Round
 ) -> None:
     """Sign and ring each node's doorbell, one after another (each waits for its PUBACK)."""
     result.started = time.monotonic()
@@ -1296,11 +1109,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"processes holding the nodes (default: one per {NODES_PER_PROCESS})",
     )
     parser.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql")
-    parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "link_fanout")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the shortest run that still exercises every path: 20 nodes, one round and one "
+        "pin_many round per path, one node process, SQLite (its figures mean nothing)",
+    )
+    add_report_arguments(parser)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.rounds, args.pin_rounds, args.node_processes = 20, 1, 1, 1
+        args.database = "sqlite"
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if not transports or set(transports) - {"grpc", "mqtt"}:
         parser.error("--transports takes grpc and/or mqtt")
@@ -1315,15 +1136,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.transports = transports
     args.node_processes = args.node_processes or math.ceil(args.nodes / NODES_PER_PROCESS)
     return args
-
-
-@contextlib.contextmanager
-def database(kind: str, work: Path) -> Iterator[str]:
-    if kind == "sqlite":
-        yield f"sqlite:///{work / 'cp.db'}"
-        return
-    with throwaway_postgres() as (url, _name):
-        yield url
 
 
 def raise_fd_limit() -> None:
@@ -1341,14 +1153,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_fd_limit()
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     pin_self(CP_CPU)
-    load_start = os.getloadavg()
+    report = Report("link_fanout")
     phases: list[Phase] = []
     pins = PinRounds(many=args.pin_rounds, single=args.single_pin_rounds)
     enroll_s = 0.0
     db_per_node = math.nan
     try:
-        with database(args.database, work) as url:
-            plane = Plane(work, url)
+        with database(args.database, work) as made:
+            plane = Plane(work, made.url)
             try:
                 print(f"enrolling {args.nodes} nodes (token + CSR each) ...", flush=True)
                 started = time.monotonic()
@@ -1376,7 +1188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.sched_setaffinity(0, affinity)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    load_end = os.getloadavg()
 
     rows = summarise(phases)
     print()
@@ -1392,38 +1203,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"control plane pinned to CPU {CP_CPU}, nodes to CPU {NODE_CPU} "
         f"({'pinned' if can_pin() else 'NOT pinned: fewer than 2 CPUs'})"
     )
-    print(
-        f"load average (1/5/15 min) at start {load_start[0]:.2f}/{load_start[1]:.2f}/"
-        f"{load_start[2]:.2f}, at end {load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} "
-        f"on {os.cpu_count()} CPUs"
-    )
-    verdicts = goals(rows)
-    all_met = print_verdicts(verdicts)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "machine": {
-                        "platform": platform.platform(),
-                        "python": platform.python_version(),
-                        "cpus": os.cpu_count(),
-                    },
-                    "args": {k: str(v) for k, v in vars(args).items()},
-                    "load_average": {"start": load_start, "end": load_end},
-                    "enroll_s": enroll_s,
-                    "database_bytes_per_node": db_per_node,
-                    "commit": git_describe(),
-                    "phases": [asdict(p) for p in phases],
-                    "summary": rows,
-                    "goals": [{"goal": t, "met": m} for t, m in verdicts],
-                },
-                indent=2,
-            )
+    print(report.load_line())
+    for row in rows:
+        if row["path"] == "bare":
+            continue
+        bare = [r for r in rows if r["path"] == "bare" and r["transport"] == row["transport"]]
+        report.figure(
+            f"{row['transport']} {row['path']}: last of {row['nodes']} nodes",
+            row["last_s"],
+            "s",
+            anchor=bare[0]["last_s"] if bare else None,
+            anchor_name="bare transport",
+            goal=f"{GOAL_NODES} nodes in < {GOAL_FANOUT_S:.0f} s",
+            met=row["nodes"] >= GOAL_NODES and row["last_s"] < GOAL_FANOUT_S,
         )
-    if args.check and not all_met:
-        return 1
-    return 0
+    report.extend_goals(goals(rows))
+    return report.finish(
+        args,
+        {
+            "enroll_s": enroll_s,
+            "database_bytes_per_node": db_per_node,
+            "phases": [asdict(p) for p in phases],
+            "summary": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -25,19 +25,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import multiprocessing
-import os
-import platform
 import random
 import shutil
 import signal
-import sqlite3
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,25 +41,30 @@ from typing import Any
 
 import psutil
 
+from bench._harness import (
+    AGENT_VERSION,
+    EnrolledNode,
+    ServerProcess,
+    database,
+    grpc_link,
+    mqtt_link,
+    spawned,
+    stored_records,
+)
+from bench._report import Report, add_report_arguments
 from bench._util import (
     BENCH_DIR,
     MB,
     POSTGRES_ADMIN_URL,
-    REPO_ROOT,
-    ChildProcess,
     PrivateMosquitto,
     can_pin,
     free_port,
     git_describe,
     median,
     pin_self,
-    pinned,
     postgres_backends_cpu_s,
-    print_verdicts,
     rss_bytes,
-    run_measured,
-    throwaway_postgres,
-    wait_http,
+    wait_port,
 )
 
 GOAL_RATIO = 0.7
@@ -88,21 +89,13 @@ log = logging.getLogger("bench.link_ingest")
 # ----------------------------------------------------------------------------- nodes
 
 
-@dataclass(frozen=True, slots=True)
-class LoadNode:
-    node_id: str
-    key_pem: bytes = b""
-    cert_pem: bytes = b""
-    mqtt_password: str = ""
-
-
 @dataclass(frozen=True)
 class LoadSpec:
     """One measuring window, as the load process runs it."""
 
     transport: str  # grpc | mqtt
     port: int  # the gRPC node port, or the broker's port
-    nodes: list[LoadNode]
+    nodes: list[EnrolledNode]
     ca_pem: bytes
     batch: int
     warmup_s: float
@@ -164,63 +157,23 @@ def load_worker(spec: LoadSpec, conn: Any) -> None:
 
 
 async def _load(spec: LoadSpec) -> dict[str, Any]:
-    from google.protobuf.timestamp_pb2 import Timestamp
+    from edge_node.testing.simulator import SimulatedFleet, SimulatorConfig
 
-    from edge_node.clock import SystemClock
-    from edge_node.link.base import NodeLink, node_message
-    from edge_node.uuid7 import UUIDv7Generator
-    from protos.edgefleet.fleet.v1 import link_pb2
-
-    links: list[NodeLink] = [_make_link(spec, node) for node in spec.nodes]
-    hello = link_pb2.Hello(agent_version="bench-0.1.0")
-    gate = asyncio.Semaphore(16)
-
-    async def connect(link: NodeLink) -> None:
-        async with gate, asyncio.timeout(START_TIMEOUT_S):
-            await link.connect(hello)
-
-    await asyncio.gather(*(connect(link) for link in links))
+    fleet = SimulatedFleet(
+        [_make_link(spec, node) for node in spec.nodes],
+        SimulatorConfig(
+            agent_version=AGENT_VERSION,
+            connect_timeout_s=START_TIMEOUT_S,
+            ack_timeout_s=ACK_TIMEOUT_S,
+        ),
+    )
+    outcome = await fleet.connect_all()
+    if outcome.failed:
+        raise RuntimeError(f"{len(outcome.failed)} nodes did not connect: {outcome.failed[:3]}")
+    health_payload(0)  # imports the report builder now, not inside the window
     started = time.monotonic()
     window_start = started + spec.warmup_s
     window_end = window_start + spec.seconds
-    state: dict[str, Any] = {"records": 0, "messages": 0, "acked": 0, "rtts": []}
-    errors: list[str] = []
-
-    async def node_loop(index: int, link: NodeLink) -> None:
-        payload = health_payload(index)
-        ids7 = UUIDv7Generator(SystemClock())
-        incoming = link.incoming().__aiter__()
-        seq = 0
-        while time.monotonic() < window_end:
-            created = Timestamp()
-            created.GetCurrentTime()
-            records = []
-            for _ in range(spec.batch):
-                seq += 1
-                records.append(
-                    link_pb2.Record(
-                        id=str(ids7.new()),
-                        seq=seq,
-                        kind=link_pb2.RECORD_KIND_HEALTH,
-                        created_at=created,
-                        content_type="application/json",
-                        payload=payload,
-                    )
-                )
-            ids = {r.id for r in records}
-            sent = time.monotonic()
-            await link.send(node_message(records=link_pb2.RecordBatch(records=records)))
-            async with asyncio.timeout(ACK_TIMEOUT_S):
-                while True:
-                    message = await anext(incoming)
-                    if message.WhichOneof("body") == "ack" and set(message.ack.record_ids) == ids:
-                        break
-            acked = time.monotonic()
-            state["acked"] += len(ids)
-            if window_start <= acked < window_end:
-                state["records"] += len(ids)
-                state["messages"] += 1
-                state["rtts"].append(acked - sent)
 
     async def sample() -> dict[str, float]:
         me = psutil.Process()
@@ -251,25 +204,22 @@ async def _load(spec: LoadSpec) -> dict[str, Any]:
         }
 
     sampler = asyncio.create_task(sample())
-    outcomes = await asyncio.gather(
-        *(node_loop(i, link) for i, link in enumerate(links)), return_exceptions=True
+    result = await fleet.stop_and_wait(
+        batch=spec.batch,
+        payload=health_payload,
+        window_start=window_start,
+        window_end=window_end,
     )
     cpu = await sampler
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            errors.append(f"{type(outcome).__name__}: {outcome}")
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(20):
-            await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
-    rtts = sorted(state["rtts"])
+    await fleet.close()
     return {
         "seconds": spec.seconds,
-        "records": state["records"],
-        "messages": state["messages"],
-        "acked_total": state["acked"],
-        "rtt_p50_ms": 1000 * rtts[len(rtts) // 2] if rtts else 0.0,
-        "rtt_p99_ms": 1000 * rtts[int(0.99 * (len(rtts) - 1))] if rtts else 0.0,
-        "errors": errors[:5],
+        "records": result.records,
+        "messages": result.messages,
+        "acked_total": result.acked_total,
+        "rtt_p50_ms": 1000 * result.rtt_quantile(0.5),
+        "rtt_p99_ms": 1000 * result.rtt_quantile(0.99),
+        "errors": result.errors[:5],
         **cpu,
     }
 
@@ -300,26 +250,10 @@ class _SessionCounter:
             self._conn.close()
 
 
-def _make_link(spec: LoadSpec, node: LoadNode) -> Any:
+def _make_link(spec: LoadSpec, node: EnrolledNode) -> Any:
     if spec.transport == "grpc":
-        from edge_node.link.grpc_link import GrpcLinkSettings, GrpcNodeLink, NodeCredentials
-
-        settings = GrpcLinkSettings(
-            target=f"127.0.0.1:{spec.port}", server_name="localhost", connect_timeout_s=30.0
-        )
-        return GrpcNodeLink(settings, NodeCredentials(node.key_pem, node.cert_pem, spec.ca_pem))
-    from edge_node.link.mqtt_link import MqttLinkConfig, MqttNodeLink
-
-    return MqttNodeLink(
-        MqttLinkConfig(
-            fleet=FLEET,
-            node_id=node.node_id,
-            username=node.node_id,
-            password=node.mqtt_password,
-            port=spec.port,
-            connect_timeout_s=30.0,
-        )
-    )
+        return grpc_link(f"127.0.0.1:{spec.port}", node, spec.ca_pem, connect_timeout_s=30.0)
+    return mqtt_link(FLEET, spec.port, node, connect_timeout_s=30.0)
 
 
 def run_window(spec: LoadSpec, server: str, database: str) -> Window:
@@ -474,7 +408,7 @@ def pubsub_subscriber(port: int, username: str, password: str, conn: Any) -> Non
 
 
 def pubsub_publisher(
-    port: int, nodes: list[LoadNode], payload: bytes, window: int, stop: Any
+    port: int, nodes: list[EnrolledNode], payload: bytes, window: int, stop: Any
 ) -> None:
     """The open-loop anchor's producers (spawned, pinned like the nodes): one paho client
     per given node account, each publishing ``payload`` QoS 1 on its own ``events`` topic
@@ -542,7 +476,7 @@ def pubsub_batch_payload(batch: int) -> bytes:
 
 
 def run_pubsub_window(
-    port: int, nodes: list[LoadNode], password: str, batch: int, args: argparse.Namespace
+    port: int, nodes: list[EnrolledNode], password: str, batch: int, args: argparse.Namespace
 ) -> Window:
     """Open loop: publishers push as fast as the broker acks; the subscriber counts."""
     context = multiprocessing.get_context("spawn")
@@ -593,203 +527,30 @@ def run_pubsub_window(
     return window
 
 
-@contextlib.contextmanager
-def spawned(target: Any, *args: Any) -> Iterator[multiprocessing.process.BaseProcess]:
-    """A spawned helper process, terminated (then killed) on exit."""
-    proc = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=10)
-
-
 # ----------------------------------------------------------------------------- control plane
 
 
-def edgefleet_command() -> list[str]:
-    return [sys.executable, "-m", "control_plane.cli.main"]
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"COLUMNS": "200", "NO_COLOR": "1", "EDGEFLEET_LOG_LEVEL": "warning"})
-    env.update(extra)
-    return env
-
-
-class ControlPlane:
-    """``edgefleet server`` as its own process, pinned to CP_CPU."""
-
-    def __init__(
-        self,
-        work: Path,
-        database_url: str,
-        *,
-        grpc: bool = False,
-        mqtt_port: int | None = None,
-        health_processor: bool = False,
-    ) -> None:
-        self.data_dir = work / "cp"
-        self.http_port = free_port()
-        self.base = f"http://127.0.0.1:{self.http_port}"
-        self.grpc_port = free_port() if grpc else None
-        self.enroll_port = free_port() if grpc else None
-        args = [
-            *edgefleet_command(),
-            "server",
-            "--data-dir",
-            str(self.data_dir),
-            "--database-url",
-            database_url,
-            "--http",
-            f"127.0.0.1:{self.http_port}",
-        ]
-        if grpc:
-            args += ["--grpc", f"127.0.0.1:{self.grpc_port}"]
-            args += ["--grpc-enroll", f"127.0.0.1:{self.enroll_port}"]
-        if mqtt_port is not None:
-            args += ["--mqtt", f"127.0.0.1:{mqtt_port}"]
-        self.child = ChildProcess(
-            pinned(args, CP_CPU if can_pin() else None),
-            log=work / "logs" / f"cp-{'grpc' if grpc else 'mqtt'}.log",
-            env=child_env(
-                EDGEFLEET_MQTT_CLIENT_ID="edgefleet-cp-bench",
-                EDGEFLEET_HEALTH_PROCESSOR="true" if health_processor else "false",
-            ),
-            cwd=REPO_ROOT,
-        )
-        self.token = ""
-
-    def start(self) -> ControlPlane:
-        self.child.__enter__()
-        try:
-            wait_http(f"{self.base}/readyz", START_TIMEOUT_S, self.child.proc)
-            self.token = read_token(self.data_dir)
-            if self.grpc_port is not None:
-                _wait_tcp(self.grpc_port)
-        except BaseException:
-            print(f"control plane log:\n{self.child.tail()}", file=sys.stderr)
-            self.child.stop()
-            raise
-        return self
-
-    @property
-    def pid(self) -> int:
-        """The server's own pid (``taskset`` execs it, so it is the child's)."""
-        return self.child.pid
-
-    def stop(self) -> None:
-        self.child.stop()
-
-    def api(self) -> Any:
-        from control_plane.cli.client import ApiClient
-
-        return ApiClient(self.base, self.token, timeout=60.0)
-
-    def cli(self, args: Sequence[str], log: Path) -> None:
-        env = child_env(EDGEFLEET_SERVER=self.base, EDGEFLEET_TOKEN=self.token)
-        measured = run_measured([*edgefleet_command(), *args], env=env, timeout_s=120, log=log)
-        if measured.returncode != 0:
-            raise RuntimeError(f"edgefleet {' '.join(args)} failed:\n{measured.output[-2000:]}")
-
-
-def read_token(data_dir: Path, timeout_s: float = START_TIMEOUT_S) -> str:
-    path = data_dir / "admin-token"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and (token := path.read_text().strip()):
-            return token
-        time.sleep(0.05)
-    raise TimeoutError(f"{path} did not appear within {timeout_s} s")
-
-
-def _wait_tcp(port: int) -> None:
-    from bench._util import wait_port
-
-    wait_port(port, START_TIMEOUT_S)
-
-
-def node_tokens(plane: ControlPlane, count: int) -> list[str]:
-    with plane.api() as api:
-        api.json("POST", "/v1/fleets", json={"name": FLEET})
-        return [
-            api.json("POST", f"/v1/fleets/{FLEET}/node-tokens", json={"ttl_s": 7200})["token"]
-            for _ in range(count)
-        ]
-
-
-def enroll_grpc(plane: ControlPlane, count: int, work: Path) -> tuple[list[LoadNode], bytes]:
-    """``count`` nodes over the gRPC enrollment port, as `edge_node.enroll` does it."""
-    from edge_node.enroll import enroll_over_grpc
-
-    ca_pem = (plane.data_dir / "ca" / "ca.crt").read_bytes()
-    tokens = node_tokens(plane, count)
-
-    async def enroll_all() -> list[LoadNode]:
-        nodes = []
-        for index, token in enumerate(tokens):
-            files = await enroll_over_grpc(
-                f"127.0.0.1:{plane.enroll_port}",
-                ca_pem,
-                token,
-                "bench-0.1.0",
-                work / "nodes" / f"node-{index}",
-                server_name="localhost",
-            )
-            creds = files.credentials()
-            nodes.append(LoadNode(files.node_id, creds.key_pem, creds.certificate_pem))
-        return nodes
-
-    return asyncio.run(enroll_all()), ca_pem
-
-
-def enroll_mqtt(plane: ControlPlane, count: int) -> list[LoadNode]:
-    """``count`` nodes through ``POST /v1/enroll`` with ``"transport": "mqtt"``."""
-    from edge_node.enroll import generate_node_key, make_csr
-
-    tokens = node_tokens(plane, count)
-    nodes = []
-    with plane.api() as api:
-        for token in tokens:
-            answer = api.json(
-                "POST",
-                "/v1/enroll",
-                json={
-                    "token": token,
-                    "csr_pem": make_csr(generate_node_key()).decode(),
-                    "agent_version": "bench-0.1.0",
-                    "transport": "mqtt",
-                },
-            )
-            nodes.append(LoadNode(answer["node_id"], mqtt_password=answer["mqtt_password"]))
-    return nodes
-
-
-@contextlib.contextmanager
-def database(kind: str, work: Path) -> Iterator[tuple[str, str | None]]:
-    """(SQLAlchemy URL, PostgreSQL database name or None)."""
-    if kind == "sqlite":
-        yield f"sqlite:///{work / 'edgefleet.db'}", None
-        return
-    with throwaway_postgres() as (url, name):
-        yield url, name
-
-
-def stored_records(url: str) -> int:
-    if url.startswith("sqlite:///"):
-        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
-            return int(conn.execute("SELECT count(*) FROM node_records").fetchone()[0])
-    import psycopg
-
-    dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM node_records").fetchone()
-        return int(row[0]) if row else 0
+def control_plane(
+    work: Path,
+    url: str,
+    args: argparse.Namespace,
+    *,
+    grpc: bool = False,
+    mqtt_port: int | None = None,
+) -> ServerProcess:
+    """``edgefleet server`` pinned to CP_CPU, as an ingest-only replica unless asked."""
+    return ServerProcess(
+        work,
+        url,
+        grpc=grpc,
+        mqtt_port=mqtt_port,
+        cpu=CP_CPU,
+        name=f"cp-{'grpc' if grpc else 'mqtt'}",
+        env={
+            "EDGEFLEET_MQTT_CLIENT_ID": "edgefleet-cp-bench",
+            "EDGEFLEET_HEALTH_PROCESSOR": "true" if args.health_processor else "false",
+        },
+    )
 
 
 # ----------------------------------------------------------------------------- runs
@@ -808,51 +569,68 @@ class Run:
     server_rss_end: int = 0
 
 
+def paired_windows(
+    run: Run,
+    args: argparse.Namespace,
+    nodes: list[EnrolledNode],
+    ca_pem: bytes,
+    batch: int,
+    repeat: int,
+    servers: Sequence[tuple[str, int, int, str | None]],
+) -> None:
+    """One window against each ``(name, port, pid, PostgreSQL database)``, back to back,
+    so that each edgefleet window has its echo anchor beside it."""
+    cpu = NODE_CPU if can_pin() else None
+    for server, port, pid, db in servers:
+        spec = LoadSpec(
+            transport=run.transport,
+            port=port,
+            nodes=nodes,
+            ca_pem=ca_pem,
+            batch=batch,
+            warmup_s=args.warmup,
+            seconds=args.seconds,
+            server_pid=pid,
+            database=db,
+            cpu=cpu,
+        )
+        window = run_window(spec, server, run.database if server != "echo" else "none")
+        run.windows.append(window)
+        _print_window(window, repeat)
+
+
 def run_grpc(args: argparse.Namespace, kind: str, work: Path) -> Run:
     from control_plane.identity.ca import CertificateAuthority
 
     run = Run("grpc", kind)
-    cpu = NODE_CPU if can_pin() else None
-    with database(kind, work) as (url, pg_name):
-        plane = ControlPlane(work, url, grpc=True, health_processor=args.health_processor).start()
+    with database(kind, work) as made:
+        url, pg_name = made.url, made.postgres_name
+        plane = control_plane(work, url, args, grpc=True).start()
         try:
             print(f"  gRPC/{kind}: enrolling {args.nodes} nodes ...", flush=True)
-            nodes, ca_pem = enroll_grpc(plane, args.nodes, work)
+            plane.make_fleet(FLEET)
+            nodes, ca_pem = plane.enroll_grpc(FLEET, args.nodes, work), plane.ca_pem
             ca = CertificateAuthority.load_or_create(plane.data_dir / "ca", now=datetime.now(UTC))
             creds = ca.issue_server_certificate(["localhost"], ["127.0.0.1"], now=datetime.now(UTC))
             echo_port = free_port()
             with spawned(
                 grpc_echo_server, ca_pem, creds.private_key_pem, creds.certificate_pem, echo_port
             ) as echo:
-                _wait_tcp(echo_port)
+                wait_port(echo_port, START_TIMEOUT_S)
                 run.server_rss_start = rss_bytes(plane.pid)
                 for batch in args.batches:
                     for repeat in range(args.repeat):
-                        for server, port, pid, db in (
+                        assert echo.pid is not None and plane.grpc_port is not None
+                        servers = [
                             ("echo", echo_port, echo.pid, None),
                             ("edgefleet", plane.grpc_port, plane.pid, pg_name),
-                        ):
-                            assert port is not None and pid is not None
-                            spec = LoadSpec(
-                                transport="grpc",
-                                port=port,
-                                nodes=nodes,
-                                ca_pem=ca_pem,
-                                batch=batch,
-                                warmup_s=args.warmup,
-                                seconds=args.seconds,
-                                server_pid=pid,
-                                database=db,
-                                cpu=cpu,
-                            )
-                            window = run_window(spec, server, kind if server != "echo" else "none")
-                            run.windows.append(window)
-                            _print_window(window, repeat)
+                        ]
+                        paired_windows(run, args, nodes, ca_pem, batch, repeat, servers)
                 run.server_rss_end = rss_bytes(plane.pid)
             run.acked = sum(w.acked_total for w in run.windows if w.server == "edgefleet")
             run.stored = stored_records(url)
         except BaseException:
-            print(f"control plane log:\n{plane.child.tail()}", file=sys.stderr)
+            print(f"control plane log:\n{plane.tail()}", file=sys.stderr)
             raise
         finally:
             plane.stop()
@@ -864,8 +642,8 @@ def run_mqtt(args: argparse.Namespace, kind: str, work: Path) -> Run:
     echo uses one, the control plane's bridge the other, so the bridge's persistent
     session never holds messages from a raw window."""
     run = Run("mqtt", kind)
-    cpu = NODE_CPU if can_pin() else None
-    with database(kind, work) as (url, pg_name):
+    with database(kind, work) as made:
+        url, pg_name = made.url, made.postgres_name
         files = work / "broker-files"
         files.mkdir(parents=True)
         (files / "passwd").write_text("")
@@ -879,15 +657,14 @@ def run_mqtt(args: argparse.Namespace, kind: str, work: Path) -> Run:
             )
             for name in ("raw", "cp")
         ]
-        plane = ControlPlane(
-            work, url, mqtt_port=brokers[1].port, health_processor=args.health_processor
-        )
+        plane = control_plane(work, url, args, mqtt_port=brokers[1].port)
         try:
             for broker in brokers:
                 broker.start()
             plane.start()
             print(f"  MQTT/{kind}: enrolling {args.nodes} nodes ...", flush=True)
-            nodes = enroll_mqtt(plane, args.nodes)
+            plane.make_fleet(FLEET)
+            nodes = plane.enroll_mqtt(FLEET, args.nodes)
             plane.cli(["mqtt", "acl", "--out", str(files)], work / "logs" / "mqtt-acl.log")
             for broker in brokers:
                 broker.reload()
@@ -903,26 +680,12 @@ def run_mqtt(args: argparse.Namespace, kind: str, work: Path) -> Run:
                 run.server_rss_start = rss_bytes(plane.pid)
                 for batch in args.batches:
                     for repeat in range(args.repeat):
-                        for server, broker, pid, db in (
-                            ("echo", brokers[0], echo.pid, None),
-                            ("edgefleet", brokers[1], plane.pid, pg_name),
-                        ):
-                            assert pid is not None
-                            spec = LoadSpec(
-                                transport="mqtt",
-                                port=broker.port,
-                                nodes=nodes,
-                                ca_pem=b"",
-                                batch=batch,
-                                warmup_s=args.warmup,
-                                seconds=args.seconds,
-                                server_pid=pid,
-                                database=db,
-                                cpu=cpu,
-                            )
-                            window = run_window(spec, server, kind if server != "echo" else "none")
-                            run.windows.append(window)
-                            _print_window(window, repeat)
+                        assert echo.pid is not None
+                        servers = [
+                            ("echo", brokers[0].port, echo.pid, None),
+                            ("edgefleet", brokers[1].port, plane.pid, pg_name),
+                        ]
+                        paired_windows(run, args, nodes, b"", batch, repeat, servers)
                         window = run_pubsub_window(
                             brokers[0].port, nodes[:PUBSUB_PUBLISHERS], password, batch, args
                         )
@@ -932,7 +695,7 @@ def run_mqtt(args: argparse.Namespace, kind: str, work: Path) -> Run:
             run.acked = sum(w.acked_total for w in run.windows if w.server == "edgefleet")
             run.stored = stored_records(url)
         except BaseException:
-            print(f"control plane log:\n{plane.child.tail()}", file=sys.stderr)
+            print(f"control plane log:\n{plane.tail()}", file=sys.stderr)
             raise
         finally:
             plane.stop()
@@ -974,10 +737,8 @@ def summarise(runs: list[Run]) -> list[dict[str, Any]]:
             # nothing stored (grpc.aio echo; Mosquitto + paho pub/sub both ways). The
             # one-way open-loop pub/sub is reported beside it; it carries no Ack.
             anchor = echo
-            pairs = [o.records_per_s / a.records_per_s for a, o in zip(anchor, ours, strict=True)]
-            echo_pairs = [
-                o.records_per_s / e.records_per_s for e, o in zip(echo, ours, strict=True)
-            ]
+            pairs = [_ratio(o, a) for a, o in zip(anchor, ours, strict=True)]
+            echo_pairs = [_ratio(o, e) for e, o in zip(echo, ours, strict=True)]
             rate = median([w.records_per_s for w in ours])
             messages = median([w.messages_per_s for w in ours])
             server_cpu = median([w.server_cpu for w in ours])
@@ -1024,6 +785,11 @@ def summarise(runs: list[Run]) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def _ratio(ours: Window, anchor: Window) -> float:
+    """Records per second of `ours` over the anchor's; NaN when the anchor acked nothing."""
+    return ours.records_per_s / anchor.records_per_s if anchor.records_per_s else math.nan
 
 
 def render(rows: list[dict[str, Any]], runs: list[Run]) -> str:
@@ -1115,11 +881,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "EDGEFLEET_HEALTH_PROCESSOR=false: this measures ingestion; bench.health_store "
         "measures the processor)",
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "link_ingest")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the shortest run that still exercises every path: 4 nodes, batch 10, one "
+        "2 s window each, SQLite (overrides those options; its figures mean nothing)",
+    )
+    add_report_arguments(parser)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.batches, args.seconds, args.warmup, args.repeat = 4, "10", 2.0, 1.0, 1
+        args.databases = "sqlite"
     if args.broker_option is None:
         args.broker_option = list(DEFAULT_BROKER_OPTIONS)
     args.broker_option = [line for line in args.broker_option if line.strip()]
@@ -1145,7 +919,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work_root: Path = args.workdir.resolve()
     shutil.rmtree(work_root, ignore_errors=True)
     work_root.mkdir(parents=True)
-    load_start = os.getloadavg()
+    report = Report("link_ingest")
     runs: list[Run] = []
     print(
         f"ingestion: {args.nodes} nodes, batches {args.batches}, {args.repeat} x "
@@ -1164,43 +938,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work_root, ignore_errors=True)
-    load_end = os.getloadavg()
     rows = summarise(runs)
     print()
     print(render(rows, runs))
     print(f"code: {git_describe()}")
-    print(
-        f"load average (1/5/15 min) at start {load_start[0]:.2f}/{load_start[1]:.2f}/"
-        f"{load_start[2]:.2f}, at end {load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} "
-        f"on {os.cpu_count()} CPUs"
-    )
-    verdicts = goals(rows)
-    all_met = print_verdicts(verdicts)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "machine": {
-                        "platform": platform.platform(),
-                        "python": platform.python_version(),
-                        "cpus": os.cpu_count(),
-                        "commit": git_describe(),
-                    },
-                    "args": {k: str(v) for k, v in vars(args).items()},
-                    "load_average": {"start": load_start, "end": load_end},
-                    "runs": [
-                        {**asdict(r), "windows": [asdict(w) for w in r.windows]} for r in runs
-                    ],
-                    "summary": rows,
-                    "goals": [{"goal": t, "met": m} for t, m in verdicts],
-                },
-                indent=2,
-            )
+    print(report.load_line())
+    for row in rows:
+        report.figure(
+            f"{row['transport']}/{row['database']} batch {row['batch']}",
+            row["records_s"],
+            "records/s",
+            anchor=row["anchor_records_s"],
+            anchor_name=row["anchor"],
+            goal=f"ratio >= {GOAL_RATIO}",
+            met=row["ratio"] >= GOAL_RATIO,
         )
-    if args.check and not all_met:
-        return 1
-    return 0
+    report.extend_goals(goals(rows))
+    return report.finish(
+        args,
+        {
+            "runs": [{**asdict(r), "windows": [asdict(w) for w in r.windows]} for r in runs],
+            "summary": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import json
 import multiprocessing
 import os
-import platform
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -30,6 +27,8 @@ from typing import Any
 
 import psutil
 
+from bench._harness import ServerProcess, child_env, cli, edgefleet_command
+from bench._report import Report, add_report_arguments
 from bench._util import (
     BENCH_DIR,
     MB,
@@ -37,13 +36,12 @@ from bench._util import (
     RssWatcher,
     free_port,
     median,
-    print_verdicts,
     run_measured,
     timed,
     wait_http,
 )
 from control_plane.artifacts import ArtifactStore, LocalArtifactStore
-from control_plane.cli.client import ApiClient, file_sha256
+from control_plane.cli.client import file_sha256
 
 GOAL_LOCAL_RATIO = 0.5
 """Issue goal: local upload throughput at least half of ``cp`` (+fsync) of the same file."""
@@ -178,35 +176,12 @@ def measure_copy(src: Path, scratch: Path, into: CopyBaseline) -> None:
 # ----------------------------------------------------------------------------- processes
 
 
-def edgefleet_command() -> list[str]:
-    script = Path(sys.executable).with_name("edgefleet")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "control_plane.cli.main"]
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(AWS_ENV)
-    env.update({"COLUMNS": "200", "NO_COLOR": "1", "EDGEFLEET_LOG_LEVEL": "warning"})
-    env.update(extra)
-    return env
-
-
-def cli(args: Sequence[str], env: dict[str, str], log: Path) -> None:
-    measured = run_measured(
-        [*edgefleet_command(), *args], env=env, timeout_s=STEP_TIMEOUT_S, log=log
-    )
-    if measured.returncode != 0:
-        raise RuntimeError(f"edgefleet {' '.join(args)} failed:\n{measured.output[-2000:]}")
-
-
 def start_s3_server(work: Path) -> tuple[ChildProcess, str]:
     port = free_port()
     moto = ChildProcess(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         log=work / "logs" / "moto.log",
-        env=child_env(),
+        env=child_env(**AWS_ENV),
     )
     moto.__enter__()
     try:
@@ -242,16 +217,6 @@ def cpu_seconds(pid: int) -> float:
     return float(times.user + times.system)
 
 
-def read_token(data_dir: Path, timeout_s: float = START_TIMEOUT_S) -> str:
-    path = data_dir / "admin-token"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and (token := path.read_text().strip()):
-            return token
-        time.sleep(0.05)
-    raise TimeoutError(f"{path} did not appear within {timeout_s} s")
-
-
 # ----------------------------------------------------------------------------- one run
 
 
@@ -268,19 +233,10 @@ def run_backend(
     sha256, length = file_sha256(model)
     label = f"{backend}-{length // MB}mb"
     data_dir = work / label
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    args = [
-        *edgefleet_command(),
-        "server",
-        "--data-dir",
-        str(data_dir),
-        "--http",
-        f"127.0.0.1:{port}",
-    ]
+    extra: list[str] = []
     if backend == "s3":
         assert s3_endpoint is not None
-        args += [
+        extra += [
             "--artifacts",
             f"s3://{BUCKET}/artifacts?endpoint_url={s3_endpoint}&region=us-east-1",
         ]
@@ -291,12 +247,11 @@ def run_backend(
     push = [*edgefleet_command(), "-o", "json", "model", "push", str(model)]
     push += ["--fleet", FLEET, "--name", "big"]
 
-    with ChildProcess(args, log=work / "logs" / f"server-{label}.log", env=child_env()) as server:
+    server = ServerProcess(work, extra_args=extra, env=AWS_ENV, name=label)
+    with server:
         try:
-            wait_http(f"{base}/readyz", START_TIMEOUT_S, server.proc)
-            token = read_token(data_dir)
-            env = child_env(EDGEFLEET_SERVER=base, EDGEFLEET_TOKEN=token, EDGEFLEET_KEYS=str(keys))
-            with ApiClient(base, token, timeout=STEP_TIMEOUT_S) as api:
+            env = server.cli_env(EDGEFLEET_KEYS=str(keys))
+            with server.api(timeout=STEP_TIMEOUT_S) as api:
                 # Warm-up: the first request of each kind imports and caches; not the cost
                 # of an upload. The baseline is taken after it.
                 api.upload_bytes(hashlib.sha256(label.encode()).digest() * (WARMUP_BYTES // 32))
@@ -335,7 +290,7 @@ def run_backend(
                         result.s3_server_peak_rss_bytes = s3_rss.peak()
             store.delete(sha256)  # S3 lives in moto's memory: give it back
         except BaseException:
-            print(f"server log ({server.log}):\n{server.tail()}", file=sys.stderr)
+            print(f"server log:\n{server.tail()}", file=sys.stderr)
             raise
     return result
 
@@ -460,11 +415,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--backends", default="local,s3", help="comma-separated: local, s3 (default both)"
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "push_throughput")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the shortest run: a 2 MB model, no second size, one repeat, the local store "
+        "only (its figures mean nothing)",
+    )
+    add_report_arguments(parser)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.size_mb, args.small_mb, args.repeat, args.backends = 2, 0, 1, "local"
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends or set(backends) - {"local", "s3"}:
         parser.error("--backends takes local and/or s3")
@@ -481,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work.mkdir(parents=True)
     sizes = sorted({args.size_mb, *([args.small_mb] if args.small_mb else [])})
     moto: ChildProcess | None = None
-    load_start = os.getloadavg()[0]
+    report = Report("push_throughput")
     try:
         models: dict[int, Path] = {}
         for size in sizes:
@@ -496,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keys = work / "keys"
         cli(
             ["keys", "init", "--out", str(keys), "--root-keys", "1", "--root-threshold", "1"],
-            child_env(),
+            child_env(**AWS_ENV),
             work / "logs" / "keys.log",
         )
         runs: list[BackendRun] = []
@@ -526,38 +488,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    load_end = os.getloadavg()[0]
     rows = summarise(runs)
     print()
     print(render(rows, args.repeat))
-    print(
-        f"load average (1 min) at start {load_start:.2f}, at end {load_end:.2f} "
-        f"on {os.cpu_count()} CPUs: above ~0.5, other processes shared the machine"
-    )
-    verdicts = goals(rows)
-    all_met = print_verdicts(verdicts)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "machine": {
-                        "platform": platform.platform(),
-                        "python": platform.python_version(),
-                        "cpus": os.cpu_count(),
-                    },
-                    "repeat": args.repeat,
-                    "load_average": {"start": load_start, "end": load_end},
-                    "runs": [asdict(r) for r in runs],
-                    "summary": rows,
-                    "goals": [{"goal": t, "met": m} for t, m in verdicts],
-                },
-                indent=2,
-            )
+    print(f"{report.load_line()}: above ~0.5, other processes shared the machine")
+    for row in rows:
+        where = f"{row['backend']} {row['size_mb']:.0f} MB"
+        local = row["backend"] == "local"
+        report.figure(
+            f"{where} upload",
+            row["upload_mbps"],
+            "MB/s",
+            anchor=row["cp_fsync_mbps"],
+            anchor_name="cp+fsync",
+            goal=f"ratio >= {GOAL_LOCAL_RATIO}" if local else "",
+            met=row["ratio_cp_fsync"] >= GOAL_LOCAL_RATIO if local else None,
         )
-    if args.check and not all_met:
-        return 1
-    return 0
+        report.figure(
+            f"{where} server RSS growth",
+            row["server_growth_mb"],
+            "MB",
+            goal=f"< {GOAL_SERVER_GROWTH_MB:.0f} MB",
+            met=row["server_growth_mb"] < GOAL_SERVER_GROWTH_MB,
+        )
+    report.extend_goals(goals(rows))
+    return report.finish(
+        args, {"repeat": args.repeat, "runs": [asdict(r) for r in runs], "summary": rows}
+    )
 
 
 if __name__ == "__main__":

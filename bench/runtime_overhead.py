@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import gc
 import importlib.util
-import json
 import os
 import platform
 import sys
@@ -46,6 +45,8 @@ import onnxruntime as ort
 import psutil
 from onnx import TensorProto, helper, numpy_helper
 
+from bench import _report
+from bench._report import add_report_arguments
 from bench._util import BENCH_DIR, median
 from edge_node.clock import SystemClock
 from edge_node.runtime import (
@@ -610,21 +611,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-frames", type=int, default=200)
     parser.add_argument("--spin", action="store_true", help="real model: allow_spinning=True")
     parser.add_argument("--camera", action="store_true", help="also 1280x720 frames, resized")
-    parser.add_argument("--json", help="write the figures here")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the shortest run: a 64-pixel input, 2 rounds of 2 frames, 200 tiny frames, 20 "
+        "latency frames (its figures mean nothing)",
+    )
+    add_report_arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.quick:
+        args.size, args.rounds, args.frames, args.tiny_frames = 64, 2, 2, 200
+        args.latency_frames = 20
 
     report = run(args)
     print_report(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(asdict(report), indent=2))
     with contextlib.suppress(OSError):
         for leftover in (BENCH_DIR / "runtime").glob("*.onnx"):
             leftover.unlink()
-    if args.check and not all(report.goals.values()):
-        return 1
-    return 0
+    real = report.real_model
+    written = _report.Report("runtime_overhead")
+    written.figure(
+        f"{real['model']} frames/s",
+        median(real["pipeline_fps"]),
+        "fps",
+        anchor=median(real["bare_fps"]),
+        anchor_name="bare InferenceSession.run",
+        goal=f"ratio >= {GOAL_RATIO}",
+        met=report.goals["throughput_ratio"],
+    )
+    written.figure(
+        "RSS growth 1,000 -> 10,000 frames",
+        report.rss["growth_mb"],
+        "MB",
+        goal=f"< {GOAL_RSS_GROWTH_MB:.0f} MB",
+        met=report.goals["rss_flat"],
+    )
+    written.extend_goals(
+        [
+            (f"pipeline / bare frames/s >= {GOAL_RATIO}", report.goals["throughput_ratio"]),
+            (f"RSS growth < {GOAL_RSS_GROWTH_MB:.0f} MB", report.goals["rss_flat"]),
+        ]
+    )
+    return written.finish(args, asdict(report), print_goals=False)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Not a test: it asserts nothing unless ``--check`` is given. See docs/benchmarks.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -38,12 +37,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench._util import BENCH_DIR, git_describe, print_verdicts
+from bench._report import Report, add_report_arguments
+from bench._util import BENCH_DIR, git_describe
 from edge_node.clock import SystemClock
 from edge_node.telemetry import (
     LatencyBook,
@@ -268,7 +267,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_result(result: dict[str, Any]) -> bool:
     tight, report, paced = result["tight"], result["report"], result["paced"]
-    anchor = result["paced_anchor"]
     m = result["machine"]
     print()
     print(
@@ -312,8 +310,40 @@ def print_result(result: dict[str, Any]) -> bool:
         "    derived from (a) and (b) at one report per 30 s (the agent's default): "
         f"{result['derived_cpu_share_percent']:.4f} %"
     )
+    return verdicts(result).print_goals()
+
+
+def verdicts(result: dict[str, Any]) -> Report:
+    """The figures beside their anchors, and the goals."""
+    tight, paced, anchor = result["tight"], result["paced"], result["paced_anchor"]
     goals = result["goals"]
-    return print_verdicts(
+    report = Report("telemetry_cost")
+    report.figure(
+        "record_frame (tight loop)",
+        tight["record_frame"]["median_ns"],
+        "ns",
+        anchor=tight["anchor_empty_call"]["median_ns"],
+        anchor_name="empty method",
+        goal=f"< {GOAL_RECORD_NS:.0f} ns",
+        met=goals["record_frame_under_1us"],
+    )
+    report.figure(
+        "record_frame (in situ, median)",
+        paced["record_ns_median"],
+        "ns",
+        anchor=anchor["record_ns_median"],
+        anchor_name="empty method",
+        goal=f"over the anchor < {GOAL_RECORD_NS:.0f} ns",
+        met=goals["record_in_situ_under_1us"],
+    )
+    report.figure(
+        f"CPU share at {paced['fps']:g} frames/s",
+        paced["cpu_share_percent"],
+        "% of a core",
+        goal=f"< {GOAL_CPU_SHARE_PERCENT} %",
+        met=goals["cpu_share_under_1_percent"],
+    )
+    report.extend_goals(
         [
             (
                 f"record_frame < {GOAL_RECORD_NS:.0f} ns (tight loop): "
@@ -332,6 +362,7 @@ def print_result(result: dict[str, Any]) -> bool:
             ),
         ]
     )
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -342,15 +373,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fps", type=float, default=200.0, help="frames per second, paced")
     parser.add_argument("--report-interval", type=float, default=1.0, help="seconds, paced")
     parser.add_argument("--work-kb", type=int, default=2048, help="buffer swept between frames")
-    parser.add_argument("--json", help="write the figures here")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the shortest run: 2,000 calls x 2 rounds, 2 s paced with a report every 0.5 s "
+        "(its figures mean nothing)",
+    )
+    add_report_arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.quick:
+        args.samples, args.rounds, args.seconds, args.report_interval = 2000, 2, 2.0, 0.5
     result = run(args)
-    met = print_result(result)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    return 1 if args.check and not met else 0
+    print_result(result)
+    return verdicts(result).finish(args, result, print_goals=False)
 
 
 if __name__ == "__main__":

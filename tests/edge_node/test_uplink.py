@@ -10,9 +10,9 @@ import pytest
 
 from edge_node.clock import SystemClock
 from edge_node.link.base import Backoff, LinkRefusedError
-from edge_node.link.memory import MemoryLinkPeer, MemoryNodeLink
 from edge_node.link.uplink import Uplink, UplinkConfig
 from edge_node.outbox import Outbox
+from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from protos.edgefleet.fleet.v1 import link_pb2
 
 pytestmark = pytest.mark.anyio

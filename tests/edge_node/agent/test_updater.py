@@ -17,7 +17,7 @@ from edge_node.agent.updater import JOURNAL_PATH, PULL_DESIRED, NodeUpdater
 from edge_node.clock import ManualClock
 from edge_node.enroll import EnrollmentFiles
 from edge_node.link.base import Backoff, LinkUnavailableError
-from edge_node.link.memory import MemoryNodeLink
+from edge_node.testing.memory_link import MemoryNodeLink
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.journal import Journal, JournalState, ModelRef
 from edge_node.updater.watchdog import ModelHealth, WatchdogConfig

@@ -23,7 +23,7 @@ from control_plane.director.assignments import sign_assignment
 from control_plane.trust import repository as repo
 from control_plane.trust.custom import model_target_path
 from edge_node.clock import ManualClock
-from edge_node.link.memory import MemoryLinkPeer, MemoryNodeLink
+from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from edge_node.updater.journal import Journal, JournalState, Phase
 from edge_node.updater.reconciler import (
     OutcomeKind,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edge_node.link.base import LinkUnavailableError
-from edge_node.link.memory import MemoryLinkPeer, MemoryNodeLink
+from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from edge_node.updater.director import TargetInfo
 from edge_node.updater.download import (
     ArtifactHashError,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from control_plane.trust.custom import model_target_path
-from edge_node.link.memory import MemoryNodeLink
+from edge_node.testing.memory_link import MemoryNodeLink
 from edge_node.updater.journal import JournalState, ModelRef, Phase
 from edge_node.updater.reconciler import (
     OutcomeKind,

@@ -9,7 +9,7 @@ import pytest
 from tuf.api.exceptions import DownloadError, DownloadHTTPError, DownloadLengthMismatchError
 
 from edge_node.link.base import LinkUnavailableError
-from edge_node.link.memory import MemoryLinkPeer, MemoryNodeLink
+from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from edge_node.updater.tuf_fetch import METADATA_BASE_URL, TARGETS_BASE_URL, LinkFetcher
 
 pytestmark = pytest.mark.anyio

@@ -1,0 +1,402 @@
+"""The one control-plane harness of the benchmarks: a database to run on, a control plane
+started on loopback (as ``edgefleet server`` or in this process), a fleet, N enrolled nodes.
+
+Every benchmark that needs a control plane takes it from here. Not here: what a benchmark
+measures, the simulated nodes (`edge_node.testing.simulator`), the report (bench._report).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import multiprocessing.process
+import os
+import secrets
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bench._util import (
+    REPO_ROOT,
+    ChildProcess,
+    can_pin,
+    free_port,
+    pinned,
+    run_measured,
+    throwaway_postgres,
+    wait_http,
+    wait_port,
+)
+
+START_TIMEOUT_S = 60.0
+CLI_TIMEOUT_S = 600.0
+AGENT_VERSION = "bench-0.1.0"
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def edgefleet_command() -> list[str]:
+    """The ``edgefleet`` console script beside this Python, or the module when not installed."""
+    script = Path(sys.executable).with_name("edgefleet")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "control_plane.cli.main"]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment with wide, plain, quiet output for a child, plus `extra`."""
+    env = dict(os.environ)
+    env.update({"COLUMNS": "200", "NO_COLOR": "1", "EDGEFLEET_LOG_LEVEL": "warning"})
+    env.update(extra)
+    return env
+
+
+def cli(args: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+    """Run ``edgefleet ARGS``; raise with the end of its output when it fails."""
+    measured = run_measured(
+        [*edgefleet_command(), *args], env=env, timeout_s=CLI_TIMEOUT_S, log=log
+    )
+    if measured.returncode != 0:
+        raise RuntimeError(f"edgefleet {' '.join(args)} failed:\n{measured.output[-2000:]}")
+
+
+def read_token(data_dir: Path, timeout_s: float = START_TIMEOUT_S) -> str:
+    """The admin token a starting control plane writes into its data directory."""
+    path = data_dir / "admin-token"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and (token := path.read_text().strip()):
+            return token
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} did not appear within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def spawned(target: Any, *args: Any) -> Iterator[multiprocessing.process.BaseProcess]:
+    """A spawned helper process, terminated (then killed) on exit."""
+    proc = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+
+
+# ----------------------------------------------------------------------------- database
+
+
+@dataclass(frozen=True, slots=True)
+class Database:
+    url: str  # SQLAlchemy URL
+    postgres_name: str | None  # the PostgreSQL database's name (its backends' CPU is counted)
+
+
+@contextlib.contextmanager
+def database(kind: str, work: Path, *, prefix: str = "edgefleet_bench") -> Iterator[Database]:
+    """A throwaway database: a new PostgreSQL database dropped on exit, or a SQLite file
+    in `work` removed on exit."""
+    if kind == "postgresql":
+        with throwaway_postgres(prefix=prefix) as (url, name):
+            yield Database(url, name)
+        return
+    if kind != "sqlite":
+        raise ValueError(f"no database kind {kind!r} (postgresql or sqlite)")
+    work.mkdir(parents=True, exist_ok=True)
+    # A name of its own, so that two runs sharing `work` never share a database.
+    path = work / f"{prefix}_{secrets.token_hex(4)}.db"
+    try:
+        yield Database(f"sqlite:///{path}", None)
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def stored_records(url: str) -> int:
+    """How many node records the control plane's database holds."""
+    if url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            return int(conn.execute("SELECT count(*) FROM node_records").fetchone()[0])
+    import psycopg
+
+    dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM node_records").fetchone()
+        return int(row[0]) if row else 0
+
+
+# ----------------------------------------------------------------------------- nodes
+
+
+@dataclass(frozen=True, slots=True)
+class EnrolledNode:
+    """What a simulated node needs to connect: its TLS identity and/or MQTT password."""
+
+    node_id: str
+    key_pem: bytes = b""
+    cert_pem: bytes = b""
+    mqtt_password: str = ""
+
+
+def grpc_link(target: str, node: EnrolledNode, ca_pem: bytes, connect_timeout_s: float) -> Any:
+    """The node's real `GrpcNodeLink` to ``HOST:PORT`` (the server certificate says localhost)."""
+    from edge_node.link.grpc_link import GrpcLinkSettings, GrpcNodeLink, NodeCredentials
+
+    settings = GrpcLinkSettings(
+        target=target, server_name="localhost", connect_timeout_s=connect_timeout_s
+    )
+    return GrpcNodeLink(settings, NodeCredentials(node.key_pem, node.cert_pem, ca_pem))
+
+
+def mqtt_link(fleet: str, port: int, node: EnrolledNode, connect_timeout_s: float) -> Any:
+    """The node's real `MqttNodeLink` through the broker on 127.0.0.1:``port``."""
+    from edge_node.link.mqtt_link import MqttLinkConfig, MqttNodeLink
+
+    return MqttNodeLink(
+        MqttLinkConfig(
+            fleet=fleet,
+            node_id=node.node_id,
+            username=node.node_id,
+            password=node.mqtt_password,
+            port=port,
+            connect_timeout_s=connect_timeout_s,
+        )
+    )
+
+
+# ----------------------------------------------------------------------------- control planes
+
+
+class ServerProcess:
+    """``edgefleet server`` as its own process on loopback ports (pinned to `cpu` if it can).
+
+    `database_url` None: the server's own default (SQLite in its data directory).
+    `extra_args`, `env`: more command-line options and environment for the server.
+    """
+
+    def __init__(
+        self,
+        work: Path,
+        database_url: str | None = None,
+        *,
+        grpc: bool = False,
+        mqtt_port: int | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cpu: int | None = None,
+        name: str = "cp",
+    ) -> None:
+        self.data_dir = work / name
+        self.http_port = free_port()
+        self.base = f"http://127.0.0.1:{self.http_port}"
+        self.grpc_port = free_port() if grpc else None
+        self.enroll_port = free_port() if grpc else None
+        self._env = dict(env or {})
+        args = [
+            *edgefleet_command(),
+            "server",
+            "--data-dir",
+            str(self.data_dir),
+            "--http",
+            f"127.0.0.1:{self.http_port}",
+        ]
+        if database_url is not None:
+            args += ["--database-url", database_url]
+        if grpc:
+            args += ["--grpc", f"127.0.0.1:{self.grpc_port}"]
+            args += ["--grpc-enroll", f"127.0.0.1:{self.enroll_port}"]
+        if mqtt_port is not None:
+            args += ["--mqtt", f"127.0.0.1:{mqtt_port}"]
+        args += list(extra_args)
+        self.child = ChildProcess(
+            pinned(args, cpu if can_pin() else None),
+            log=work / "logs" / f"{name}.log",
+            env=child_env(**self._env),
+            cwd=REPO_ROOT,
+        )
+        self.token = ""
+
+    def start(self) -> ServerProcess:
+        self.child.__enter__()
+        try:
+            wait_http(f"{self.base}/readyz", START_TIMEOUT_S, self.child.proc)
+            self.token = read_token(self.data_dir)
+            if self.grpc_port is not None:
+                wait_port(self.grpc_port, START_TIMEOUT_S)
+        except BaseException:
+            print(f"control plane log:\n{self.child.tail()}", file=sys.stderr)
+            self.child.stop()
+            raise
+        return self
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        """The server's own pid (``taskset`` execs it, so it is the child's)."""
+        return self.child.pid
+
+    @property
+    def ca_pem(self) -> bytes:
+        return (self.data_dir / "ca" / "ca.crt").read_bytes()
+
+    def stop(self) -> None:
+        self.child.stop()
+
+    def tail(self) -> str:
+        return self.child.tail()
+
+    def api(self, timeout: float = 60.0) -> Any:
+        from control_plane.cli.client import ApiClient
+
+        return ApiClient(self.base, self.token, timeout=timeout)
+
+    def cli_env(self, **extra: str) -> dict[str, str]:
+        """The environment of an ``edgefleet`` command talking to this server as admin."""
+        return child_env(
+            **self._env, EDGEFLEET_SERVER=self.base, EDGEFLEET_TOKEN=self.token, **extra
+        )
+
+    def cli(self, args: Sequence[str], log: Path, **env: str) -> None:
+        cli(args, self.cli_env(**env), log)
+
+    def make_fleet(self, fleet: str) -> None:
+        """A fleet without a trust root (``POST /v1/fleets``): enough to enroll nodes."""
+        with self.api() as api:
+            api.json("POST", "/v1/fleets", json={"name": fleet})
+
+    def node_tokens(self, fleet: str, count: int) -> list[str]:
+        with self.api() as api:
+            return [
+                api.json("POST", f"/v1/fleets/{fleet}/node-tokens", json={"ttl_s": 7200})["token"]
+                for _ in range(count)
+            ]
+
+    def enroll_grpc(self, fleet: str, count: int, work: Path) -> list[EnrolledNode]:
+        """`count` nodes over the gRPC enrollment port, as `edge_node.enroll` does it."""
+        from edge_node.enroll import enroll_over_grpc
+
+        assert self.enroll_port is not None, "started without gRPC"
+        tokens = self.node_tokens(fleet, count)
+        ca_pem = self.ca_pem
+
+        async def enroll_all() -> list[EnrolledNode]:
+            nodes = []
+            for index, token in enumerate(tokens):
+                files = await enroll_over_grpc(
+                    f"127.0.0.1:{self.enroll_port}",
+                    ca_pem,
+                    token,
+                    AGENT_VERSION,
+                    work / "nodes" / f"node-{index}",
+                    server_name="localhost",
+                )
+                creds = files.credentials()
+                nodes.append(EnrolledNode(files.node_id, creds.key_pem, creds.certificate_pem))
+            return nodes
+
+        return asyncio.run(enroll_all())
+
+    def enroll_mqtt(self, fleet: str, count: int) -> list[EnrolledNode]:
+        """`count` nodes through ``POST /v1/enroll`` with ``"transport": "mqtt"``."""
+        from edge_node.enroll import generate_node_key, make_csr
+
+        tokens = self.node_tokens(fleet, count)
+        nodes = []
+        with self.api() as api:
+            for token in tokens:
+                answer = api.json(
+                    "POST",
+                    "/v1/enroll",
+                    json={
+                        "token": token,
+                        "csr_pem": make_csr(generate_node_key()).decode(),
+                        "agent_version": AGENT_VERSION,
+                        "transport": "mqtt",
+                    },
+                )
+                nodes.append(EnrolledNode(answer["node_id"], mqtt_password=answer["mqtt_password"]))
+        return nodes
+
+
+class InProcessPlane:
+    """The control plane's services in this process, with one fleet (no trust root)."""
+
+    def __init__(self, work: Path, database_url: str, fleet: str) -> None:
+        from control_plane.access.roles import Principal, Role
+        from control_plane.access.service import RequestContext
+        from control_plane.services import ServiceConfig, build_services
+
+        self.fleet = fleet
+        self.admin = RequestContext(
+            Principal(token_id="bench", name="bench", role=Role.ADMIN), "bench"
+        )
+        self.data_dir = work / "cp"
+        self.services = build_services(
+            ServiceConfig(
+                data_dir=self.data_dir,
+                database_url=database_url,
+                artifacts_url=(self.data_dir / "artifacts").as_uri(),
+            )
+        )
+        self.services.registry.create_fleet(self.admin, fleet)
+
+    @property
+    def ca_pem(self) -> bytes:
+        return bytes(self.services.ca.ca_pem)
+
+    def enroll(self, count: int, threads: int = 4) -> list[EnrolledNode]:
+        """`count` nodes through the real path: a bootstrap token each, a CSR each.
+
+        In-process service calls (the gRPC and REST enrollment front ends are thin), as
+        MQTT nodes, which also get a client certificate: one identity serves both
+        transports.
+        """
+        from edge_node.enroll import generate_node_key, make_csr, private_key_pem
+
+        nodes = self.services.nodes
+        ttl = timedelta(hours=2)
+
+        def one(_: int) -> EnrolledNode:
+            key = generate_node_key()
+            token, _info = nodes.create_bootstrap_token(self.admin, self.fleet, {}, ttl)
+            enrolled = nodes.enroll(token, make_csr(key), agent_version="0.1.0", transport="mqtt")
+            assert enrolled.mqtt_password
+            return EnrolledNode(
+                enrolled.node_id,
+                private_key_pem(key),
+                enrolled.certificate_pem,
+                enrolled.mqtt_password,
+            )
+
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(one, range(count)))
+
+    def database_bytes(self) -> int | None:
+        """The database's size on disk (PostgreSQL only)."""
+        from sqlalchemy import text
+
+        if self.services.engine.dialect.name != "postgresql":
+            return None
+        with self.services.engine.connect() as conn:
+            return int(
+                conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+            )
+
+    def close(self) -> None:
+        self.services.close()
