@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench._report import Report, add_report_arguments
 from bench._util import REPO_ROOT, free_port, median
 
 GOAL_S = 0.5
@@ -63,8 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         help="a checkout to measure (repeatable, e.g. an older one to compare); default: this",
     )
-    parser.add_argument("--check", action="store_true", help=f"exit 1 if a --help >= {GOAL_S}s")
+    parser.add_argument("--quick", action="store_true", help="one round: a smoke run")
+    add_report_arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.quick:
+        args.rounds = 1
     trees: list[Path] = [t.resolve() for t in args.tree or [REPO_ROOT]]
     named = cases(f"http://127.0.0.1:{free_port()}")
     walls: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in named}
@@ -75,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 wall, cpu = time_once(case, tree)
                 walls[(tree, name)].append(wall)
                 cpus[(tree, name)].append(cpu)
-    missed = False
+    report = Report("cli_startup")
     for tree in trees:
         anchor = median(walls[(tree, ANCHOR)])
         print(f"\n{tree} ({args.rounds} rounds; seconds)")
@@ -86,10 +90,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{name:42} {wall_med:8.3f} {min(walls[(tree, name)]):8.3f} "
                 f"{wall_med - anchor:8.3f} {median(cpus[(tree, name)]):8.3f}"
             )
-            if name.endswith("--help") and wall_med >= GOAL_S:
-                missed = True
-    print(f"\ngoal: every --help under {GOAL_S} s (median wall): {'missed' if missed else 'met'}")
-    return 1 if args.check and missed else 0
+            is_help = name.endswith("--help")
+            report.figure(
+                f"{name} [{tree.name}]" if len(trees) > 1 else name,
+                wall_med,
+                "s",
+                anchor=anchor,
+                anchor_name=ANCHOR,
+                goal=f"< {GOAL_S} s" if is_help else "",
+                met=wall_med < GOAL_S if is_help else None,
+            )
+            if is_help and tree == trees[0]:
+                report.goal(
+                    f"{name} under {GOAL_S} s (median wall, {tree.name})", wall_med < GOAL_S
+                )
+    print(f"\n{report.load_line()}")
+    return report.finish(args, {"wall_s": _raw(walls), "cpu_s": _raw(cpus)})
+
+
+def _raw(samples: dict[tuple[Path, str], list[float]]) -> dict[str, list[float]]:
+    return {f"{tree} | {name}": values for (tree, name), values in samples.items()}
 
 
 if __name__ == "__main__":

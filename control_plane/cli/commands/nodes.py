@@ -11,7 +11,6 @@ import typer
 
 from control_plane.cli.context import CliContext, cli_context
 from control_plane.durations import DurationError, parse_duration
-from control_plane.identity.bootstrap import parse_label_changes, parse_labels, parse_selector
 
 node_app = typer.Typer(
     help="Enroll nodes (bootstrap tokens), revoke them, and run the node agent.",
@@ -135,6 +134,8 @@ def token_create(
     ] = "1h",
 ) -> None:
     """Create a single-use, expiring bootstrap token; it is shown once."""
+    from control_plane.identity.bootstrap import parse_labels
+
     cli = cli_context(ctx)
     body = {"labels": parse_labels(labels), "ttl_s": int(duration_param(ttl).total_seconds())}
     with cli.client() as api:
@@ -205,6 +206,8 @@ def nodes_list(
     fleet: Annotated[str | None, typer.Option(help="only this fleet's nodes")] = None,
 ) -> None:
     """Enrolled nodes with their liveness and certificate expiry."""
+    from control_plane.identity.bootstrap import parse_selector
+
     cli = cli_context(ctx)
     params: dict[str, str] = {}
     if selector:
@@ -324,6 +327,8 @@ def nodes_label(
     ] = False,
 ) -> None:
     """Change a node's labels (audited)."""
+    from control_plane.identity.bootstrap import parse_label_changes
+
     cli = cli_context(ctx)
     parsed = parse_label_changes(changes)
     if replace and any(v is None for v in parsed.values()):
