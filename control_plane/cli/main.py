@@ -28,7 +28,8 @@ from control_plane.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 
 app = typer.Typer(
     name="edgefleet",
-    help="Fleet management for ML inference at the edge.",
+    help="Fleet management for ML inference at the edge.\n\n"
+    "The options below may also follow the command: `edgefleet fleet list -o json`.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -58,7 +59,7 @@ def root(
         str, typer.Option(envvar=LOG_FORMAT_ENV, help="logfmt (key=value) | json (one per line)")
     ] = "logfmt",
 ) -> None:
-    """Global options go before or after the sub-command: `edgefleet fleet list -o json`."""
+    """The global options; `hoist_global_options` lets them follow the sub-command too."""
     if output not in {"table", "json"}:
         raise typer.BadParameter("--output must be table or json")
     if log_format not in LOG_FORMATS:
@@ -161,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """Console-script entry point: a real process, so it owns the root logger."""
-    configure_logging(os.environ.get(LOG_FORMAT_ENV, "logfmt"), "warning")
+    chosen = os.environ.get(LOG_FORMAT_ENV, "logfmt")
+    # A bad value is reported by the root callback, as a usage error (exit 2).
+    configure_logging(chosen if chosen in LOG_FORMATS else "logfmt", "warning")
     sys.exit(main())
 
 

@@ -100,3 +100,11 @@ def test_bad_global_options_after_the_sub_command_are_usage_errors(
     assert run(capsys, "fleet", "list", "--log-format", "xml")[0] == 2
     code, _, err = run(capsys, "fleet", "list", "--token")
     assert code == 2 and "--token" in err
+
+
+def test_a_bad_log_format_in_the_environment_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEFLEET_LOG_FORMAT", "xml")
+    code, _, err = run(capsys, "fleet", "list")
+    assert code == 2 and "--log-format must be logfmt or json" in err
