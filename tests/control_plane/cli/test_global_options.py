@@ -4,6 +4,10 @@ the sub-command, against a real control plane; and the argument rewrite behind i
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +112,32 @@ def test_a_bad_log_format_in_the_environment_is_a_usage_error(
     monkeypatch.setenv("EDGEFLEET_LOG_FORMAT", "xml")
     code, _, err = run(capsys, "fleet", "list")
     assert code == 2 and "--log-format must be logfmt or json" in err
+
+
+def test_node_run_hands_the_root_log_format_to_the_agent(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEFLEET_")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "control_plane.cli.main",
+            "--log-format",
+            "json",
+            "node",
+            "run",
+            "--data-dir",
+            str(tmp_path / "empty"),
+            "--fleet",
+            "f",
+            "--server-grpc",
+            "127.0.0.1:9",
+        ],
+        env={**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    (record,) = (json.loads(line) for line in done.stderr.splitlines())
+    assert record["logger"] == "edge_node" and "holds no node identity" in record["msg"]
