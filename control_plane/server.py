@@ -202,6 +202,8 @@ def serve(settings: ServerSettings) -> None:
         url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
         reason = str(exc.orig or exc).strip().splitlines()[0]
         raise UnavailableError(f"cannot use the database {url}: {reason}", url=url) from exc
+    except OSError as exc:  # a data dir or store path that cannot be made or written
+        raise UnavailableError(f"cannot start: {exc}", path=exc.filename) from exc
     if services.admin_token_file.exists():
         log.info("admin token file: %s", services.admin_token_file)
     try:

@@ -166,6 +166,13 @@ def test_a_server_whose_port_is_taken_says_so_in_one_line(tmp_path: Path) -> Non
     assert "in use" in line
 
 
+def test_a_server_whose_data_dir_cannot_be_made_says_so_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    proc = _server(tmp_path, "server", "--data-dir", str(tmp_path / "file" / "data"))
+    line = _one_error_line(proc)
+    assert line == f"error: cannot start: [Errno 20] Not a directory: '{tmp_path}/file/data'"
+
+
 def test_the_server_writes_json_lines_with_request_ids(tmp_path: Path) -> None:
     http = free_port()
     proc = _server(
