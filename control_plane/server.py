@@ -9,15 +9,20 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from typing import Final
 
 import uvicorn
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from control_plane.api.app import create_app
 from control_plane.api.routes.metrics import LinkCounts
+from control_plane.errors import UnavailableError
 from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
+from control_plane.logs import configure_logging
 from control_plane.services import ServiceConfig, Services, build_services
 from control_plane.settings import ServerSettings
 
@@ -109,17 +114,36 @@ class ControlPlane:
                 host=host,
                 port=port,
                 log_level=log_level.lower(),
+                # Our formatter on the root logger, not uvicorn's; the request-id
+                # middleware writes the access lines (with the request id).
+                log_config=None,
+                access_log=False,
                 timeout_graceful_shutdown=int(HTTP_SHUTDOWN_S),
                 lifespan="on",
             )
         )
+        self._address = (host, port)
         self._http_task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
 
     async def start(self, timeout_s: float = 30.0) -> None:
+        # Bound here, not by uvicorn (which logs and exits): a port in use is one error.
+        host, port = self._address
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn does
+        try:
+            listener = socket.create_server(self._address, family=family)
+        except OSError as exc:
+            raise UnavailableError(
+                f"cannot listen on {host}:{port} for the REST API: {exc.strerror or exc}",
+                address=f"{host}:{port}",
+            ) from exc
         if self.link is not None:
-            await self.link.start()
-        self._http_task = asyncio.create_task(self._http.serve(), name="uvicorn")
+            try:
+                await self.link.start()
+            except BaseException:
+                listener.close()
+                raise
+        self._http_task = asyncio.create_task(self._http.serve([listener]), name="uvicorn")
         try:
             async with asyncio.timeout(timeout_s):
                 while not self._http.started:
@@ -127,6 +151,9 @@ class ControlPlane:
                         self._http_task.result()  # raises what stopped it
                         raise RuntimeError("the REST API stopped while starting")
                     await asyncio.sleep(0.01)  # uvicorn offers no event to await
+            # uvicorn says where it runs only when it binds itself.
+            bound = f"{host}:{listener.getsockname()[1]}"
+            log.info("REST API on http://%s", bound, extra={"address": bound})
         except BaseException:
             await self.stop()
             raise
@@ -163,16 +190,20 @@ class ControlPlane:
 
 
 def serve(settings: ServerSettings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(settings.log_format, settings.log_level)
     # The event loop, gRPC's threads, the record writer and the MQTT bridge hand the GIL
     # to each other around every database and socket call. With CPython's default 5 ms
     # switch interval a thread back from PostgreSQL can wait that long for a busy loop to
     # let go, several times per group commit; 1 ms keeps acks prompt (docs/benchmarks.md).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    services: Services = build_services(service_config(settings))
+    try:
+        services: Services = build_services(service_config(settings))
+    except DBAPIError as exc:  # unreachable, refused, bad credentials: not our bug
+        url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        raise UnavailableError(f"cannot use the database {url}: {reason}", url=url) from exc
+    except OSError as exc:  # a data dir or store path that cannot be made or written
+        raise UnavailableError(f"cannot start: {exc}", path=exc.filename) from exc
     if services.admin_token_file.exists():
         log.info("admin token file: %s", services.admin_token_file)
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -33,6 +33,7 @@ class ServerSettings(BaseSettings):
     timestamp_ttl_hours: float = Field(default=24, gt=0)
     refresh_interval_s: float = Field(default=300, gt=0)
     log_level: str = "info"
+    log_format: Literal["logfmt", "json"] = "logfmt"
     # MQTT bridge: off unless `mqtt` (HOST:PORT of the broker) is set.
     mqtt: str | None = Field(default=None, description="HOST:PORT of the MQTT 5 broker")
     mqtt_username: str = Field(default=CONTROL_PLANE_MQTT_USER, min_length=1, max_length=64)

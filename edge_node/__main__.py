@@ -27,6 +27,7 @@ from edge_node.agent import EXIT_CONFIG, EXIT_OK, Agent, AgentError
 from edge_node.agent.update_task import FaultPoint
 from edge_node.clock import SystemClock
 from edge_node.config import AgentConfig, ConfigError, load_agent_config
+from edge_node.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 
 log = logging.getLogger("edge_node")
 
@@ -44,6 +45,12 @@ def kill_at(point: str) -> FaultPoint:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return fault
+
+
+def one_line(message: str) -> str:
+    """A multi-line message (a YAML parser's, with its caret) as one line for stderr."""
+    parts = [line.strip() for line in message.splitlines()]
+    return "; ".join(p for p in parts if p.strip("^"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--bootstrap-token", help="single-use enrollment token (first start)")
     run.add_argument("--ca-file", type=Path, help="the fleet CA, PEM (first start)")
     run.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    run.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=os.environ.get(LOG_FORMAT_ENV) or "logfmt",
+        help=f"logfmt (key=value, the default) or json lines; env {LOG_FORMAT_ENV}",
+    )
     return parser
 
 
@@ -104,11 +117,11 @@ async def serve(config: AgentConfig, fault_point: FaultPoint | None = None) -> i
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=str(args.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    try:
+        configure_logging(args.log_format, str(args.log_level))
+    except ValueError as exc:  # an unknown --log-level
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     flags = {
         "data_dir": args.data_dir,
         "fleet": args.fleet,
@@ -127,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_agent_config(args.config, flags)
     except ConfigError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print(f"error: {one_line(exc.message)}", file=sys.stderr)
         return EXIT_CONFIG
     point = os.environ.get(TEST_KILL_ENV)
     if point:

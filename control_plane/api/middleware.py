@@ -1,25 +1,36 @@
-"""ASGI middleware: request ids and request body limits (enforced while streaming)."""
+"""ASGI middleware: request ids with the access log, and request body limits (enforced
+while streaming). Not for authentication or problem documents (see api.problems).
+"""
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane.api.problems import problem
 from control_plane.errors import PayloadTooLargeError
+from control_plane.logs import current_request_id
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+access_log = logging.getLogger("control_plane.access")
 
 
 class RequestIdMiddleware:
-    """Takes a sane `X-Request-ID` from the caller or makes one; echoes it back."""
+    """Takes a sane `X-Request-ID` from the caller or makes one; echoes it back, puts it on
+    every log line of the request, and writes one access line when the request ends.
 
-    def __init__(self, app: ASGIApp) -> None:
+    `monotonic` (seconds) times the request; tests pass a fake one.
+    """
+
+    def __init__(self, app: ASGIApp, monotonic: Callable[[], float] = time.perf_counter) -> None:
         self.app = app
+        self.monotonic = monotonic
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -28,15 +39,38 @@ class RequestIdMiddleware:
         incoming = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
         request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        status = 500  # what the client sees if the app fails before it answers
+        started = self.monotonic()
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = int(message["status"])
                 headers = list(message.get("headers") or [])
                 headers.append((b"x-request-id", request_id.encode("latin-1")))
                 message["headers"] = headers
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        token = current_request_id.set(request_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            client = scope.get("client")
+            access_log.info(
+                "%s %s %d",
+                scope["method"],
+                scope["path"],
+                status,
+                extra={
+                    "request_id": request_id,
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status,
+                    "duration_ms": round((self.monotonic() - started) * 1000, 1),
+                    "client": f"{client[0]}:{client[1]}" if client else None,
+                },
+            )
+            current_request_id.reset(token)
 
 
 class BodyLimitMiddleware:

@@ -1,4 +1,7 @@
-"""What every CLI command receives: where the server is, the token, the output format."""
+"""What every CLI command receives: where the server is, the token, the output format.
+
+Imports only what `edgefleet --help` needs; the HTTP client and rich tables load on use.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +9,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from control_plane.cli.client import ApiClient
 from control_plane.errors import AuthenticationError
+
+if TYPE_CHECKING:
+    from control_plane.cli.client import ApiClient
 
 
 @dataclass
@@ -22,6 +26,7 @@ class CliContext:
     token: str | None
     output: str
     console: Console
+    log_format: str = "logfmt"
 
     def client(self, *, need_token: bool = True) -> ApiClient:
         if need_token and not self.token:
@@ -29,6 +34,8 @@ class CliContext:
                 "no API token: pass --token or set EDGEFLEET_TOKEN "
                 "(the first admin token is in <data-dir>/admin-token)"
             )
+        from control_plane.cli.client import ApiClient  # httpx: only for commands that call
+
         return ApiClient(self.server, self.token)
 
     def emit(
@@ -38,6 +45,8 @@ class CliContext:
         if self.output == "json":
             typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
             return
+        from rich.table import Table
+
         if isinstance(data, list):
             table = Table(title=title, show_lines=False)
             cols = list(columns or (data[0].keys() if data else []))

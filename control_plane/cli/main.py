@@ -1,14 +1,19 @@
-"""The `edgefleet` command: global options, sub-command groups, and error rendering."""
+"""The `edgefleet` command: global options, sub-command groups, and error rendering.
+
+Importing this module must stay cheap (`edgefleet --help` in well under 0.5 s): heavy
+libraries load inside the commands that use them (tests/control_plane/cli/test_startup.py).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 import control_plane.cli.commands.director  # noqa: F401  (registers `nodes pin`)
 from control_plane.cli.commands.access import audit_app, token_app
@@ -16,12 +21,15 @@ from control_plane.cli.commands.alerts import alerts_app
 from control_plane.cli.commands.mqtt import mqtt_app
 from control_plane.cli.commands.nodes import node_app, nodes_app
 from control_plane.cli.commands.registry import fleet_app, keys_app, model_app
-from control_plane.cli.context import CliContext
+from control_plane.cli.context import CliContext, cli_context
+from control_plane.cli.global_options import hoist_global_options
 from control_plane.errors import EdgefleetError, InvalidInputError
+from control_plane.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 
 app = typer.Typer(
     name="edgefleet",
-    help="Fleet management for ML inference at the edge.",
+    help="Fleet management for ML inference at the edge.\n\n"
+    "The options below may also follow the command: `edgefleet fleet list -o json`.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -47,14 +55,23 @@ def root(
         str | None, typer.Option(envvar="EDGEFLEET_TOKEN", help="API token", show_default=False)
     ] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="table | json")] = "table",
+    log_format: Annotated[
+        str, typer.Option(envvar=LOG_FORMAT_ENV, help="logfmt (key=value) | json (one per line)")
+    ] = "logfmt",
 ) -> None:
+    """The global options; `hoist_global_options` lets them follow the sub-command too."""
     if output not in {"table", "json"}:
         raise typer.BadParameter("--output must be table or json")
-    ctx.obj = CliContext(server=server, token=token, output=output, console=Console())
+    if log_format not in LOG_FORMATS:
+        raise typer.BadParameter("--log-format must be logfmt or json")
+    ctx.obj = CliContext(
+        server=server, token=token, output=output, console=Console(), log_format=log_format
+    )
 
 
 @app.command("server")
 def server(
+    ctx: typer.Context,
     data_dir: Annotated[Path | None, typer.Option(help="state, keys and default stores")] = None,
     database_url: Annotated[str | None, typer.Option(help="default: SQLite in data dir")] = None,
     artifacts: Annotated[
@@ -86,6 +103,8 @@ def server(
     ] = None,
 ) -> None:
     """Run the control plane (REST API, TUF repository, freshness re-signing)."""
+    from pydantic import ValidationError
+
     from control_plane.server import serve
     from control_plane.settings import ServerSettings
 
@@ -104,6 +123,7 @@ def server(
         "mqtt": mqtt,
         "mqtt_username": mqtt_username,
         "mqtt_password_file": mqtt_password_file,
+        "log_format": cli_context(ctx).log_format,
     }
     merged = settings.model_dump() | {k: v for k, v in updates.items() if v is not None}
     try:
@@ -119,9 +139,11 @@ def server(
 def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True)
     try:
-        app(args=argv, standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        app(args=hoist_global_options(args), standalone_mode=False, prog_name="edgefleet")
     except EdgefleetError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
+        # One line, never wrapped: scripts and log collectors read it.
+        err.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
         return 1
     except typer.Exit as exc:
         return int(exc.exit_code)
@@ -133,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         if callable(show):
             show()
         else:
-            err.print(f"[red]error:[/red] {exc}")
+            err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         return int(getattr(exc, "exit_code", 2))
     return 0
 
 
 def run() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: a real process, so it owns the root logger."""
+    chosen = os.environ.get(LOG_FORMAT_ENV, "logfmt")
+    # A bad value is reported by the root callback, as a usage error (exit 2).
+    configure_logging(chosen if chosen in LOG_FORMATS else "logfmt", "warning")
     sys.exit(main())
 
 

@@ -5,12 +5,10 @@ Pure: built at the entry point (``server.main`` / tests) and passed down; no I/O
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Final
 
-__all__ = ["AlertThresholds", "HealthConfig", "parse_duration"]
+__all__ = ["AlertThresholds", "HealthConfig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,19 +71,3 @@ class HealthConfig:
             raise ValueError("interval_s must be in 0.1..60")
         if self.settle < timedelta(0):
             raise ValueError("settle must not be negative")
-
-
-_DURATION_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION: Final = re.compile(r"(\d{1,9})([smhdw])")
-
-
-def parse_duration(text: str) -> timedelta:
-    """``90s``, ``30m``, ``6h``, ``7d``, ``2w``, combined (``1h30m``), or bare seconds."""
-    cleaned = text.strip().lower()
-    if cleaned.isdigit() and len(cleaned) <= 10:
-        return timedelta(seconds=int(cleaned))
-    if not cleaned or _DURATION.sub("", cleaned):
-        raise ValueError(f"{text!r} is not a duration like 30m, 6h or 7d")
-    return timedelta(
-        seconds=sum(int(n) * _DURATION_UNITS[unit] for n, unit in _DURATION.findall(cleaned))
-    )

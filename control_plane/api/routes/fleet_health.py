@@ -12,8 +12,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
+from control_plane.durations import parse_duration
 from control_plane.errors import InvalidInputError
-from control_plane.health.config import parse_duration
 from control_plane.health.store import Alert
 from control_plane.identity.bootstrap import parse_selector
 

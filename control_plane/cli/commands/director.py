@@ -13,7 +13,6 @@ import typer
 
 from control_plane.cli.commands.nodes import nodes_app
 from control_plane.cli.context import cli_context
-from control_plane.identity.bootstrap import parse_labels
 
 ASSIGNMENT_COLUMNS = [
     "node_id",
@@ -66,6 +65,8 @@ def nodes_pin(
     `--fleet F` with ids, with `--label k=v` (repeatable) or with `--all`; unknown ids
     refuse the whole request, revoked nodes are skipped and listed.
     """
+    from control_plane.identity.bootstrap import parse_labels
+
     cli = cli_context(ctx)
     ids = list(node_ids or [])
     labels = parse_labels(",".join(label)) if label else None

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from control_plane.cli.context import cli_context
 from control_plane.errors import InvalidInputError
-from control_plane.link.mqtt_acl import (
-    MqttAccount,
-    NodeMqttAccount,
-    render_acl_file,
-    render_password_file,
-    write_broker_files,
-)
+
+if TYPE_CHECKING:
+    from control_plane.link.mqtt_acl import MqttAccount, NodeMqttAccount
 
 mqtt_app = typer.Typer(
     help="MQTT broker set-up: per-node credentials and the topic ACL.", no_args_is_help=True
@@ -33,6 +29,12 @@ def acl(
     `allow_anonymous false`, and send the broker SIGHUP after each run (enrollments and
     revocations change the files).
     """
+    from control_plane.link.mqtt_acl import (
+        render_acl_file,
+        render_password_file,
+        write_broker_files,
+    )
+
     cli = cli_context(ctx)
     with cli.client() as api:
         answer = api.json("GET", "/v1/mqtt/credentials")
@@ -56,6 +58,8 @@ def acl(
 
 
 def _accounts(answer: Any) -> tuple[MqttAccount, list[NodeMqttAccount]]:
+    from control_plane.link.mqtt_acl import MqttAccount, NodeMqttAccount
+
     try:
         own = MqttAccount(
             username=str(answer["control_plane"]["username"]),

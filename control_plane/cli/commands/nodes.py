@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from control_plane.cli.context import CliContext, cli_context
-from control_plane.identity.bootstrap import parse_label_changes, parse_labels, parse_selector
+from control_plane.durations import DurationError, parse_duration
 
 node_app = typer.Typer(
     help="Enroll nodes (bootstrap tokens), revoke them, and run the node agent.",
@@ -69,17 +67,13 @@ SERIES_COLUMNS = [
     "dropped",
 ]
 
-_DURATION = re.compile(r"(\d+)([smhdw])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
-
-def parse_duration(text: str) -> timedelta:
-    """`90s`, `30m`, `1h`, `7d`, `2w`, or combined like `1h30m`."""
-    cleaned = text.strip().lower()
-    if not cleaned or _DURATION.sub("", cleaned):
-        raise typer.BadParameter(f"{text!r} is not a duration like 30m, 1h or 7d")
-    seconds = sum(int(n) * _UNITS[unit] for n, unit in _DURATION.findall(cleaned))
-    return timedelta(seconds=seconds)
+def duration_param(text: str) -> timedelta:
+    """A duration option read by the one parser the server uses too (`3600`, `30m`, `1h30m`)."""
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def _labels_text(labels: dict[str, str]) -> str:
@@ -113,6 +107,8 @@ def _emit(cli: CliContext, data: Any, columns: list[str]) -> None:
 
 def _table(cli: CliContext, rows: list[dict[str, Any]], columns: list[str]) -> None:
     """Like `CliContext.emit`, but ids are never cut short on a narrow terminal."""
+    from rich.table import Table  # here, not at import: keeps `edgefleet --help` fast
+
     table = Table()
     for col in columns:
         header = col.replace("_", " ")  # lets rich wrap headers between words
@@ -133,11 +129,15 @@ def token_create(
     ctx: typer.Context,
     fleet: Annotated[str, typer.Option(help="fleet the node joins")],
     labels: Annotated[str, typer.Option(help="labels the node gets, e.g. site=a,role=gate")] = "",
-    ttl: Annotated[str, typer.Option(help="lifetime: 30m, 1h, 7d (1 minute to 30 days)")] = "1h",
+    ttl: Annotated[
+        str, typer.Option(help="lifetime: 30m, 1h, 7d, or seconds (1 minute to 30 days)")
+    ] = "1h",
 ) -> None:
     """Create a single-use, expiring bootstrap token; it is shown once."""
+    from control_plane.identity.bootstrap import parse_labels
+
     cli = cli_context(ctx)
-    body = {"labels": parse_labels(labels), "ttl_s": int(parse_duration(ttl).total_seconds())}
+    body = {"labels": parse_labels(labels), "ttl_s": int(duration_param(ttl).total_seconds())}
     with cli.client() as api:
         created = api.json("POST", f"/v1/fleets/{fleet}/node-tokens", json=body)
     if cli.output == "json":
@@ -188,7 +188,9 @@ def node_run(ctx: typer.Context) -> None:
 
     The agent is exec'd, not imported: `control_plane` never imports `edge_node` (ADR 0005).
     """
-    argv = [sys.executable, "-m", "edge_node", "run", *ctx.args]
+    # The root's --log-format first, so that one given to the agent itself wins.
+    log_format = ["--log-format", cli_context(ctx).log_format]
+    argv = [sys.executable, "-m", "edge_node", "run", *log_format, *ctx.args]
     os.execv(sys.executable, argv)  # noqa: S606  (our own interpreter, no shell)
 
 
@@ -204,6 +206,8 @@ def nodes_list(
     fleet: Annotated[str | None, typer.Option(help="only this fleet's nodes")] = None,
 ) -> None:
     """Enrolled nodes with their liveness and certificate expiry."""
+    from control_plane.identity.bootstrap import parse_selector
+
     cli = cli_context(ctx)
     params: dict[str, str] = {}
     if selector:
@@ -226,14 +230,14 @@ def nodes_list(
 def nodes_health(
     ctx: typer.Context,
     node_id: str,
-    since: Annotated[str, typer.Option(help="how far back: 90m, 6h, 7d")] = "6h",
+    since: Annotated[str, typer.Option(help="how far back: 90m, 6h, 7d, or seconds")] = "6h",
     resolution: Annotated[
         str, typer.Option(help="auto (raw up to 6h, minute up to 3d, else hour), raw, minute, hour")
     ] = "auto",
 ) -> None:
     """A node's health series: latency, drift, memory, CPU, throughput, drops."""
     cli = cli_context(ctx)
-    parse_duration(since)  # a typo is reported here, before any request
+    duration_param(since)  # a typo is reported here, before any request
     with cli.client() as api:
         series = api.json(
             "GET",
@@ -323,6 +327,8 @@ def nodes_label(
     ] = False,
 ) -> None:
     """Change a node's labels (audited)."""
+    from control_plane.identity.bootstrap import parse_label_changes
+
     cli = cli_context(ctx)
     parsed = parse_label_changes(changes)
     if replace and any(v is None for v in parsed.values()):

@@ -1,4 +1,8 @@
-"""`edgefleet keys|fleet|model ...`: offline keys, fleets and signed model versions."""
+"""`edgefleet keys|fleet|model ...`: offline keys, fleets and signed model versions.
+
+TUF, the key store and ONNX inspection load inside the commands that use them, so that
+`edgefleet --help` and `fleet list` do not pay for them (tests/control_plane/cli/test_startup.py).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +11,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from control_plane.cli.context import cli_context
-from control_plane.cli.release import ReleaseClient, describe
-from control_plane.trust.keys import (
-    commit_release_rotation,
-    init_operator_keys,
-    keyset_release_keyid,
-    load_operator_keyset,
-    pending_release_rotation,
-    rotate_release_key,
-)
 
 keys_app = typer.Typer(help="Offline root keys and release keys.", no_args_is_help=True)
 fleet_app = typer.Typer(help="Fleets and their TUF trust roots.", no_args_is_help=True)
@@ -55,6 +49,8 @@ def keys_init(
     ] = False,
 ) -> None:
     """Create offline root keys (k-of-n) and a release key; private files are 0600."""
+    from control_plane.trust.keys import init_operator_keys
+
     cli = cli_context(ctx)
     secret = _passphrase()
     if passphrase and secret is None:
@@ -87,6 +83,15 @@ def keys_rotate_release(
     then is the old key archived as release-<keyid>.revoked.key. Interrupted? Run the
     same command again: it resumes the pending rotation.
     """
+    from control_plane.cli.release import ReleaseClient
+    from control_plane.trust.keys import (
+        commit_release_rotation,
+        keyset_release_keyid,
+        load_operator_keyset,
+        pending_release_rotation,
+        rotate_release_key,
+    )
+
     cli = cli_context(ctx)
     secret = _passphrase()
     new_signer = pending_release_rotation(keys, secret)
@@ -112,6 +117,9 @@ def keys_rotate_release(
 @fleet_app.command("create")
 def fleet_create(ctx: typer.Context, name: str, keys: KeysDir) -> None:
     """Create a fleet: the server makes online keys, you sign the root with your root keys."""
+    from control_plane.cli.release import ReleaseClient
+    from control_plane.trust.keys import load_operator_keyset
+
     cli = cli_context(ctx)
     keyset = load_operator_keyset(keys, _passphrase())
     with cli.client() as api:
@@ -146,6 +154,11 @@ def model_push(
     rtol: float = 1e-3,
 ) -> None:
     """Check, sign and publish a model version (the release key never leaves this machine)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    from control_plane.cli.release import ReleaseClient, describe
+    from control_plane.trust.keys import load_operator_keyset
+
     cli = cli_context(ctx)
     keyset = load_operator_keyset(keys, _passphrase())
     with (
@@ -219,6 +232,9 @@ def model_revoke(
     keys: KeysDir,
 ) -> None:
     """Raise the signed floor above VERSION: nodes refuse it and every older version."""
+    from control_plane.cli.release import ReleaseClient
+    from control_plane.trust.keys import load_operator_keyset
+
     cli = cli_context(ctx)
     keyset = load_operator_keyset(keys, _passphrase())
     with cli.client() as api:

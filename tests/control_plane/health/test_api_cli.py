@@ -106,8 +106,11 @@ def test_rest_fleet_health_series_and_alerts(
     daily = client.get("/v1/nodes/n-a/health", params={"since": "2d"}).json()
     assert daily["resolution"] == "minute"
     assert sum(p["reports"] for p in daily["points"]) == 2
+    hour = client.get("/v1/nodes/n-a/health", params={"since": "3600"}).json()
+    assert hour["points"] == series["points"]
     bad = client.get("/v1/nodes/n-a/health", params={"since": "soon"})
     assert bad.status_code == 400
+    assert "'soon' is not a duration" in bad.json()["detail"]
     assert bad.headers["content-type"].startswith("application/problem+json")
     assert client.get("/v1/nodes/nope/health").status_code == 404
 
@@ -167,8 +170,12 @@ def test_cli_nodes_list_health_and_alerts(cli: Cli, services: Services, sender: 
     assert code == 0 and "minute points" in table
     series = cli.json("nodes", "health", "n-a", "--since", "60d")
     assert series["resolution"] == "hour"
+    # Bare seconds, as the API takes them: the CLI and the server share one parser.
+    series = cli.json("nodes", "health", "n-a", "--since", "3600")
+    assert series["resolution"] == "raw" and len(series["points"]) == 2
     code, _, err = cli.run("nodes", "health", "n-a", "--since", "later")
     assert code != 0
+    assert "'later' is not a duration" in err
 
     code, table, err = cli.run("alerts", "list")
     assert code == 0, err

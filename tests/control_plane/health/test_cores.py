@@ -7,8 +7,9 @@ from datetime import timedelta
 
 import pytest
 
+from control_plane.durations import parse_duration
 from control_plane.health.alerts import AlertState, Condition, conditions, next_step
-from control_plane.health.config import AlertThresholds, HealthConfig, parse_duration
+from control_plane.health.config import AlertThresholds, HealthConfig
 from control_plane.health.report import MalformedReportError, parse_report
 from control_plane.health.rollup import Rollup, bucket_start
 from tests.control_plane.health.support import START, v1_report, v2_report

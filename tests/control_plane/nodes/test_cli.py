@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import typer
 
-from control_plane.cli.commands.nodes import parse_duration
+from control_plane.cli.commands.nodes import duration_param
 from control_plane.cli.main import main
 from control_plane.errors import PermissionDeniedError
 from tests.control_plane.conftest import LiveServer
@@ -137,13 +137,16 @@ def test_mistakes_are_clear_errors(
         ("2w", timedelta(weeks=2)),
         ("1h30m", timedelta(hours=1, minutes=30)),
         (" 1H ", timedelta(hours=1)),
+        # Bare seconds, as the server's `since` takes them (one parser: control_plane.durations).
+        ("1", timedelta(seconds=1)),
+        ("3600", timedelta(hours=1)),
     ],
 )
 def test_durations(text: str, expected: timedelta) -> None:
-    assert parse_duration(text) == expected
+    assert duration_param(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "1", "h", "1y", "-1h", "1h 30m", "1.5h"])
+@pytest.mark.parametrize("text", ["", "h", "1y", "-1h", "1h 30m", "1.5h"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(typer.BadParameter):
-        parse_duration(text)
+        duration_param(text)
