@@ -217,11 +217,11 @@ def test_the_probe_sees_a_framework_behind_an_import() -> None:
     direct = probe_import("control_plane.link.ingest")
     assert ["sqlalchemy", "control_plane.link.ingest"] in direct["attempts"]
     assert "control_plane.link.ingest imports sqlalchemy" in faults(direct)
-    # cli/context.py names no framework (the AST test passes it), but its client does.
-    context = Path("control_plane/cli/context.py")
-    assert not [n for n in imported_modules(ROOT / context) if n.split(".")[0] in FRAMEWORKS]
+    # cli/release.py names no framework (the AST test passes it), but its client does.
+    release = Path("control_plane/cli/release.py")
+    assert not [n for n in imported_modules(ROOT / release) if n.split(".")[0] in FRAMEWORKS]
     assert "control_plane.cli.client imports httpx" in faults(
-        probe_import("control_plane.cli.context")
+        probe_import("control_plane.cli.release")
     )
 
 
