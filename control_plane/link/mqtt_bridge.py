@@ -12,6 +12,10 @@ crash before the PUBACK makes the broker redeliver the message to this session w
 reconnects, and ingestion ignores what it already stored; a lost Ack makes the node
 resend. Neither loses nor duplicates a record.
 
+What a message means is the node inbox's (`node_inbox`, shared with gRPC and REST):
+authorization and its cache, the protocol-version rule, Hello, heartbeat, update
+status, Last Will and records. The bridge frames: topics, payloads, acks and PUBACKs.
+
 Bad input is refused, counted by reason in `refusals`, logged, and PUBACKed anyway:
 a malformed or oversized payload, a topic outside the tree, an unknown, revoked or
 other-fleet node would be redelivered forever otherwise. A database outage is not
@@ -35,9 +39,9 @@ overtaken by the Hello that follows it). A RecordBatch of a node checked within
 (`RecordIngest.submit`) at once; one whose node must be looked up (a database call) goes
 through the node's worker. Records carry their own ids and seqs, so batches need no
 order among themselves. The Ack and the PUBACK go out when the group has committed,
-from the writer's thread. The node and its fleet are looked up at
-most every `auth_cache_s` per node, not per message: a revocation stops a node's
-messages within that time (and its login at the broker's next reload).
+from the writer's thread. The node and its fleet are looked up (by the
+inbox) at most every `auth_cache_s` per node, not per message: a revocation stops a
+node's messages within that time (and its login at the broker's next reload).
 """
 
 from __future__ import annotations
@@ -66,13 +70,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from sqlalchemy.exc import DBAPIError
 
-from control_plane.errors import (
-    EdgefleetError,
-    InvalidInputError,
-    NotFoundError,
-    PayloadTooLargeError,
-    UnavailableError,
-)
+from control_plane.clock import Clock
+from control_plane.errors import EdgefleetError, InvalidInputError, UnavailableError
 from control_plane.link import wire
 from control_plane.link.desired import MqttDelivery
 from control_plane.link.mqtt_acl import (
@@ -90,7 +89,8 @@ from control_plane.link.mqtt_topics import (
     parse_topic,
     shared_filters,
 )
-from control_plane.nodes.service import Node, RefusalCounter
+from control_plane.link.node_inbox import NodeClaim, NodeInbox
+from control_plane.nodes.model import Node
 from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ __all__ = [
     "bridge_running",
     "control_plane_account",
     "control_plane_password",
+    "mqtt_bridge",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,8 @@ class MqttBridgeConfig:
     retry_initial_s: float = 0.2
     retry_cap_s: float = 5.0
     # A node found known, unrevoked and in its topic's fleet is not looked up again for
-    # this long (0: every message). Revocation takes effect within it.
+    # this long (0: every message): the node inbox's cache lifetime for this transport.
+    # Revocation takes effect within it.
     auth_cache_s: float = 5.0
 
     def resolved_client_id(self) -> str:
@@ -201,9 +203,6 @@ class _Inbound(NamedTuple):
     attempt: int = 0
 
 
-_AUTH_CACHE_MAX: Final = 100_000
-
-
 class _PendingAck(NamedTuple):
     """Where the Ack of a submitted batch goes once its group has committed."""
 
@@ -214,13 +213,15 @@ class _PendingAck(NamedTuple):
 class MqttBridge:
     """Start with `start()`, stop with `stop()` (idempotent). Thread-safe."""
 
-    def __init__(self, services: Services, config: MqttBridgeConfig) -> None:
+    def __init__(self, inbox: NodeInbox, config: MqttBridgeConfig, *, data_dir: Path) -> None:
+        """`data_dir` holds the control plane's broker password when `config` has none."""
         if config.workers < 1 or config.receive_maximum < 1:
             raise InvalidInputError("an MQTT bridge needs at least one worker and in-flight slot")
-        self._services = services
+        self._inbox = inbox
         self._config = config
+        self._data_dir = data_dir
         self.client_id = config.resolved_client_id()
-        self.refusals = RefusalCounter()
+        self.refusals = inbox.refusals
         self.counts = Counters()
         self._lock = threading.Lock()
         self._generation = 0
@@ -235,8 +236,6 @@ class MqttBridge:
         ]
         self._workers: list[threading.Thread] = []
         self._expiry_properties: dict[int, Properties] = {}
-        # node id -> (the node, monotonic time it was checked); see `_authorized`.
-        self._known: dict[str, tuple[Node, float]] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -254,7 +253,7 @@ class MqttBridge:
             manual_ack=True,
         )
         if config.username:
-            password = control_plane_password(self._services.config.data_dir, config)
+            password = control_plane_password(self._data_dir, config)
             client.username_pw_set(config.username, password)
         client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)
         client.connect_timeout = config.connect_timeout_s
@@ -524,8 +523,10 @@ class MqttBridge:
     def _checked_recently(self, topic: str) -> bool:
         if not topic.endswith(_RECORD_LEAVES):
             return False
-        cached = self._known.get(_node_segment(topic).decode("utf-8", "replace"))
-        return cached is not None and time.monotonic() - cached[1] < self._config.auth_cache_s
+        parts = topic.split("/")
+        if len(parts) != 5:
+            return False  # the worker refuses it with the topic parser's reason
+        return self._inbox.cached(NodeClaim(parts[3], parts[2])) is not None
 
     # ---------------------------------------------------------------- workers
 
@@ -572,7 +573,7 @@ class MqttBridge:
                 )
             self.counts.add("batches")
         except Exception:  # not acked: the node resends, ingestion ignores the duplicate
-            self.refusals.add("internal-error")
+            self.refusals.add("internal")
             log.exception("MQTT bridge could not ack %s", item.message.topic)
         self._puback(item.message, item.generation)
 
@@ -595,10 +596,9 @@ class MqttBridge:
             self._requeue(item._replace(attempt=item.attempt + 1))
             return
         elif isinstance(exc, EdgefleetError):
-            reason = str(exc.fields.get("reason") or _reason_of(exc))
-            self._refuse(reason, exc.message, message.topic)
+            self._inbox.refuse_error(exc, where=message.topic[:200])
         else:
-            self.refusals.add("internal-error")
+            self.refusals.add("internal")
             log.error(
                 "MQTT bridge could not handle %s; dropping it",
                 message.topic,
@@ -645,35 +645,14 @@ class MqttBridge:
             body = link_pb2.NodeMessage.FromString(bytes(message.payload))
         except DecodeError as exc:
             raise _Refusal("malformed-message", f"not a NodeMessage: {exc}") from exc
-        if body.protocol_version < wire.PROTOCOL_VERSION:
-            # Newer versions only add fields and bodies, which this reader ignores.
-            raise _Refusal("protocol-version", f"protocol version {body.protocol_version}")
-        node = self._authorized(where)
+        # Every MQTT message stands alone, so each carries the version it is written in.
+        self._inbox.check_protocol(body.protocol_version)
+        node = self._inbox.authorize(NodeClaim(where.node_id, where.fleet))
         kind = body.WhichOneof("body")
         if where.leaf is Leaf.STATUS:
             self._status(node, body, kind, message)
             return None
         return self._records(node, where, body, kind)
-
-    def _authorized(self, where: NodeTopic) -> Node:
-        now = time.monotonic()
-        cached = self._known.get(where.node_id)
-        if cached is not None and now - cached[1] < self._config.auth_cache_s:
-            node = cached[0]
-        else:
-            try:
-                node = self._services.nodes.get_node(where.node_id)
-            except NotFoundError:
-                raise _Refusal("node-unknown", f"unknown node {where.node_id!r}") from None
-            if node.revoked:
-                self._known.pop(where.node_id, None)
-                raise _Refusal("node-revoked", f"node {node.id!r} is revoked")
-            if len(self._known) >= _AUTH_CACHE_MAX:
-                self._known.clear()
-            self._known[node.id] = (node, now)
-        if node.fleet != where.fleet:
-            raise _Refusal("wrong-fleet", f"node {node.id!r} is not in fleet {where.fleet!r}")
-        return node
 
     def _status(
         self,
@@ -682,20 +661,20 @@ class MqttBridge:
         kind: str | None,
         message: mqtt.MQTTMessage,
     ) -> None:
-        nodes = self._services.nodes
+        inbox = self._inbox
         if kind is None and _is_offline(message):
-            nodes.set_online(node.id, False)
+            inbox.offline(node.id)
             self.counts.add("offline")
             log.info("node went offline (Last Will)", extra={"node_id": node.id})
         elif kind == "hello":
-            nodes.record_hello(node.id, body.hello.agent_version, "mqtt", wire.hello_state(body))
+            inbox.hello(node.id, body)
             self.counts.add("hellos")
             self._answer_hello(node)
         elif kind == "heartbeat":
-            nodes.touch(node.id)
+            inbox.heartbeat(node.id)
             self.counts.add("heartbeats")
         elif kind == "update_status":
-            nodes.record_update_status(node.id, wire.update_status(body.update_status))
+            inbox.update_status(node.id, body.update_status)
         elif kind is None:
             raise _Refusal("unknown-message", "a status message with a body this bridge lacks")
         else:
@@ -704,7 +683,7 @@ class MqttBridge:
     def _answer_hello(self, node: Node) -> None:
         """The node's current assignment on its ``desired`` topic (as over gRPC, whatever
         sequence the Hello reports; the node drops one it holds already)."""
-        signed = self._services.director.current(node.id)
+        signed = self._inbox.desired(node.id)
         if signed is None:
             return
         self._publish(
@@ -722,29 +701,17 @@ class MqttBridge:
             raise _Refusal("unknown-message", "a message with a body this bridge lacks")
         if kind != "records":
             raise _Refusal("wrong-leaf", f"{where.leaf.value} carries records, not {kind}")
-        try:
-            records = wire.incoming_records(body.records)
-            expected, other = (
-                ("event", "health") if where.leaf is Leaf.EVENTS else ("health", "event")
-            )
-            if any(r.kind == other for r in records):
-                raise _Refusal("wrong-leaf", f"{where.leaf.value} carries {expected} records only")
-            # Refused whole and not acked: the node keeps the batch, so the problem stays
-            # visible in its backlog (as over gRPC).
-            future = self._services.records.submit(node.id, records)
-        except InvalidInputError as exc:
-            raise _Refusal("bad-batch", exc.message) from exc
+        # A malformed batch raises (reason bad-batch): refused whole and not acked, as
+        # over gRPC, so the node keeps it and the problem stays visible in its backlog.
+        records = self._inbox.decode_records(body.records)
+        expected, other = ("event", "health") if where.leaf is Leaf.EVENTS else ("health", "event")
+        if any(r.kind == other for r in records):
+            raise _Refusal("wrong-leaf", f"{where.leaf.value} carries {expected} records only")
+        future = self._inbox.submit_records(node.id, records)
         return future, _PendingAck(where.fleet, node.id)
 
     def _refuse(self, reason: str, detail: str, topic: str) -> None:
-        self.refusals.add(reason)
-        log.warning(
-            "refused MQTT message on %s: %s (%s)",
-            topic[:200],
-            reason,
-            detail,
-            extra={"reason": reason, "topic": topic[:200]},
-        )
+        self._inbox.refuse(reason, detail, where=topic[:200])
 
 
 def _properties(packet_type: int) -> Properties:
@@ -765,14 +732,6 @@ def _node_segment(topic: str) -> bytes:
     return (parts[3] if len(parts) > 3 else topic).encode("utf-8", "replace")
 
 
-def _reason_of(exc: EdgefleetError) -> str:
-    if isinstance(exc, PayloadTooLargeError):
-        return "oversized"
-    if isinstance(exc, InvalidInputError):
-        return "invalid-input"
-    return type(exc).__name__
-
-
 def _drain(inbox: queue.Queue[_Inbound | None]) -> None:
     while True:
         try:
@@ -781,13 +740,24 @@ def _drain(inbox: queue.Queue[_Inbound | None]) -> None:
             return
 
 
+def mqtt_bridge(
+    services: Services, config: MqttBridgeConfig, *, clock: Clock | None = None
+) -> MqttBridge:
+    """A bridge handed the node inbox it uses (never the whole `Services`); not started.
+
+    `clock` times the inbox's authorization cache (default: the services' clock).
+    """
+    inbox = services.node_inbox("mqtt", auth_cache_s=config.auth_cache_s, clock=clock)
+    return MqttBridge(inbox, config, data_dir=services.config.data_dir)
+
+
 @contextlib.asynccontextmanager
 async def bridge_running(services: Services) -> AsyncIterator[MqttBridge | None]:
     """Run the bridge while the block runs when `services.config.mqtt` is set (else None)."""
     if services.config.mqtt is None:
         yield None
         return
-    bridge = MqttBridge(services, services.config.mqtt)
+    bridge = mqtt_bridge(services, services.config.mqtt)
     bridge.start()
     delivery = MqttDelivery(bridge)
     services.delivery.attach(delivery)  # pins ring the doorbell from now on
