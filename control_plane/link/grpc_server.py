@@ -476,10 +476,8 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
         inbox's `authorize` reads without parsing the certificate again.
         """
         claim = peer.claim
-        node = self._inbox.cached(claim)
-        peer.node = (
-            node if node is not None else await asyncio.to_thread(self._inbox.authorize, claim)
-        )
+        if self._inbox.cached(claim) is None:
+            peer.node = await asyncio.to_thread(self._inbox.authorize, claim)
 
     async def _handle(
         self, peer: AuthenticatedNode, message: link_pb2.NodeMessage, session: DownlinkSession

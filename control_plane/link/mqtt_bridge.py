@@ -14,7 +14,9 @@ resend. Neither loses nor duplicates a record.
 
 What a message means is the node inbox's (`node_inbox`, shared with gRPC and REST):
 authorization and its cache, the protocol-version rule, Hello, heartbeat, update
-status, Last Will and records. The bridge frames: topics, payloads, acks and PUBACKs.
+status, Last Will and records. The bridge holds the paho session, its threads, acks
+and PUBACKs; `mqtt_uplink.MqttUplink` checks each message's topic, size and payload
+and hands it to the inbox.
 
 Bad input is refused, counted by reason in `refusals`, logged, and PUBACKed anyway:
 a malformed or oversized payload, a topic outside the tree, an unknown, revoked or
@@ -62,7 +64,6 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import anyio
 import anyio.to_thread
 import paho.mqtt.client as mqtt
-from google.protobuf.message import DecodeError
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -83,14 +84,18 @@ from control_plane.link.mqtt_acl import (
 from control_plane.link.mqtt_topics import (
     SHARE_GROUP,
     Leaf,
-    NodeTopic,
-    TopicError,
     node_topic,
-    parse_topic,
     shared_filters,
 )
-from control_plane.link.node_inbox import NodeClaim, NodeInbox
-from control_plane.nodes.model import Node
+from control_plane.link.mqtt_uplink import (
+    OFFLINE,
+    PRESENCE_PROPERTY,
+    Counters,
+    MqttRefusal,
+    MqttUplink,
+    PendingAck,
+)
+from control_plane.link.node_inbox import NodeInbox
 from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 
 if TYPE_CHECKING:
@@ -112,8 +117,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PRESENCE_PROPERTY: Final = "edgefleet-presence"
-OFFLINE: Final = "offline"
 PULL_DESIRED: Final = "pull-desired"
 # Relative to the data dir: the control plane's own broker password, made on first use.
 CONTROL_PLANE_PASSWORD_FILE: Final = Path("mqtt") / "control-plane-password"
@@ -167,47 +170,11 @@ def control_plane_account(data_dir: Path, config: MqttBridgeConfig | None) -> Mq
     return MqttAccount(username=username, password_hash=mosquitto_password_hash(password))
 
 
-class Counters:
-    """What the bridge did, by name (connects, messages, records, ...); thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
-
-    def add(self, name: str, amount: int = 1) -> None:
-        with self._lock:
-            self._counts[name] = self._counts.get(name, 0) + amount
-
-    def __getitem__(self, name: str) -> int:
-        with self._lock:
-            return self._counts.get(name, 0)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-
-class _Refusal(Exception):
-    """A message refused as bad input: count it, log it, PUBACK it."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
 class _Inbound(NamedTuple):
     message: mqtt.MQTTMessage
     generation: int
     # 0 for a delivery from the broker; n for the n-th retry after the database failed.
     attempt: int = 0
-
-
-class _PendingAck(NamedTuple):
-    """Where the Ack of a submitted batch goes once its group has committed."""
-
-    fleet: str
-    node_id: str
 
 
 class MqttBridge:
@@ -236,6 +203,13 @@ class MqttBridge:
         ]
         self._workers: list[threading.Thread] = []
         self._expiry_properties: dict[int, Properties] = {}
+        self._uplink = MqttUplink(
+            inbox,
+            self.counts,
+            max_message_bytes=config.max_message_bytes,
+            downlink_expiry_s=config.downlink_expiry_s,
+            publish=self._publish,
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -506,7 +480,7 @@ class MqttBridge:
         if self._stopping.is_set():
             return  # left unacked: it comes back to this session after a restart
         item = _Inbound(message, self._generation)
-        if self._checked_recently(message.topic):
+        if self._uplink.checked_recently(message.topic):
             # A batch of a node checked within auth_cache_s: parsing it and handing it to
             # the group commit cost less than a hand-off to a worker, and nothing here
             # waits (no database call; a full backlog is retried by the worker). Status
@@ -519,14 +493,6 @@ class MqttBridge:
         shard = zlib.crc32(_node_segment(message.topic)) % len(self._queues)
         # Blocks paho's thread when the workers are behind: backpressure on the broker.
         self._queues[shard].put(item)
-
-    def _checked_recently(self, topic: str) -> bool:
-        if not topic.endswith(_RECORD_LEAVES):
-            return False
-        parts = topic.split("/")
-        if len(parts) != 5:
-            return False  # the worker refuses it with the topic parser's reason
-        return self._inbox.cached(NodeClaim(parts[3], parts[2])) is not None
 
     # ---------------------------------------------------------------- workers
 
@@ -542,7 +508,7 @@ class MqttBridge:
         if item.attempt and self._stopping.wait(self._retry_delay(item.attempt)):
             return  # stopping: left unacked, the broker redelivers it
         try:
-            stored = self._handle(message)
+            stored = self._uplink.handle(message)
         except Exception as exc:  # classified in _settle; nothing escapes a worker
             self._settle(item, exc)
             return
@@ -552,7 +518,7 @@ class MqttBridge:
         future, ack = stored
         future.add_done_callback(lambda done: self._acknowledge(item, done, ack))
 
-    def _acknowledge(self, item: _Inbound, future: Future[list[str]], ack: _PendingAck) -> None:
+    def _acknowledge(self, item: _Inbound, future: Future[list[str]], ack: PendingAck) -> None:
         """The group commit holding the batch finished: Ack and PUBACK, on the writer's
         thread. Both only queue a packet for paho's network thread (nothing here waits),
         and a hand-off back to the node's worker cost more than they do: at one record
@@ -580,8 +546,8 @@ class MqttBridge:
     def _settle(self, item: _Inbound, exc: Exception) -> None:
         """A message that failed: refused (PUBACKed) or, on a database outage, retried."""
         message = item.message
-        if isinstance(exc, _Refusal):
-            self._refuse(exc.reason, exc.detail, message.topic)
+        if isinstance(exc, MqttRefusal):
+            self._inbox.refuse(exc.reason, exc.detail, where=message.topic[:200])
         elif isinstance(exc, UnavailableError | DBAPIError):
             # The database is down or busy: not the node's fault, so not acked yet.
             if self._stopping.is_set() or item.generation != self._generation:
@@ -629,102 +595,9 @@ class MqttBridge:
             return
         client.ack(message.mid, message.qos)
 
-    def _handle(self, message: mqtt.MQTTMessage) -> tuple[Future[list[str]], _PendingAck] | None:
-        """Handle one message; a RecordBatch returns the future of its group commit."""
-        self.counts.add("messages")
-        limit = self._config.max_message_bytes
-        if len(message.payload) > limit:
-            raise _Refusal("oversized", f"{len(message.payload)} bytes is over {limit}")
-        try:
-            where = parse_topic(message.topic)
-        except TopicError as exc:
-            raise _Refusal("bad-topic", exc.message) from exc
-        if where.leaf not in (Leaf.STATUS, Leaf.HEALTH, Leaf.EVENTS):
-            raise _Refusal("wrong-leaf", f"nodes do not publish on {where.leaf.value}")
-        try:
-            body = link_pb2.NodeMessage.FromString(bytes(message.payload))
-        except DecodeError as exc:
-            raise _Refusal("malformed-message", f"not a NodeMessage: {exc}") from exc
-        # Every MQTT message stands alone, so each carries the version it is written in.
-        self._inbox.check_protocol(body.protocol_version)
-        node = self._inbox.authorize(NodeClaim(where.node_id, where.fleet))
-        kind = body.WhichOneof("body")
-        if where.leaf is Leaf.STATUS:
-            self._status(node, body, kind, message)
-            return None
-        return self._records(node, where, body, kind)
-
-    def _status(
-        self,
-        node: Node,
-        body: link_pb2.NodeMessage,
-        kind: str | None,
-        message: mqtt.MQTTMessage,
-    ) -> None:
-        inbox = self._inbox
-        if kind is None and _is_offline(message):
-            inbox.offline(node.id)
-            self.counts.add("offline")
-            log.info("node went offline (Last Will)", extra={"node_id": node.id})
-        elif kind == "hello":
-            inbox.hello(node.id, body)
-            self.counts.add("hellos")
-            self._answer_hello(node)
-        elif kind == "heartbeat":
-            inbox.heartbeat(node.id)
-            self.counts.add("heartbeats")
-        elif kind == "update_status":
-            inbox.update_status(node.id, body.update_status)
-        elif kind is None:
-            raise _Refusal("unknown-message", "a status message with a body this bridge lacks")
-        else:
-            raise _Refusal("wrong-leaf", f"a status message cannot carry {kind}")
-
-    def _answer_hello(self, node: Node) -> None:
-        """The node's current assignment on its ``desired`` topic (as over gRPC, whatever
-        sequence the Hello reports; the node drops one it holds already)."""
-        signed = self._inbox.desired(node.id)
-        if signed is None:
-            return
-        self._publish(
-            node_topic(node.fleet, node.id, Leaf.DESIRED),
-            wire.desired(signed).SerializeToString(),
-            retain=False,
-            expiry_s=self._config.downlink_expiry_s,
-        )
-        self.counts.add("desired-sent")
-
-    def _records(
-        self, node: Node, where: NodeTopic, body: link_pb2.NodeMessage, kind: str | None
-    ) -> tuple[Future[list[str]], _PendingAck]:
-        if kind is None:
-            raise _Refusal("unknown-message", "a message with a body this bridge lacks")
-        if kind != "records":
-            raise _Refusal("wrong-leaf", f"{where.leaf.value} carries records, not {kind}")
-        # A malformed batch raises (reason bad-batch): refused whole and not acked, as
-        # over gRPC, so the node keeps it and the problem stays visible in its backlog.
-        records = self._inbox.decode_records(body.records)
-        expected, other = ("event", "health") if where.leaf is Leaf.EVENTS else ("health", "event")
-        if any(r.kind == other for r in records):
-            raise _Refusal("wrong-leaf", f"{where.leaf.value} carries {expected} records only")
-        future = self._inbox.submit_records(node.id, records)
-        return future, _PendingAck(where.fleet, node.id)
-
-    def _refuse(self, reason: str, detail: str, topic: str) -> None:
-        self._inbox.refuse(reason, detail, where=topic[:200])
-
 
 def _properties(packet_type: int) -> Properties:
     return Properties(packet_type)  # type: ignore[no-untyped-call]  # paho leaves it untyped
-
-
-def _is_offline(message: mqtt.MQTTMessage) -> bool:
-    props = getattr(message, "properties", None)
-    pairs = getattr(props, "UserProperty", None) or []
-    return (PRESENCE_PROPERTY, OFFLINE) in [tuple(p) for p in pairs]
-
-
-_RECORD_LEAVES: Final = (f"/{Leaf.HEALTH.value}", f"/{Leaf.EVENTS.value}")
 
 
 def _node_segment(topic: str) -> bytes:

@@ -1,4 +1,4 @@
-"""NodeServices on both databases: enrollment, authorization, liveness, labels, refusals."""
+"""The node role services on both databases: enrollment, authorization, liveness, labels."""
 
 from __future__ import annotations
 
