@@ -339,6 +339,8 @@ class MqttBridge:
             )
             for node_id, signed in assignments
         ]
+        # Real time, not the injected clock: it bounds paho's own (real-time) waits below,
+        # which a manual clock could neither shorten nor end.
         deadline = time.monotonic() + timeout_s
         confirmed: list[bool] = []
         for info in infos:
