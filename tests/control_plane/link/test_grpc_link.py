@@ -386,6 +386,24 @@ async def test_the_first_message_must_be_a_hello(plane: GrpcPlane, node: Enrollm
         assert dict(await call.trailing_metadata())["edgefleet-reason"] == "no-hello"
 
 
+async def test_only_an_unsupported_protocol_version_is_refused(
+    plane: GrpcPlane, node: EnrollmentFiles
+) -> None:
+    # The one version rule of the node inbox, as over MQTT: 0 (unset) is refused, a
+    # newer version is read as the current one.
+    async with plane.channel(credentials=_channel_credentials(node)) as channel:
+        unset = link_pb2_grpc.NodeLinkStub(channel).Sync()
+        await unset.write(link_pb2.NodeMessage(protocol_version=0, hello=hello()))
+        assert await unset.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert dict(await unset.trailing_metadata())["edgefleet-reason"] == "protocol-version"
+        newer = link_pb2_grpc.NodeLinkStub(channel).Sync()
+        await newer.write(link_pb2.NodeMessage(protocol_version=7, hello=hello("9.0.0")))
+        assert dict(await newer.initial_metadata())["edgefleet-node-id"] == node.node_id
+        newer.cancel()
+    assert plane.server.refusals["protocol-version"] == 1
+    assert plane.services.nodes.inventory.get_node(node.node_id).agent_version == "9.0.0"
+
+
 async def test_malformed_protobuf_is_invalid_argument_and_the_server_keeps_serving(
     plane: GrpcPlane, node: EnrollmentFiles
 ) -> None:

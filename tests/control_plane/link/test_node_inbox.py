@@ -118,7 +118,9 @@ def test_malformed_batches_and_update_statuses_carry_one_reason_each(
     services: Services, inbox: NodeInbox
 ) -> None:
     node_id, _ = enrolled(services, inbox)
-    batch = link_pb2.RecordBatch(records=[link_pb2.Record(id="x", seq=1, kind=link_pb2.RECORD_KIND_EVENT)])
+    batch = link_pb2.RecordBatch(
+        records=[link_pb2.Record(id="x", seq=1, kind=link_pb2.RECORD_KIND_EVENT)]
+    )
     with pytest.raises(InvalidInputError) as info:
         inbox.decode_records(batch)
     assert reason(info) == "bad-batch"
