@@ -9,6 +9,7 @@ import pytest
 
 from control_plane.clock import ManualClock
 from control_plane.errors import AuthenticationError, InvalidInputError, PermissionDeniedError
+from control_plane.link import wire
 from control_plane.link.node_inbox import MIN_PROTOCOL_VERSION, NodeClaim, NodeInbox
 from control_plane.services import Services
 from protos.edgefleet.fleet.v1 import link_pb2
@@ -130,3 +131,14 @@ def test_malformed_batches_and_update_statuses_carry_one_reason_each(
     assert reason(info) == "bad-update-status"
     assert inbox.refuse_error(info.value, node_id=node_id) == "bad-update-status"
     assert inbox.refusals.snapshot() == {"bad-update-status": 1}
+
+
+def test_a_newer_server_still_reads_older_supported_nodes(
+    services: Services, inbox: NodeInbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The next wire version must not cut off the nodes still on this one (the MQTT bridge
+    # used to refuse everything below the version the server speaks).
+    monkeypatch.setattr(wire, "PROTOCOL_VERSION", wire.PROTOCOL_VERSION + 1)
+    node_id, _ = enrolled(services, inbox)
+    hello = link_pb2.NodeMessage(protocol_version=1, hello=link_pb2.Hello(agent_version="0.9"))
+    assert inbox.hello(node_id, hello).agent_version == "0.9"
