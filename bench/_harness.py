@@ -374,8 +374,10 @@ class InProcessPlane:
 
         def one(_: int) -> EnrolledNode:
             key = generate_node_key()
-            token, _info = nodes.create_bootstrap_token(self.admin, self.fleet, {}, ttl)
-            enrolled = nodes.enroll(token, make_csr(key), agent_version="0.1.0", transport="mqtt")
+            token, _info = nodes.tokens.create_bootstrap_token(self.admin, self.fleet, {}, ttl)
+            enrolled = nodes.enrollment.enroll(
+                token, make_csr(key), agent_version="0.1.0", transport="mqtt"
+            )
             assert enrolled.mqtt_password
             return EnrolledNode(
                 enrolled.node_id,

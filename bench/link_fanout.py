@@ -664,10 +664,11 @@ async def _recv(conn: Any, timeout_s: float) -> Any:
 async def grpc_edgefleet_phase(
     plane: Plane, nodes: list[EnrolledNode], rounds: int, pins: PinRounds, processes: int
 ) -> Phase:
-    from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
+    from control_plane.link.grpc_server import GrpcLinkConfig
+    from control_plane.server import grpc_link_server
 
     services = plane.services
-    server = GrpcLinkServer(
+    server = grpc_link_server(
         services,
         GrpcLinkConfig(node_address="127.0.0.1:0", hostnames=("localhost",), ips=("127.0.0.1",)),
     )
@@ -845,9 +846,9 @@ async def mqtt_phases(
         write_broker_files,
     )
     from control_plane.link.mqtt_bridge import (
-        MqttBridge,
         MqttBridgeConfig,
         control_plane_account,
+        mqtt_bridge,
     )
     from control_plane.link.mqtt_topics import Leaf, node_topic
 
@@ -855,7 +856,7 @@ async def mqtt_phases(
     password = "bench-" + os.urandom(16).hex()
     config = MqttBridgeConfig(password=password, client_id="edgefleet-cp-bench")
     own = control_plane_account(plane.data_dir, config)
-    accounts = services.nodes.mqtt_accounts(plane.admin)
+    accounts = services.nodes.inventory.mqtt_accounts(plane.admin)
     # Exactly what `edgefleet mqtt acl` writes.
     files = write_broker_files(
         work / "broker-files",
@@ -865,7 +866,7 @@ async def mqtt_phases(
     broker = PrivateMosquitto(work / "broker", passwd=files.passwd, acl=files.acl).start()
     phase = Phase("mqtt", "edgefleet MqttBridge", len(nodes))
     bare = Phase("mqtt", "bare paho publisher", len(nodes))
-    bridge = MqttBridge(services, dataclasses.replace(config, port=broker.port))
+    bridge = mqtt_bridge(services, dataclasses.replace(config, port=broker.port))
     try:
         bridge.start()
         if not bridge.wait_connected(30):

@@ -22,6 +22,7 @@ from control_plane.api.app import create_app
 from control_plane.api.routes.metrics import LinkCounts
 from control_plane.errors import UnavailableError
 from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
+from control_plane.link.hub import LinkHub
 from control_plane.logs import configure_logging
 from control_plane.services import ServiceConfig, Services, build_services
 from control_plane.settings import ServerSettings
@@ -64,6 +65,22 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
     )
 
 
+def grpc_link_server(
+    services: Services, config: GrpcLinkConfig, *, hub: LinkHub | None = None
+) -> GrpcLinkServer:
+    """The gRPC link server, handed the services it uses (never the whole `Services`)."""
+    return GrpcLinkServer(
+        services.node_inbox("grpc", auth_cache_s=config.auth_recheck_s),
+        config,
+        registry=services.registry,
+        store=services.store,
+        ca=services.ca,
+        delivery=services.delivery,
+        clock=services.clock,
+        hub=hub,
+    )
+
+
 HTTP_SHUTDOWN_S: Final = 10.0
 GRPC_GRACE_S: Final = 5.0
 STOP_DEADLINE_S: Final = 15.0
@@ -101,7 +118,7 @@ class ControlPlane:
         run_background: bool = True,
     ) -> None:
         self.services = services
-        self.link = GrpcLinkServer(services, grpc) if grpc is not None else None
+        self.link = grpc_link_server(services, grpc) if grpc is not None else None
         app = create_app(services, run_background=run_background)
         if self.link is not None:
             link = self.link

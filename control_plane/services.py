@@ -23,7 +23,9 @@ from control_plane.health.store import HealthStore
 from control_plane.identity.ca import CertificateAuthority
 from control_plane.link.ingest import RecordIngest
 from control_plane.link.mqtt_bridge import MqttBridgeConfig
-from control_plane.nodes.service import NodeConfig, NodeService
+from control_plane.link.node_inbox import NodeInbox
+from control_plane.nodes.model import NodeConfig
+from control_plane.nodes.wiring import NodeServices, build_node_services
 from control_plane.registry.service import RegistryConfig, RegistryService
 from control_plane.storage.db import create_engine_for, migrate, session_factory
 from control_plane.trust.signer import FileOnlineKeyStore
@@ -56,7 +58,9 @@ class Services:
     registry: RegistryService
     clock: Clock
     ca: CertificateAuthority
-    nodes: NodeService
+    # The node role services (tokens, enrollment, authentication, presence, inventory);
+    # each adapter is handed the one it uses, or a `node_inbox`.
+    nodes: NodeServices
     records: RecordIngest
     health: HealthStore
     director: DirectorService
@@ -84,6 +88,25 @@ class Services:
             checks["artifacts"] = f"unavailable: {type(exc).__name__}"
         return checks
 
+    def node_inbox(
+        self, transport: str, *, auth_cache_s: float, clock: Clock | None = None
+    ) -> NodeInbox:
+        """A node inbox for one transport's adapter (its own refusal count and cache).
+
+        `clock` times the authorization cache (tests expire it by hand); default: ours.
+        """
+        return NodeInbox(
+            transport,
+            authentication=self.nodes.authentication,
+            enrollment=self.nodes.enrollment,
+            presence=self.nodes.presence,
+            records=self.records,
+            director=self.director,
+            registry=self.registry,
+            clock=clock or self.clock,
+            auth_cache_s=auth_cache_s,
+        )
+
     def close(self) -> None:
         self.records.close()  # stores what was submitted, then stops its writer
         self.engine.dispose()
@@ -108,7 +131,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     access = AccessService(sessions, clock)
     access.bootstrap_admin(config.data_dir / "admin-token")
     ca = CertificateAuthority.load_or_create(config.data_dir / "ca", now=clock.now())
-    nodes = NodeService(sessions, ca, clock, config.nodes)
+    nodes = build_node_services(sessions, ca, clock, config.nodes)
     delivery = FanOutDelivery()
     return Services(
         config=config,
@@ -124,7 +147,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         director=DirectorService(
             sessions,
             registry,
-            nodes,
+            nodes.inventory,
             load_or_create_director_key(config.data_dir / "director"),
             clock,
             delivery=delivery,

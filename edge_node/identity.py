@@ -22,7 +22,7 @@ in one of these states, and each still holds a usable pair:
 `recover_pending_renewal` (run at start and before every renewal) rolls the second and
 third forward and drops the first's stray key; `EnrollmentFiles.credentials()` answers
 the matching pair even before that. The control plane keeps the certificate a renewal
-was authenticated with as valid as it was (`NodeService.renew`), so a renewal whose
+was authenticated with as valid as it was (`Enrollments.renew`), so a renewal whose
 answer was lost to a crash can simply be done again.
 
 Not here: when to reconnect (the link ends its stream once the files are swapped; the

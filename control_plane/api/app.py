@@ -75,7 +75,7 @@ async def _liveness_loop(services: Services) -> None:
     """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
     while True:
         try:
-            await anyio.to_thread.run_sync(services.nodes.mark_offline_stale)
+            await anyio.to_thread.run_sync(services.nodes.presence.mark_offline_stale)
         except Exception:
             log.exception("marking silent nodes offline failed; retrying")
         await anyio.sleep(LIVENESS_INTERVAL_S)

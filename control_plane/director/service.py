@@ -37,7 +37,7 @@ from control_plane.errors import (
     PolicyError,
 )
 from control_plane.identity.bootstrap import validate_labels
-from control_plane.nodes.service import NodeService
+from control_plane.nodes.inventory import NodeInventory
 from control_plane.registry.service import ModelVersionInfo, RegistryService
 from control_plane.storage.models import DirectorAssignmentRow, FleetRow, NodeRow
 from control_plane.trust.custom import parse_target_path, validate_model_name, validate_version
@@ -136,7 +136,7 @@ class DirectorService:
         self,
         sessions: sessionmaker[Session],
         registry: RegistryService,
-        nodes: NodeService,
+        nodes: NodeInventory,
         key: Signer,
         clock: Clock,
         ttl: timedelta = DEFAULT_ASSIGNMENT_TTL,

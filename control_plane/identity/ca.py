@@ -305,7 +305,7 @@ class CertificateAuthority:
         Refuses (CertificateRejectedError, with a `reason`) a certificate that is
         malformed, expired or not yet valid, not signed by this CA, not a client
         certificate, or without exactly one node URN. Pure: no revocation check here;
-        `NodeService.authorize` compares the serial with the inventory.
+        `NodeAuthentication.authorize` compares the serial with the inventory.
         """
         cert = _load_certificate(certificate)
         serial = serial_hex(cert.serial_number)

@@ -8,14 +8,15 @@ One `grpc.aio` server with two ports:
   whose credential is the bootstrap token, and refuses everything else.
 
 `NodeLinkGuard` (a server interceptor) does what must never be forgotten per method:
-resolve the caller's certificate to a node (`NodeService.authenticate_peer`),
+resolve the caller's certificate to a node (`NodeInbox.authenticate_peer`),
 parse the request bytes itself so malformed protobuf is INVALID_ARGUMENT, and turn
 domain errors into status codes (`grpc_status.status_for`), counted and logged with
 their reason. Servicer methods read the caller with `current_node()`; no message
 carries a node id, so there is nothing to forge.
 
-Not here: what to do with the data (the services), how errors map (grpc_status), the
-node's side (edge_node.link.grpc_link).
+Not here: what a message means (`node_inbox`, shared with MQTT and REST), how errors
+map (grpc_status), the node's side (edge_node.link.grpc_link). This module frames:
+streams, acks on the stream, status codes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from control_plane.artifacts.base import ArtifactStore
+from control_plane.clock import Clock
+from control_plane.director.delivery import FanOutDelivery
 from control_plane.errors import (
     AuthenticationError,
     EdgefleetError,
@@ -47,14 +51,14 @@ from control_plane.errors import (
     RangeNotSatisfiableError,
     UnavailableError,
 )
-from control_plane.identity.ca import NodeIdentity
+from control_plane.identity.ca import CertificateAuthority, NodeIdentity
 from control_plane.link import wire
 from control_plane.link.desired import HubDelivery
 from control_plane.link.grpc_status import REASON_TRAILER, reason_of, status_for
 from control_plane.link.hub import DownlinkSession, LinkHub
-from control_plane.link.ingest import LoopGroupCommit
-from control_plane.nodes.service import Node, RefusalCounter
-from control_plane.services import Services
+from control_plane.link.node_inbox import NodeClaim, NodeInbox
+from control_plane.nodes.model import Node
+from control_plane.registry.service import RegistryService
 from protos.edgefleet.fleet.v1 import link_pb2, link_pb2_grpc
 
 __all__ = [
@@ -91,7 +95,8 @@ class GrpcLinkConfig:
     ips: tuple[str, ...] = ("127.0.0.1",)
     server_cert_ttl: timedelta = timedelta(days=365)
     max_message_bytes: int = 4 << 20
-    # A stream re-checks its certificate (revocation, expiry) at most this often.
+    # A node's certificate is re-checked (revocation, expiry) at most this often: the
+    # node inbox's authorization cache lifetime for this transport.
     auth_recheck_s: float = 5.0
     artifact_chunk_bytes: int = 1 << 20
     downlink_queue: int = 64
@@ -106,7 +111,10 @@ class AuthenticatedNode:
 
     node: Node
     identity: NodeIdentity  # from the certificate, verified against the CA at the start
-    checked_at: datetime
+
+    @property
+    def claim(self) -> NodeClaim:
+        return NodeClaim(self.identity.node_id, self.identity.fleet, self.identity.serial)
 
 
 @dataclass
@@ -124,7 +132,7 @@ class _InternalError(EdgefleetError):
     title = "internal error"
 
 
-# What the caller got wrong or may not do: counted in `refusals` by reason.
+# What the caller got wrong or may not do: counted in the inbox's `refusals` by reason.
 _REFUSALS: Final = (InvalidInputError, AuthenticationError, PermissionDeniedError, PolicyError)
 
 _CURRENT: ContextVar[AuthenticatedNode | None] = ContextVar("edgefleet_node", default=None)
@@ -144,9 +152,8 @@ def current_node() -> AuthenticatedNode:
 class NodeLinkGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Binds every NodeLink call but Enroll to the node its client certificate names."""
 
-    def __init__(self, services: Services, refusals: RefusalCounter) -> None:
-        self._services = services
-        self._refusals = refusals
+    def __init__(self, inbox: NodeInbox) -> None:
+        self._inbox = inbox
 
     async def intercept_service(
         self,
@@ -245,24 +252,15 @@ class NodeLinkGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 "certificate (this port serves Enroll only)",
                 reason="no-client-certificate",
             )
-        nodes = self._services.nodes
-        identity, node = await asyncio.to_thread(nodes.authenticate_peer, certificate)
-        _CURRENT.set(AuthenticatedNode(node, identity, self._services.clock.now()))
+        identity, node = await asyncio.to_thread(self._inbox.authenticate_peer, certificate)
+        _CURRENT.set(AuthenticatedNode(node, identity))
 
     async def _abort(self, name: str, context: Any, error: EdgefleetError) -> None:
         reason = reason_of(error)
         peer = _CURRENT.get()
         node_id = peer.node.id if peer is not None else None
         if isinstance(error, _REFUSALS):
-            self._refusals.add(reason)
-            log.warning(
-                "refused %s from %s: %s (%s)",
-                name,
-                node_id or context.peer(),
-                reason,
-                error.message,
-                extra={"method": name, "reason": reason, "node_id": node_id},
-            )
+            self._inbox.refuse(reason, error.message, node_id=node_id, where=name)
         elif isinstance(error, NotFoundError):
             # An answer, not a refusal: TUF clients probe for the next root version.
             log.debug("%s: not found (%s)", name, error.message)
@@ -303,44 +301,44 @@ def _unexpected(name: str) -> _InternalError:
 
 
 class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
-    """The NodeLink methods: thin, each calls the services in a worker thread.
+    """The NodeLink methods: thin, each calls the node inbox (or the registry and the
+    artifact store, for downloads) in a worker thread.
 
     Database and store calls block, so they never run on the event loop; node records
-    go through a `LoopGroupCommit`, one worker-thread hop per group of batches.
+    go through the inbox's group commit, one worker-thread hop per group of batches.
     """
 
     def __init__(
         self,
-        services: Services,
+        inbox: NodeInbox,
+        registry: RegistryService,
+        store: ArtifactStore,
         hub: LinkHub,
         config: GrpcLinkConfig,
-        refusals: RefusalCounter,
         stats: LinkStats,
     ) -> None:
-        self._services = services
+        self._inbox = inbox
+        self._registry = registry
+        self._store = store
         self._hub = hub
         self._config = config
-        self._refusals = refusals
         self.stats = stats
-        # Records of every stream share group commits (one transaction per group).
-        self._group_commit = LoopGroupCommit(services.records)
 
     # ------------------------------------------------------------ enrollment
 
     async def Enroll(
         self, request: link_pb2.EnrollRequest, context: Any
     ) -> link_pb2.EnrollResponse:
-        enrollment = await asyncio.to_thread(
+        answer = await asyncio.to_thread(
             functools.partial(
-                self._services.nodes.enroll,
+                self._inbox.enroll,
                 request.bootstrap_token,
                 request.csr_pem,
                 agent_version=request.agent_version,
                 transport=request.transport or "grpc",
             )
         )
-        tuf_root = await asyncio.to_thread(self._first_root, enrollment.fleet)
-        director_key = self._services.director.director_public_key()
+        enrollment = answer.enrollment
         return link_pb2.EnrollResponse(
             node_id=enrollment.node_id,
             fleet=enrollment.fleet,
@@ -348,18 +346,12 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
             ca_pem=enrollment.ca_pem,
             not_after=_timestamp(enrollment.not_after),
             labels=enrollment.labels,
-            tuf_root=tuf_root,
+            tuf_root=answer.tuf_root or b"",
             # Only for a node that enrolled for the MQTT transport; shown this once.
             mqtt_username=enrollment.mqtt_username or "",
             mqtt_password=enrollment.mqtt_password or "",
-            director_public_key=json.dumps(director_key, sort_keys=True).encode(),
+            director_public_key=json.dumps(answer.director_public_key, sort_keys=True).encode(),
         )
-
-    def _first_root(self, fleet: str) -> bytes:
-        try:
-            return self._services.registry.metadata_file(fleet, "1.root.json")
-        except (PolicyError, NotFoundError):
-            return b""  # the fleet has no trust root yet; the node fetches it later
 
     async def RenewCertificate(
         self, request: link_pb2.RenewRequest, context: Any
@@ -367,7 +359,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
         peer = current_node()
         issued = await asyncio.to_thread(
             functools.partial(
-                self._services.nodes.renew,
+                self._inbox.renew,
                 peer.node.id,
                 request.csr_pem,
                 presented_serial=peer.identity.serial,
@@ -385,9 +377,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
         node = current_node().node
         if not 0 < len(request.filename) <= _MAX_FILENAME:
             raise InvalidInputError("bad metadata file name", reason="bad-filename")
-        body = await asyncio.to_thread(
-            self._services.registry.metadata_file, node.fleet, request.filename
-        )
+        body = await asyncio.to_thread(self._registry.metadata_file, node.fleet, request.filename)
         return link_pb2.MetadataFile(content=body)
 
     async def FetchArtifact(
@@ -395,7 +385,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
     ) -> AsyncIterator[link_pb2.ArtifactChunk]:
         node = current_node().node
         sha256, length = await asyncio.to_thread(
-            self._services.registry.target_artifact, node.fleet, request.target_path
+            self._registry.target_artifact, node.fleet, request.target_path
         )
         if request.sha256 != sha256:
             raise NotFoundError(
@@ -409,7 +399,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
                 reason="offset-beyond-end",
                 length=length,
             )
-        store = self._services.store
+        store = self._store
         chunks = await asyncio.to_thread(
             store.open_range, sha256, offset, None, self._config.artifact_chunk_bytes
         )
@@ -455,7 +445,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
                 # A newer stream of the same node keeps it online; only the last one out
                 # marks it offline.
                 try:
-                    await asyncio.to_thread(self._services.nodes.set_online, node.id, False)
+                    await asyncio.to_thread(self._inbox.offline, node.id)
                 except Exception:
                     log.exception("could not mark node %s offline", node.id)
 
@@ -482,47 +472,37 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
         """Revocation and expiry cut a stream at the next message (checks cached briefly).
 
         The certificate was verified against the CA when the stream began; what can
-        change since is in the inventory (revoked, serial replaced, expired), which
-        `authorize` reads without parsing the certificate again.
+        change since is in the inventory (revoked, serial replaced, expired), which the
+        inbox's `authorize` reads without parsing the certificate again.
         """
-        now = self._services.clock.now()
-        if (now - peer.checked_at).total_seconds() < self._config.auth_recheck_s:
-            return
-        identity = peer.identity
-        peer.node = await asyncio.to_thread(
-            functools.partial(
-                self._services.nodes.authorize,
-                identity.node_id,
-                identity.serial,
-                fleet=identity.fleet,
-            )
-        )
-        peer.checked_at = now
+        claim = peer.claim
+        if self._inbox.cached(claim) is None:
+            peer.node = await asyncio.to_thread(self._inbox.authorize, claim)
 
     async def _handle(
         self, peer: AuthenticatedNode, message: link_pb2.NodeMessage, session: DownlinkSession
     ) -> None:
         node_id = peer.node.id
-        nodes = self._services.nodes
+        inbox = self._inbox
         kind = message.WhichOneof("body")
         if kind == "records":
             self.stats.batches += 1
             try:
-                records = wire.incoming_records(message.records)
+                records = inbox.decode_records(message.records)
                 # Stored with the next group commit; the loop serves other streams meanwhile.
-                ids = await self._group_commit.store(node_id, records)
+                ids = await inbox.store_records(node_id, records)
             except InvalidInputError as exc:
+                self.stats.refused_batches += 1
                 self._refuse_message("records", node_id, exc)
                 return
             # Acked only now: `store` returned, so the insert has committed.
             await session.queue.put(wire.ack(ids))
             self.stats.records_acked += len(ids)
         elif kind == "heartbeat":
-            await asyncio.to_thread(nodes.touch, node_id)
+            await asyncio.to_thread(inbox.heartbeat, node_id)
         elif kind == "update_status":
             try:
-                status = wire.update_status(message.update_status)
-                await asyncio.to_thread(nodes.record_update_status, node_id, status)
+                await asyncio.to_thread(inbox.update_status, node_id, message.update_status)
             except InvalidInputError as exc:
                 self._refuse_message("update_status", node_id, exc)
         elif kind == "hello":
@@ -530,7 +510,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
             await self._queue_desired(node_id, session)
         else:
             # A body from a newer protocol version: ignored, as unknown fields are.
-            self._refusals.add("unknown-message")
+            inbox.refusals.add("unknown-message")
             log.debug("node %s sent a message this server does not know", node_id)
 
     def _refuse_message(self, kind: str, node_id: str, exc: InvalidInputError) -> None:
@@ -539,17 +519,7 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
         The node resends what is not acked, so a batch that is refused stays in its
         outbox and is visible in its backlog; the count and log here say why.
         """
-        reason = "bad-batch" if kind == "records" else "bad-update-status"
-        if kind == "records":
-            self.stats.refused_batches += 1
-        self._refusals.add(reason)
-        log.warning(
-            "refused %s of node %s: %s",
-            kind,
-            node_id,
-            exc.message,
-            extra={"node_id": node_id, "reason": reason, **_plain(exc.fields)},
-        )
+        self._inbox.refuse_error(exc, node_id=node_id, where=kind)
 
     async def _queue_desired(self, node_id: str, session: DownlinkSession) -> None:
         """Answer an accepted Hello with the node's current assignment, if it has one.
@@ -558,24 +528,14 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
         the node drops a sequence it already holds, and a node that accepted a sequence
         but lost what it said (a crash before the download) gets it back this way.
         """
-        signed = await asyncio.to_thread(self._services.director.current, node_id)
+        signed = await asyncio.to_thread(self._inbox.desired, node_id)
         if signed is not None:
             await session.queue.put(wire.desired(signed))
             self.stats.desired_sent += 1
 
     async def _hello(self, peer: AuthenticatedNode, message: link_pb2.NodeMessage) -> Node:
-        if message.protocol_version < 1:
-            raise InvalidInputError(
-                f"protocol_version must be set (this server speaks {wire.PROTOCOL_VERSION})",
-                reason="bad-hello",
-            )
-        peer.node = await asyncio.to_thread(
-            self._services.nodes.record_hello,
-            peer.node.id,
-            message.hello.agent_version,
-            "grpc",
-            wire.hello_state(message),
-        )
+        # The stream's protocol version is the Hello's (the inbox checks it).
+        peer.node = await asyncio.to_thread(self._inbox.hello, peer.node.id, message)
         return peer.node
 
 
@@ -601,11 +561,6 @@ def _timestamp(value: datetime) -> Timestamp:
     return stamp
 
 
-def _plain(fields: dict[str, Any]) -> dict[str, Any]:
-    # `extra` keys must not clash with LogRecord attributes.
-    return {f"error_{k}": v for k, v in fields.items()}
-
-
 # -------------------------------------------------------------------- server
 
 
@@ -618,12 +573,26 @@ class GrpcLinkServer:
     """
 
     def __init__(
-        self, services: Services, config: GrpcLinkConfig, *, hub: LinkHub | None = None
+        self,
+        inbox: NodeInbox,
+        config: GrpcLinkConfig,
+        *,
+        registry: RegistryService,
+        store: ArtifactStore,
+        ca: CertificateAuthority,
+        delivery: FanOutDelivery,
+        clock: Clock,
+        hub: LinkHub | None = None,
     ) -> None:
-        self._services = services
+        self._inbox = inbox
         self._config = config
+        self._registry = registry
+        self._store = store
+        self._ca = ca
+        self._fan_out = delivery
+        self._clock = clock
         self.hub = hub if hub is not None else LinkHub(max_pending=config.downlink_queue)
-        self.refusals = RefusalCounter()
+        self.refusals = inbox.refusals
         self.stats = LinkStats()
         self.node_port: int | None = None
         self.enroll_port: int | None = None
@@ -636,18 +605,19 @@ class GrpcLinkServer:
         if self._server is not None:
             raise RuntimeError("the gRPC link server was started already")
         config = self._config
-        now = self._services.clock.now()
-        credentials = self._services.ca.issue_server_certificate(
+        now = self._clock.now()
+        credentials = self._ca.issue_server_certificate(
             list(config.hostnames), list(config.ips), now=now, ttl=config.server_cert_ttl
         )
         pair = [(credentials.private_key_pem, credentials.certificate_pem)]
         server = grpc.aio.server(
-            interceptors=[NodeLinkGuard(self._services, self.refusals)],
+            interceptors=[NodeLinkGuard(self._inbox)],
             options=_server_options(config),
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         link_pb2_grpc.add_NodeLinkServicer_to_server(
-            NodeLinkService(self._services, self.hub, config, self.refusals, self.stats), server
+            NodeLinkService(self._inbox, self._registry, self._store, self.hub, config, self.stats),
+            server,
         )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -655,7 +625,7 @@ class GrpcLinkServer:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         node_credentials = grpc.ssl_server_credentials(
-            pair, root_certificates=self._services.ca.ca_pem, require_client_auth=True
+            pair, root_certificates=self._ca.ca_pem, require_client_auth=True
         )
         self.node_port = _bind(server, config.node_address, node_credentials)
         if config.enroll_address is not None:
@@ -665,7 +635,7 @@ class GrpcLinkServer:
         await server.start()
         self._server = server
         # From now on a pin reaches the nodes connected here at once.
-        self._services.delivery.attach(self._delivery)
+        self._fan_out.attach(self._delivery)
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -686,7 +656,7 @@ class GrpcLinkServer:
         await asyncio.shield(self._stopping)
 
     async def _stop(self, grace_s: float) -> None:
-        self._services.delivery.detach(self._delivery)
+        self._fan_out.detach(self._delivery)
         await self._health.enter_graceful_shutdown()
         # Sync streams never finish by themselves: end them now so their nodes reconnect
         # (to another replica or to our successor) while downloads drain.

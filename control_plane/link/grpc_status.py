@@ -11,6 +11,7 @@ from typing import Final
 import grpc
 
 from control_plane import errors
+from control_plane.nodes.model import reason_of as node_reason_of
 
 __all__ = ["REASON_TRAILER", "reason_of", "status_for"]
 
@@ -38,9 +39,6 @@ def status_for(exc: errors.EdgefleetError) -> grpc.StatusCode:
 
 
 def reason_of(exc: errors.EdgefleetError) -> str:
-    """The short, fixed reason a refusal is counted and logged under."""
-    reason = exc.fields.get("reason")
-    if isinstance(reason, str) and reason:
-        return reason
-    name = type(exc).__name__.removesuffix("Error")
-    return "".join("-" + c.lower() if c.isupper() else c for c in name).lstrip("-")
+    """The short, fixed reason a refusal is counted and logged under: the one rule of
+    every transport (`control_plane.nodes.model.reason_of`), sent in `REASON_TRAILER`."""
+    return node_reason_of(exc)

@@ -12,6 +12,12 @@ crash before the PUBACK makes the broker redeliver the message to this session w
 reconnects, and ingestion ignores what it already stored; a lost Ack makes the node
 resend. Neither loses nor duplicates a record.
 
+What a message means is the node inbox's (`node_inbox`, shared with gRPC and REST):
+authorization and its cache, the protocol-version rule, Hello, heartbeat, update
+status, Last Will and records. The bridge holds the paho session, its threads, acks
+and PUBACKs; `mqtt_uplink.MqttUplink` checks each message's topic, size and payload
+and hands it to the inbox.
+
 Bad input is refused, counted by reason in `refusals`, logged, and PUBACKed anyway:
 a malformed or oversized payload, a topic outside the tree, an unknown, revoked or
 other-fleet node would be redelivered forever otherwise. A database outage is not
@@ -35,9 +41,9 @@ overtaken by the Hello that follows it). A RecordBatch of a node checked within
 (`RecordIngest.submit`) at once; one whose node must be looked up (a database call) goes
 through the node's worker. Records carry their own ids and seqs, so batches need no
 order among themselves. The Ack and the PUBACK go out when the group has committed,
-from the writer's thread. The node and its fleet are looked up at
-most every `auth_cache_s` per node, not per message: a revocation stops a node's
-messages within that time (and its login at the broker's next reload).
+from the writer's thread. The node and its fleet are looked up (by the
+inbox) at most every `auth_cache_s` per node, not per message: a revocation stops a
+node's messages within that time (and its login at the broker's next reload).
 """
 
 from __future__ import annotations
@@ -58,7 +64,6 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import anyio
 import anyio.to_thread
 import paho.mqtt.client as mqtt
-from google.protobuf.message import DecodeError
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -66,13 +71,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from sqlalchemy.exc import DBAPIError
 
-from control_plane.errors import (
-    EdgefleetError,
-    InvalidInputError,
-    NotFoundError,
-    PayloadTooLargeError,
-    UnavailableError,
-)
+from control_plane.clock import Clock
+from control_plane.errors import EdgefleetError, InvalidInputError, UnavailableError
 from control_plane.link import wire
 from control_plane.link.desired import MqttDelivery
 from control_plane.link.mqtt_acl import (
@@ -84,13 +84,18 @@ from control_plane.link.mqtt_acl import (
 from control_plane.link.mqtt_topics import (
     SHARE_GROUP,
     Leaf,
-    NodeTopic,
-    TopicError,
     node_topic,
-    parse_topic,
     shared_filters,
 )
-from control_plane.nodes.service import Node, RefusalCounter
+from control_plane.link.mqtt_uplink import (
+    OFFLINE,
+    PRESENCE_PROPERTY,
+    Counters,
+    MqttRefusal,
+    MqttUplink,
+    PendingAck,
+)
+from control_plane.link.node_inbox import NodeInbox
 from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 
 if TYPE_CHECKING:
@@ -107,12 +112,11 @@ __all__ = [
     "bridge_running",
     "control_plane_account",
     "control_plane_password",
+    "mqtt_bridge",
 ]
 
 log = logging.getLogger(__name__)
 
-PRESENCE_PROPERTY: Final = "edgefleet-presence"
-OFFLINE: Final = "offline"
 PULL_DESIRED: Final = "pull-desired"
 # Relative to the data dir: the control plane's own broker password, made on first use.
 CONTROL_PLANE_PASSWORD_FILE: Final = Path("mqtt") / "control-plane-password"
@@ -144,7 +148,8 @@ class MqttBridgeConfig:
     retry_initial_s: float = 0.2
     retry_cap_s: float = 5.0
     # A node found known, unrevoked and in its topic's fleet is not looked up again for
-    # this long (0: every message). Revocation takes effect within it.
+    # this long (0: every message): the node inbox's cache lifetime for this transport.
+    # Revocation takes effect within it.
     auth_cache_s: float = 5.0
 
     def resolved_client_id(self) -> str:
@@ -165,35 +170,6 @@ def control_plane_account(data_dir: Path, config: MqttBridgeConfig | None) -> Mq
     return MqttAccount(username=username, password_hash=mosquitto_password_hash(password))
 
 
-class Counters:
-    """What the bridge did, by name (connects, messages, records, ...); thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
-
-    def add(self, name: str, amount: int = 1) -> None:
-        with self._lock:
-            self._counts[name] = self._counts.get(name, 0) + amount
-
-    def __getitem__(self, name: str) -> int:
-        with self._lock:
-            return self._counts.get(name, 0)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-
-class _Refusal(Exception):
-    """A message refused as bad input: count it, log it, PUBACK it."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
 class _Inbound(NamedTuple):
     message: mqtt.MQTTMessage
     generation: int
@@ -201,26 +177,18 @@ class _Inbound(NamedTuple):
     attempt: int = 0
 
 
-_AUTH_CACHE_MAX: Final = 100_000
-
-
-class _PendingAck(NamedTuple):
-    """Where the Ack of a submitted batch goes once its group has committed."""
-
-    fleet: str
-    node_id: str
-
-
 class MqttBridge:
     """Start with `start()`, stop with `stop()` (idempotent). Thread-safe."""
 
-    def __init__(self, services: Services, config: MqttBridgeConfig) -> None:
+    def __init__(self, inbox: NodeInbox, config: MqttBridgeConfig, *, data_dir: Path) -> None:
+        """`data_dir` holds the control plane's broker password when `config` has none."""
         if config.workers < 1 or config.receive_maximum < 1:
             raise InvalidInputError("an MQTT bridge needs at least one worker and in-flight slot")
-        self._services = services
+        self._inbox = inbox
         self._config = config
+        self._data_dir = data_dir
         self.client_id = config.resolved_client_id()
-        self.refusals = RefusalCounter()
+        self.refusals = inbox.refusals
         self.counts = Counters()
         self._lock = threading.Lock()
         self._generation = 0
@@ -235,8 +203,13 @@ class MqttBridge:
         ]
         self._workers: list[threading.Thread] = []
         self._expiry_properties: dict[int, Properties] = {}
-        # node id -> (the node, monotonic time it was checked); see `_authorized`.
-        self._known: dict[str, tuple[Node, float]] = {}
+        self._uplink = MqttUplink(
+            inbox,
+            self.counts,
+            max_message_bytes=config.max_message_bytes,
+            downlink_expiry_s=config.downlink_expiry_s,
+            publish=self._publish,
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -254,7 +227,7 @@ class MqttBridge:
             manual_ack=True,
         )
         if config.username:
-            password = control_plane_password(self._services.config.data_dir, config)
+            password = control_plane_password(self._data_dir, config)
             client.username_pw_set(config.username, password)
         client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)
         client.connect_timeout = config.connect_timeout_s
@@ -366,6 +339,8 @@ class MqttBridge:
             )
             for node_id, signed in assignments
         ]
+        # Real time, not the injected clock: it bounds paho's own (real-time) waits below,
+        # which a manual clock could neither shorten nor end.
         deadline = time.monotonic() + timeout_s
         confirmed: list[bool] = []
         for info in infos:
@@ -507,7 +482,7 @@ class MqttBridge:
         if self._stopping.is_set():
             return  # left unacked: it comes back to this session after a restart
         item = _Inbound(message, self._generation)
-        if self._checked_recently(message.topic):
+        if self._uplink.checked_recently(message.topic):
             # A batch of a node checked within auth_cache_s: parsing it and handing it to
             # the group commit cost less than a hand-off to a worker, and nothing here
             # waits (no database call; a full backlog is retried by the worker). Status
@@ -520,12 +495,6 @@ class MqttBridge:
         shard = zlib.crc32(_node_segment(message.topic)) % len(self._queues)
         # Blocks paho's thread when the workers are behind: backpressure on the broker.
         self._queues[shard].put(item)
-
-    def _checked_recently(self, topic: str) -> bool:
-        if not topic.endswith(_RECORD_LEAVES):
-            return False
-        cached = self._known.get(_node_segment(topic).decode("utf-8", "replace"))
-        return cached is not None and time.monotonic() - cached[1] < self._config.auth_cache_s
 
     # ---------------------------------------------------------------- workers
 
@@ -541,7 +510,7 @@ class MqttBridge:
         if item.attempt and self._stopping.wait(self._retry_delay(item.attempt)):
             return  # stopping: left unacked, the broker redelivers it
         try:
-            stored = self._handle(message)
+            stored = self._uplink.handle(message)
         except Exception as exc:  # classified in _settle; nothing escapes a worker
             self._settle(item, exc)
             return
@@ -551,7 +520,7 @@ class MqttBridge:
         future, ack = stored
         future.add_done_callback(lambda done: self._acknowledge(item, done, ack))
 
-    def _acknowledge(self, item: _Inbound, future: Future[list[str]], ack: _PendingAck) -> None:
+    def _acknowledge(self, item: _Inbound, future: Future[list[str]], ack: PendingAck) -> None:
         """The group commit holding the batch finished: Ack and PUBACK, on the writer's
         thread. Both only queue a packet for paho's network thread (nothing here waits),
         and a hand-off back to the node's worker cost more than they do: at one record
@@ -572,15 +541,15 @@ class MqttBridge:
                 )
             self.counts.add("batches")
         except Exception:  # not acked: the node resends, ingestion ignores the duplicate
-            self.refusals.add("internal-error")
+            self.refusals.add("internal")
             log.exception("MQTT bridge could not ack %s", item.message.topic)
         self._puback(item.message, item.generation)
 
     def _settle(self, item: _Inbound, exc: Exception) -> None:
         """A message that failed: refused (PUBACKed) or, on a database outage, retried."""
         message = item.message
-        if isinstance(exc, _Refusal):
-            self._refuse(exc.reason, exc.detail, message.topic)
+        if isinstance(exc, MqttRefusal):
+            self._inbox.refuse(exc.reason, exc.detail, where=message.topic[:200])
         elif isinstance(exc, UnavailableError | DBAPIError):
             # The database is down or busy: not the node's fault, so not acked yet.
             if self._stopping.is_set() or item.generation != self._generation:
@@ -595,10 +564,9 @@ class MqttBridge:
             self._requeue(item._replace(attempt=item.attempt + 1))
             return
         elif isinstance(exc, EdgefleetError):
-            reason = str(exc.fields.get("reason") or _reason_of(exc))
-            self._refuse(reason, exc.message, message.topic)
+            self._inbox.refuse_error(exc, where=message.topic[:200])
         else:
-            self.refusals.add("internal-error")
+            self.refusals.add("internal")
             log.error(
                 "MQTT bridge could not handle %s; dropping it",
                 message.topic,
@@ -629,148 +597,14 @@ class MqttBridge:
             return
         client.ack(message.mid, message.qos)
 
-    def _handle(self, message: mqtt.MQTTMessage) -> tuple[Future[list[str]], _PendingAck] | None:
-        """Handle one message; a RecordBatch returns the future of its group commit."""
-        self.counts.add("messages")
-        limit = self._config.max_message_bytes
-        if len(message.payload) > limit:
-            raise _Refusal("oversized", f"{len(message.payload)} bytes is over {limit}")
-        try:
-            where = parse_topic(message.topic)
-        except TopicError as exc:
-            raise _Refusal("bad-topic", exc.message) from exc
-        if where.leaf not in (Leaf.STATUS, Leaf.HEALTH, Leaf.EVENTS):
-            raise _Refusal("wrong-leaf", f"nodes do not publish on {where.leaf.value}")
-        try:
-            body = link_pb2.NodeMessage.FromString(bytes(message.payload))
-        except DecodeError as exc:
-            raise _Refusal("malformed-message", f"not a NodeMessage: {exc}") from exc
-        if body.protocol_version < wire.PROTOCOL_VERSION:
-            # Newer versions only add fields and bodies, which this reader ignores.
-            raise _Refusal("protocol-version", f"protocol version {body.protocol_version}")
-        node = self._authorized(where)
-        kind = body.WhichOneof("body")
-        if where.leaf is Leaf.STATUS:
-            self._status(node, body, kind, message)
-            return None
-        return self._records(node, where, body, kind)
-
-    def _authorized(self, where: NodeTopic) -> Node:
-        now = time.monotonic()
-        cached = self._known.get(where.node_id)
-        if cached is not None and now - cached[1] < self._config.auth_cache_s:
-            node = cached[0]
-        else:
-            try:
-                node = self._services.nodes.get_node(where.node_id)
-            except NotFoundError:
-                raise _Refusal("node-unknown", f"unknown node {where.node_id!r}") from None
-            if node.revoked:
-                self._known.pop(where.node_id, None)
-                raise _Refusal("node-revoked", f"node {node.id!r} is revoked")
-            if len(self._known) >= _AUTH_CACHE_MAX:
-                self._known.clear()
-            self._known[node.id] = (node, now)
-        if node.fleet != where.fleet:
-            raise _Refusal("wrong-fleet", f"node {node.id!r} is not in fleet {where.fleet!r}")
-        return node
-
-    def _status(
-        self,
-        node: Node,
-        body: link_pb2.NodeMessage,
-        kind: str | None,
-        message: mqtt.MQTTMessage,
-    ) -> None:
-        nodes = self._services.nodes
-        if kind is None and _is_offline(message):
-            nodes.set_online(node.id, False)
-            self.counts.add("offline")
-            log.info("node went offline (Last Will)", extra={"node_id": node.id})
-        elif kind == "hello":
-            nodes.record_hello(node.id, body.hello.agent_version, "mqtt", wire.hello_state(body))
-            self.counts.add("hellos")
-            self._answer_hello(node)
-        elif kind == "heartbeat":
-            nodes.touch(node.id)
-            self.counts.add("heartbeats")
-        elif kind == "update_status":
-            nodes.record_update_status(node.id, wire.update_status(body.update_status))
-        elif kind is None:
-            raise _Refusal("unknown-message", "a status message with a body this bridge lacks")
-        else:
-            raise _Refusal("wrong-leaf", f"a status message cannot carry {kind}")
-
-    def _answer_hello(self, node: Node) -> None:
-        """The node's current assignment on its ``desired`` topic (as over gRPC, whatever
-        sequence the Hello reports; the node drops one it holds already)."""
-        signed = self._services.director.current(node.id)
-        if signed is None:
-            return
-        self._publish(
-            node_topic(node.fleet, node.id, Leaf.DESIRED),
-            wire.desired(signed).SerializeToString(),
-            retain=False,
-            expiry_s=self._config.downlink_expiry_s,
-        )
-        self.counts.add("desired-sent")
-
-    def _records(
-        self, node: Node, where: NodeTopic, body: link_pb2.NodeMessage, kind: str | None
-    ) -> tuple[Future[list[str]], _PendingAck]:
-        if kind is None:
-            raise _Refusal("unknown-message", "a message with a body this bridge lacks")
-        if kind != "records":
-            raise _Refusal("wrong-leaf", f"{where.leaf.value} carries records, not {kind}")
-        try:
-            records = wire.incoming_records(body.records)
-            expected, other = (
-                ("event", "health") if where.leaf is Leaf.EVENTS else ("health", "event")
-            )
-            if any(r.kind == other for r in records):
-                raise _Refusal("wrong-leaf", f"{where.leaf.value} carries {expected} records only")
-            # Refused whole and not acked: the node keeps the batch, so the problem stays
-            # visible in its backlog (as over gRPC).
-            future = self._services.records.submit(node.id, records)
-        except InvalidInputError as exc:
-            raise _Refusal("bad-batch", exc.message) from exc
-        return future, _PendingAck(where.fleet, node.id)
-
-    def _refuse(self, reason: str, detail: str, topic: str) -> None:
-        self.refusals.add(reason)
-        log.warning(
-            "refused MQTT message on %s: %s (%s)",
-            topic[:200],
-            reason,
-            detail,
-            extra={"reason": reason, "topic": topic[:200]},
-        )
-
 
 def _properties(packet_type: int) -> Properties:
     return Properties(packet_type)  # type: ignore[no-untyped-call]  # paho leaves it untyped
 
 
-def _is_offline(message: mqtt.MQTTMessage) -> bool:
-    props = getattr(message, "properties", None)
-    pairs = getattr(props, "UserProperty", None) or []
-    return (PRESENCE_PROPERTY, OFFLINE) in [tuple(p) for p in pairs]
-
-
-_RECORD_LEAVES: Final = (f"/{Leaf.HEALTH.value}", f"/{Leaf.EVENTS.value}")
-
-
 def _node_segment(topic: str) -> bytes:
     parts = topic.split("/")
     return (parts[3] if len(parts) > 3 else topic).encode("utf-8", "replace")
-
-
-def _reason_of(exc: EdgefleetError) -> str:
-    if isinstance(exc, PayloadTooLargeError):
-        return "oversized"
-    if isinstance(exc, InvalidInputError):
-        return "invalid-input"
-    return type(exc).__name__
 
 
 def _drain(inbox: queue.Queue[_Inbound | None]) -> None:
@@ -781,13 +615,24 @@ def _drain(inbox: queue.Queue[_Inbound | None]) -> None:
             return
 
 
+def mqtt_bridge(
+    services: Services, config: MqttBridgeConfig, *, clock: Clock | None = None
+) -> MqttBridge:
+    """A bridge handed the node inbox it uses (never the whole `Services`); not started.
+
+    `clock` times the inbox's authorization cache (default: the services' clock).
+    """
+    inbox = services.node_inbox("mqtt", auth_cache_s=config.auth_cache_s, clock=clock)
+    return MqttBridge(inbox, config, data_dir=services.config.data_dir)
+
+
 @contextlib.asynccontextmanager
 async def bridge_running(services: Services) -> AsyncIterator[MqttBridge | None]:
     """Run the bridge while the block runs when `services.config.mqtt` is set (else None)."""
     if services.config.mqtt is None:
         yield None
         return
-    bridge = MqttBridge(services, services.config.mqtt)
+    bridge = mqtt_bridge(services, services.config.mqtt)
     bridge.start()
     delivery = MqttDelivery(bridge)
     services.delivery.attach(delivery)  # pins ring the doorbell from now on

@@ -90,7 +90,7 @@ def incoming_records(batch: link_pb2.RecordBatch) -> list[IncomingRecord]:
 
 
 def hello_state(message: link_pb2.NodeMessage) -> dict[str, Any]:
-    """The reported state a Hello carries, as plain JSON for `NodeService.record_hello`.
+    """The reported state a Hello carries, as plain JSON for `NodePresence.record_hello`.
 
     The node's own labels are kept apart from the operator's inventory labels: a node
     reports them, it does not set them.
@@ -107,7 +107,7 @@ def hello_state(message: link_pb2.NodeMessage) -> dict[str, Any]:
 
 
 def update_status(status: link_pb2.UpdateStatus) -> dict[str, Any]:
-    """An UpdateStatus as plain JSON for `NodeService.record_update_status`."""
+    """An UpdateStatus as plain JSON for `NodePresence.record_update_status`."""
     at = None
     if status.HasField("at"):
         try:

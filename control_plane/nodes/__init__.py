@@ -1,1 +1,1 @@
-"""Node inventory and enrollment over the relational store (see `service.NodeService`)."""
+"""Node inventory and enrollment over the relational store, one service per role (`wiring`)."""

@@ -40,12 +40,12 @@ def lines() -> Iterator[io.StringIO]:
 
 
 def test_logfmt_keeps_every_extra_field(lines: io.StringIO) -> None:
-    log = logging.getLogger("control_plane.nodes.service")
+    log = logging.getLogger("control_plane.nodes.enrollment")
     log.info("node enrolled", extra={"node_id": "n-0123456789ab", "fleet": "gates"})
     log.warning("odd", extra={"labels": {"site": "a b"}, "count": 3, "note": 'say "hi"'})
     first, second = lines.getvalue().splitlines()
     assert first.startswith("ts=") and first.split(" ", 1)[1] == (
-        'level=info logger=control_plane.nodes.service msg="node enrolled" '
+        'level=info logger=control_plane.nodes.enrollment msg="node enrolled" '
         "node_id=n-0123456789ab fleet=gates"
     )
     assert second.endswith('labels="{\\"site\\": \\"a b\\"}" count=3 note="say \\"hi\\""')

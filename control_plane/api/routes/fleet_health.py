@@ -88,7 +88,7 @@ def fleet_health(
 ) -> list[NodeHealthOut]:
     """Every node's health at a glance: its latest report's key numbers and open alerts."""
     parsed = parse_selector(selector) if selector else None
-    nodes = services.nodes.list_nodes(parsed, fleet)
+    nodes = services.nodes.inventory.list_nodes(parsed, fleet)
     # The whole fleet, or more nodes than an IN list should hold (slow; SQLite and
     # PostgreSQL cap its size): read every node's row and keep the selected ones below.
     ids = None if parsed is None and fleet is None else [n.id for n in nodes]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from control_plane.api.deps import ContextDep, ServicesDep
+from control_plane.api.deps import ContextDep, NodeInventoryDep, ServiceConfigDep
 from control_plane.link.mqtt_bridge import control_plane_account
 from control_plane.link.mqtt_topics import SHARE_GROUP
 
@@ -29,11 +29,13 @@ class MqttCredentialsOut(BaseModel):
 
 
 @router.get("/mqtt/credentials")
-def mqtt_credentials(ctx: ContextDep, services: ServicesDep) -> MqttCredentialsOut:
+def mqtt_credentials(
+    ctx: ContextDep, inventory: NodeInventoryDep, config: ServiceConfigDep
+) -> MqttCredentialsOut:
     """Mosquitto `$7$` hashes of the control plane and of every unrevoked MQTT node (admin)."""
-    nodes = services.nodes.mqtt_accounts(ctx)  # checks the role and audits the export
-    mqtt = services.config.mqtt
-    own = control_plane_account(services.config.data_dir, mqtt)
+    nodes = inventory.mqtt_accounts(ctx)  # checks the role and audits the export
+    mqtt = config.mqtt
+    own = control_plane_account(config.data_dir, mqtt)
     return MqttCredentialsOut(
         control_plane=MqttAccountOut(username=own.username, password_hash=own.password_hash),
         share_group=mqtt.share_group if mqtt is not None else SHARE_GROUP,

@@ -1,7 +1,9 @@
 """Nodes: bootstrap tokens, enrollment (REST fallback for MQTT-only links), inventory.
 
 `POST /v1/enroll` and `GET /v1/ca.pem` are the routes here without an API token: the
-bootstrap token in the body is the credential, and the CA certificate is public.
+bootstrap token in the body is the credential, and the CA certificate is public. The
+enrollment answer is the node inbox's (`link.node_inbox`), as over gRPC; routes only
+render it.
 """
 
 from __future__ import annotations
@@ -13,11 +15,17 @@ from fastapi import APIRouter, Request, status
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
-from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
-from control_plane.errors import NotFoundError, PolicyError
+from control_plane.api.deps import (
+    CertificateAuthorityDep,
+    ClockDep,
+    ContextDep,
+    NodeInventoryDep,
+    NodeTokensDep,
+    PrincipalDep,
+    RestInboxDep,
+)
 from control_plane.identity.bootstrap import parse_selector
-from control_plane.nodes.service import BootstrapTokenInfo, Node
-from control_plane.services import Services
+from control_plane.nodes.model import BootstrapTokenInfo, Node
 
 router = APIRouter(prefix="/v1", tags=["nodes"])
 
@@ -131,40 +139,43 @@ def _token_out(info: BootstrapTokenInfo, now: datetime) -> NodeTokenOut:
 
 @router.post("/fleets/{fleet}/node-tokens", status_code=status.HTTP_201_CREATED)
 def create_node_token(
-    fleet: str, body: NodeTokenCreate, ctx: ContextDep, services: ServicesDep
+    fleet: str, body: NodeTokenCreate, ctx: ContextDep, tokens: NodeTokensDep, clock: ClockDep
 ) -> NodeTokenCreated:
     """A single-use bootstrap token that enrolls one node into the fleet; shown once."""
-    token, info = services.nodes.create_bootstrap_token(
+    token, info = tokens.create_bootstrap_token(
         ctx, fleet, body.labels, timedelta(seconds=body.ttl_s)
     )
-    out = _token_out(info, services.clock.now())
+    out = _token_out(info, clock.now())
     return NodeTokenCreated(token=token, **out.model_dump())
 
 
 @router.get("/node-tokens")
 def list_node_tokens(
-    ctx: ContextDep, services: ServicesDep, fleet: str | None = None
+    ctx: ContextDep, tokens: NodeTokensDep, clock: ClockDep, fleet: str | None = None
 ) -> list[NodeTokenOut]:
-    now = services.clock.now()
-    return [_token_out(t, now) for t in services.nodes.list_bootstrap_tokens(ctx, fleet)]
+    now = clock.now()
+    return [_token_out(t, now) for t in tokens.list_bootstrap_tokens(ctx, fleet)]
 
 
 @router.post("/node-tokens/{token_id}/revoke")
-def revoke_node_token(token_id: str, ctx: ContextDep, services: ServicesDep) -> NodeTokenOut:
-    info = services.nodes.revoke_bootstrap_token(ctx, token_id)
-    return _token_out(info, services.clock.now())
+def revoke_node_token(
+    token_id: str, ctx: ContextDep, tokens: NodeTokensDep, clock: ClockDep
+) -> NodeTokenOut:
+    info = tokens.revoke_bootstrap_token(ctx, token_id)
+    return _token_out(info, clock.now())
 
 
 @router.post("/enroll", status_code=status.HTTP_201_CREATED)
-def enroll(body: EnrollRequest, request: Request, services: ServicesDep) -> EnrollmentOut:
+def enroll(body: EnrollRequest, request: Request, inbox: RestInboxDep) -> EnrollmentOut:
     """Trade a bootstrap token and a CSR for a node id and a client certificate."""
-    enrollment = services.nodes.enroll(
+    answer = inbox.enroll(
         body.token,
         body.csr_pem.encode("utf-8"),
         agent_version=body.agent_version,
         transport=body.transport,
         request_id=request.state.request_id,
     )
+    enrollment = answer.enrollment
     return EnrollmentOut(
         node_id=enrollment.node_id,
         fleet=enrollment.fleet,
@@ -175,59 +186,51 @@ def enroll(body: EnrollRequest, request: Request, services: ServicesDep) -> Enro
         not_after=enrollment.not_after,
         mqtt_username=enrollment.mqtt_username,
         mqtt_password=enrollment.mqtt_password,
-        director_public_key=services.director.director_public_key(),
-        tuf_root=_first_root(services, enrollment.fleet),
+        director_public_key=answer.director_public_key,
+        tuf_root=answer.tuf_root.decode("utf-8") if answer.tuf_root is not None else None,
     )
 
 
-def _first_root(services: Services, fleet: str) -> str | None:
-    """The fleet's first root, as the gRPC `Enroll` answers it (`tuf_root`)."""
-    try:
-        return services.registry.metadata_file(fleet, "1.root.json").decode("utf-8")
-    except (PolicyError, NotFoundError):
-        return None  # the fleet has no trust root yet; the node fetches it later
-
-
 @router.get("/ca.pem", response_class=PlainTextResponse)
-def ca_certificate(services: ServicesDep) -> PlainTextResponse:
+def ca_certificate(ca: CertificateAuthorityDep) -> PlainTextResponse:
     """The fleet CA (PEM) that signs node and gRPC server certificates; no token needed.
 
     Public, but only as trustworthy as the channel it is fetched over: a node should get
     it from the operator (with its bootstrap token) or over HTTPS it already trusts.
     """
-    return PlainTextResponse(services.ca.ca_pem, media_type="application/x-pem-file")
+    return PlainTextResponse(ca.ca_pem, media_type="application/x-pem-file")
 
 
 @router.get("/nodes")
 def list_nodes(
     _: PrincipalDep,
-    services: ServicesDep,
+    inventory: NodeInventoryDep,
     selector: str | None = None,
     fleet: str | None = None,
 ) -> list[NodeOut]:
     """Nodes, optionally of one fleet and matching a label selector (`site=a,role!=gate`)."""
     parsed = parse_selector(selector) if selector else None
-    return [_node_out(n) for n in services.nodes.list_nodes(parsed, fleet)]
+    return [_node_out(n) for n in inventory.list_nodes(parsed, fleet)]
 
 
 @router.get("/nodes/{node_id}")
-def get_node(node_id: str, _: PrincipalDep, services: ServicesDep) -> NodeOut:
-    return _node_out(services.nodes.get_node(node_id))
+def get_node(node_id: str, _: PrincipalDep, inventory: NodeInventoryDep) -> NodeOut:
+    return _node_out(inventory.get_node(node_id))
 
 
 @router.patch("/nodes/{node_id}")
 def patch_node(
-    node_id: str, body: NodeLabelsPatch, ctx: ContextDep, services: ServicesDep
+    node_id: str, body: NodeLabelsPatch, ctx: ContextDep, inventory: NodeInventoryDep
 ) -> NodeOut:
     """Change a node's labels (audited)."""
     if body.replace:
         # Replacing: a label given as null is simply not among the new ones.
         labels = {k: v for k, v in body.labels.items() if v is not None}
-        return _node_out(services.nodes.set_labels(ctx, node_id, labels))
-    return _node_out(services.nodes.update_labels(ctx, node_id, body.labels))
+        return _node_out(inventory.set_labels(ctx, node_id, labels))
+    return _node_out(inventory.update_labels(ctx, node_id, body.labels))
 
 
 @router.post("/nodes/{node_id}/revoke")
-def revoke_node(node_id: str, ctx: ContextDep, services: ServicesDep) -> NodeOut:
+def revoke_node(node_id: str, ctx: ContextDep, inventory: NodeInventoryDep) -> NodeOut:
     """The node is refused from its next message on."""
-    return _node_out(services.nodes.revoke(ctx, node_id))
+    return _node_out(inventory.revoke(ctx, node_id))

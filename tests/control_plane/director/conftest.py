@@ -18,7 +18,7 @@ from control_plane.artifacts.local import LocalArtifactStore
 from control_plane.clock import ManualClock
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
-from control_plane.nodes.service import NodeService
+from control_plane.nodes.wiring import NodeServices
 from control_plane.registry.service import RegistryService
 from control_plane.storage.models import FleetRow, ModelFloorRow, ModelVersionRow
 from control_plane.trust.keys import generate_signer
@@ -94,9 +94,9 @@ def set_floor(sessions: sessionmaker[Session], fleet: str, model: str, floor: in
         session.commit()
 
 
-def enroll(nodes: NodeService, fleet: str = "gates") -> str:
-    token, _ = nodes.create_bootstrap_token(OPERATOR, fleet, {}, timedelta(hours=1))
-    return nodes.enroll(token, make_csr(), transport="grpc").node_id
+def enroll(nodes: NodeServices, fleet: str = "gates") -> str:
+    token, _ = nodes.tokens.create_bootstrap_token(OPERATOR, fleet, {}, timedelta(hours=1))
+    return nodes.enrollment.enroll(token, make_csr(), transport="grpc").node_id
 
 
 @pytest.fixture
@@ -118,25 +118,25 @@ def registry(
 def director(
     sessions: sessionmaker[Session],
     registry: RegistryService,
-    nodes: NodeService,
+    nodes: NodeServices,
     director_signer: CryptoSigner,
     clock: ManualClock,
 ) -> DirectorService:
-    return DirectorService(sessions, registry, nodes, director_signer, clock, TTL)
+    return DirectorService(sessions, registry, nodes.inventory, director_signer, clock, TTL)
 
 
 @pytest.fixture
 def with_delivery(
     sessions: sessionmaker[Session],
     registry: RegistryService,
-    nodes: NodeService,
+    nodes: NodeServices,
     director_signer: CryptoSigner,
     clock: ManualClock,
 ) -> tuple[DirectorService, FanOutDelivery]:
     """A director whose deliveries go to a fan-out the test attaches transports to."""
     fan_out = FanOutDelivery()
     director = DirectorService(
-        sessions, registry, nodes, director_signer, clock, TTL, delivery=fan_out
+        sessions, registry, nodes.inventory, director_signer, clock, TTL, delivery=fan_out
     )
     return director, fan_out
 

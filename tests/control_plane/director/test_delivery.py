@@ -11,7 +11,7 @@ import pytest
 from control_plane.clock import ManualClock
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
-from control_plane.nodes.service import NodeService
+from control_plane.nodes.wiring import NodeServices
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 from tests.control_plane.director.conftest import TTL, Version, enroll
 from tests.control_plane.nodes.conftest import OPERATOR
@@ -41,7 +41,7 @@ class Broken:
 
 def test_a_pin_is_delivered_after_its_commit_with_the_stored_bytes(
     with_delivery: tuple[DirectorService, FanOutDelivery],
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
 ) -> None:
     director, fan_out = with_delivery
@@ -62,7 +62,7 @@ def test_a_pin_is_delivered_after_its_commit_with_the_stored_bytes(
 
 def test_a_failing_transport_neither_fails_the_pin_nor_stops_the_others(
     with_delivery: tuple[DirectorService, FanOutDelivery],
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -83,7 +83,7 @@ def test_a_failing_transport_neither_fails_the_pin_nor_stops_the_others(
 
 def test_without_a_transport_the_node_waits_for_its_next_hello(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -96,7 +96,7 @@ def test_without_a_transport_the_node_waits_for_its_next_hello(
 
 def test_an_expired_assignment_is_not_current(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     clock: ManualClock,
 ) -> None:

@@ -23,7 +23,7 @@ from control_plane.errors import (
     PermissionDeniedError,
     PolicyError,
 )
-from control_plane.nodes.service import NodeService
+from control_plane.nodes.wiring import NodeServices
 from control_plane.registry.service import RegistryService
 from control_plane.storage.models import AuditRow, DirectorAssignmentRow
 from edge_node.updater.director import TargetInfo, verify_assignment
@@ -33,9 +33,9 @@ from tests.control_plane.identity.helpers import make_csr
 from tests.control_plane.nodes.conftest import OPERATOR, START, VIEWER
 
 
-def enroll_labeled(nodes: NodeService, labels: dict[str, str], fleet: str = "gates") -> str:
-    token, _ = nodes.create_bootstrap_token(OPERATOR, fleet, labels, timedelta(hours=1))
-    return nodes.enroll(token, make_csr(), transport="grpc").node_id
+def enroll_labeled(nodes: NodeServices, labels: dict[str, str], fleet: str = "gates") -> str:
+    token, _ = nodes.tokens.create_bootstrap_token(OPERATOR, fleet, labels, timedelta(hours=1))
+    return nodes.enrollment.enroll(token, make_csr(), transport="grpc").node_id
 
 
 def stored(sessions: sessionmaker[Session]) -> dict[str, list[int]]:
@@ -90,7 +90,7 @@ class Broken:
 
 def test_pin_many_by_ids_signs_what_each_node_accepts(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     director_signer: CryptoSigner,
     clock: ManualClock,
@@ -133,7 +133,7 @@ def test_pin_many_by_ids_signs_what_each_node_accepts(
 
 
 def test_pin_many_by_labels_selects_within_the_fleet(
-    director: DirectorService, nodes: NodeService, versions: dict[str, Version]
+    director: DirectorService, nodes: NodeServices, versions: dict[str, Version]
 ) -> None:
     gate_a = enroll_labeled(nodes, {"site": "a", "role": "gate"})
     gate_b = enroll_labeled(nodes, {"site": "b", "role": "gate"})
@@ -164,7 +164,7 @@ def test_pin_many_by_labels_selects_within_the_fleet(
 
 def test_sequences_continue_across_single_pins_and_chunks(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
     clock: ManualClock,
@@ -199,7 +199,7 @@ def test_sequences_continue_across_single_pins_and_chunks(
 
 def test_an_unknown_id_refuses_the_whole_request_and_writes_nothing(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:
@@ -233,13 +233,13 @@ def test_an_unknown_id_refuses_the_whole_request_and_writes_nothing(
 
 def test_revoked_nodes_are_skipped_and_reported(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:
     live = enroll_labeled(nodes, {"site": "a"})
     revoked = enroll_labeled(nodes, {"site": "a"})
-    nodes.revoke(OPERATOR, revoked)
+    nodes.inventory.revoke(OPERATOR, revoked)
 
     by_labels = director.pin_many(OPERATOR, "det", "1.1.0", fleet="gates", labels={"site": "a"})
     assert [a.node_id for a in by_labels.assignments] == [live]
@@ -258,7 +258,7 @@ def test_revoked_nodes_are_skipped_and_reported(
 
 def test_a_version_below_the_floor_is_refused_for_every_node(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:
@@ -273,7 +273,7 @@ def test_a_version_below_the_floor_is_refused_for_every_node(
 
 def test_bad_requests_and_roles_are_refused(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:
@@ -301,7 +301,7 @@ def test_bad_requests_and_roles_are_refused(
 
 def test_concurrent_single_pins_and_pin_many_never_share_a_sequence(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:
@@ -340,7 +340,7 @@ def test_concurrent_single_pins_and_pin_many_never_share_a_sequence(
 
 def test_each_chunk_is_delivered_in_one_call_after_its_commit(
     with_delivery: tuple[DirectorService, FanOutDelivery],
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
 ) -> None:
     director, fan_out = with_delivery
@@ -367,7 +367,7 @@ def test_each_chunk_is_delivered_in_one_call_after_its_commit(
 def test_a_failing_delivery_leaves_the_pins_committed(
     sessions: sessionmaker[Session],
     registry: RegistryService,
-    nodes: NodeService,
+    nodes: NodeServices,
     director_signer: CryptoSigner,
     clock: ManualClock,
     versions: dict[str, Version],
@@ -375,7 +375,7 @@ def test_a_failing_delivery_leaves_the_pins_committed(
 ) -> None:
     # The port itself raising (not a transport inside the fan-out): the director logs it.
     director = DirectorService(
-        sessions, registry, nodes, director_signer, clock, TTL, delivery=Broken()
+        sessions, registry, nodes.inventory, director_signer, clock, TTL, delivery=Broken()
     )
     ids = sorted(enroll(nodes) for _ in range(3))
     result = director.pin_many(OPERATOR, "det", "1.1.0", fleet="gates", node_ids=ids, chunk_size=2)
@@ -420,7 +420,7 @@ def test_the_registry_reads_one_version_with_its_floor(
 
 def test_a_duplicate_sequence_is_an_integrity_error_on_both_backends(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:
@@ -467,7 +467,7 @@ class FloorRaiser:
 
 def test_a_floor_raised_during_a_pin_stops_its_later_chunks(
     with_delivery: tuple[DirectorService, FanOutDelivery],
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:

@@ -20,7 +20,7 @@ from control_plane.errors import (
     PermissionDeniedError,
     PolicyError,
 )
-from control_plane.nodes.service import NodeService
+from control_plane.nodes.wiring import NodeServices
 from control_plane.registry.service import RegistryService
 from control_plane.storage.models import AuditRow, DirectorAssignmentRow
 from edge_node.updater.director import (
@@ -73,7 +73,7 @@ def audit(sessions: sessionmaker[Session]) -> list[tuple[str, str, str, str]]:
 
 def test_pin_signs_an_assignment_the_node_accepts(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     director_signer: CryptoSigner,
     clock: ManualClock,
@@ -103,7 +103,7 @@ def test_pin_signs_an_assignment_the_node_accepts(
 
 def test_every_pin_takes_the_nodes_next_sequence(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     director_signer: CryptoSigner,
     clock: ManualClock,
@@ -136,7 +136,7 @@ def test_every_pin_takes_the_nodes_next_sequence(
 
 
 def test_concurrent_pins_never_share_a_sequence(
-    director: DirectorService, nodes: NodeService, versions: dict[str, Version]
+    director: DirectorService, nodes: NodeServices, versions: dict[str, Version]
 ) -> None:
     node_id = enroll(nodes)
     sequences: list[int] = []
@@ -159,7 +159,7 @@ def test_concurrent_pins_never_share_a_sequence(
 
 def test_a_version_below_the_floor_is_refused_and_audited(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:
@@ -174,7 +174,7 @@ def test_a_version_below_the_floor_is_refused_and_audited(
 
 
 def test_unknown_nodes_and_versions_are_not_found(
-    director: DirectorService, nodes: NodeService, versions: dict[str, Version]
+    director: DirectorService, nodes: NodeServices, versions: dict[str, Version]
 ) -> None:
     node_id = enroll(nodes)
     with pytest.raises(NotFoundError):
@@ -192,17 +192,17 @@ def test_unknown_nodes_and_versions_are_not_found(
 
 
 def test_a_revoked_node_gets_no_assignment(
-    director: DirectorService, nodes: NodeService, versions: dict[str, Version]
+    director: DirectorService, nodes: NodeServices, versions: dict[str, Version]
 ) -> None:
     node_id = enroll(nodes)
-    nodes.revoke(OPERATOR, node_id)
+    nodes.inventory.revoke(OPERATOR, node_id)
     with pytest.raises(PolicyError, match="revoked"):
         director.pin(OPERATOR, node_id, "det", "1.1.0")
 
 
 def test_pinning_needs_the_operator_role(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:
@@ -216,7 +216,7 @@ def test_pinning_needs_the_operator_role(
 
 def test_an_assignment_expires_for_the_node(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     director_signer: CryptoSigner,
     clock: ManualClock,
@@ -233,7 +233,7 @@ def test_an_assignment_expires_for_the_node(
 
 def test_rows_keep_the_signed_bytes(
     director: DirectorService,
-    nodes: NodeService,
+    nodes: NodeServices,
     versions: dict[str, Version],
     sessions: sessionmaker[Session],
 ) -> None:
@@ -257,9 +257,11 @@ def test_the_director_public_key_is_a_tuf_key(
 def test_an_unreasonable_lifetime_is_refused(
     sessions: sessionmaker[Session],
     registry: RegistryService,
-    nodes: NodeService,
+    nodes: NodeServices,
     director_signer: CryptoSigner,
     clock: ManualClock,
 ) -> None:
     with pytest.raises(InvalidInputError):
-        DirectorService(sessions, registry, nodes, director_signer, clock, timedelta(seconds=1))
+        DirectorService(
+            sessions, registry, nodes.inventory, director_signer, clock, timedelta(seconds=1)
+        )

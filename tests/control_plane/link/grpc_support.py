@@ -21,6 +21,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from control_plane.access.roles import Principal, Role
 from control_plane.access.service import RequestContext
 from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
+from control_plane.server import grpc_link_server
 from control_plane.services import Services
 from edge_node.enroll import EnrollmentFiles, enroll_over_grpc
 from edge_node.link.base import node_message
@@ -48,7 +49,9 @@ class GrpcPlane:
     def token(
         self, labels: dict[str, str] | None = None, ttl: timedelta = timedelta(hours=1)
     ) -> str:
-        token, _ = self.services.nodes.create_bootstrap_token(ADMIN, self.fleet, labels or {}, ttl)
+        token, _ = self.services.nodes.tokens.create_bootstrap_token(
+            ADMIN, self.fleet, labels or {}, ttl
+        )
         return token
 
     async def enroll(self, directory: Path, token: str | None = None) -> EnrollmentFiles:
@@ -102,7 +105,7 @@ async def running_link(
         "auth_recheck_s": 0.0,
     }
     values.update(config)
-    server = GrpcLinkServer(services, GrpcLinkConfig(**values))
+    server = grpc_link_server(services, GrpcLinkConfig(**values))
     await server.start()
     try:
         yield GrpcPlane(services, server, fleet)

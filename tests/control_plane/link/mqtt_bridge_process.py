@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from control_plane.link.mqtt_bridge import MqttBridge, MqttBridgeConfig
+from control_plane.link.mqtt_bridge import MqttBridgeConfig, mqtt_bridge
 from control_plane.services import ServiceConfig, build_services
 
 
@@ -28,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
             artifacts_url=(data_dir / "artifacts").as_uri(),
         )
     )
-    bridge = MqttBridge(
+    bridge = mqtt_bridge(
         services,
         MqttBridgeConfig(
             port=args.port,

@@ -10,8 +10,14 @@ from pathlib import Path
 
 from control_plane.access.roles import Principal, Role
 from control_plane.access.service import RequestContext
+from control_plane.clock import Clock
 from control_plane.link.mqtt_acl import render_acl_file, render_password_file, write_broker_files
-from control_plane.link.mqtt_bridge import MqttBridge, MqttBridgeConfig, control_plane_account
+from control_plane.link.mqtt_bridge import (
+    MqttBridge,
+    MqttBridgeConfig,
+    control_plane_account,
+    mqtt_bridge,
+)
 from control_plane.services import Services
 from control_plane.storage import FleetRow, session_factory
 from edge_node.link.mqtt_link import MqttLinkConfig
@@ -49,8 +55,10 @@ def create_fleet(services: Services, name: str) -> str:
 
 
 def enroll_mqtt_node(services: Services, fleet: str) -> MqttNode:
-    token, _ = services.nodes.create_bootstrap_token(ADMIN, fleet, {}, timedelta(hours=1))
-    enrolled = services.nodes.enroll(token, make_csr(), agent_version="0.1.0", transport="mqtt")
+    token, _ = services.nodes.tokens.create_bootstrap_token(ADMIN, fleet, {}, timedelta(hours=1))
+    enrolled = services.nodes.enrollment.enroll(
+        token, make_csr(), agent_version="0.1.0", transport="mqtt"
+    )
     assert enrolled.mqtt_username == enrolled.node_id
     assert enrolled.mqtt_password
     return MqttNode(enrolled.node_id, fleet, enrolled.mqtt_password)
@@ -73,7 +81,7 @@ def bridge_config(broker: Broker, **overrides: object) -> MqttBridgeConfig:
 
 def write_acl(services: Services, directory: Path) -> tuple[Path, Path]:
     """The broker's passwd and acl, rendered exactly as `edgefleet mqtt acl` does."""
-    nodes = services.nodes.mqtt_accounts(ADMIN)
+    nodes = services.nodes.inventory.mqtt_accounts(ADMIN)
     own = control_plane_account(services.config.data_dir, MqttBridgeConfig(password=CP_PASSWORD))
     files = write_broker_files(
         directory, render_password_file([own, *nodes]), render_acl_file(own.username, nodes)
@@ -81,8 +89,10 @@ def write_acl(services: Services, directory: Path) -> tuple[Path, Path]:
     return files.passwd, files.acl
 
 
-def start_bridge(services: Services, config: MqttBridgeConfig) -> MqttBridge:
-    bridge = MqttBridge(services, config)
+def start_bridge(
+    services: Services, config: MqttBridgeConfig, *, clock: Clock | None = None
+) -> MqttBridge:
+    bridge = mqtt_bridge(services, config, clock=clock)
     bridge.start()
     assert bridge.wait_connected(15), "the bridge did not connect"
     return bridge

@@ -80,7 +80,9 @@ async def test_a_grpc_node_gets_a_pin_at_once_and_its_assignment_at_every_hello(
         await anyio.to_thread.run_sync(
             publish_fleet, running.url, running.admin_token, tmp_path / "ops"
         )
-        token, _ = services.nodes.create_bootstrap_token(ADMIN, FLEET, {}, timedelta(hours=1))
+        token, _ = services.nodes.tokens.create_bootstrap_token(
+            ADMIN, FLEET, {}, timedelta(hours=1)
+        )
         files = await enroll_over_grpc(
             running.enroll_target,
             services.ca.ca_pem,
@@ -186,7 +188,7 @@ async def test_mqtt_nodes_get_a_pin_by_the_retained_doorbell_and_at_hello(
         # A connected node: the pin rings its doorbell, and the node accepts what it holds.
         link = mqtt_link(online, broker.port)
         await link.connect(hello())
-        await until(lambda: services.nodes.get_node(online["node_id"]).online, timeout=15)
+        await until(lambda: services.nodes.inventory.get_node(online["node_id"]).online, timeout=15)
         await pin_over_rest(running, online["node_id"], "1.1.0")
         message = await next_message(link)
         first = node_accepts(

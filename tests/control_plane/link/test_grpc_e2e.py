@@ -83,7 +83,7 @@ async def test_a_restart_mid_stream_neither_loses_nor_duplicates_records(
     plane = Plane(service_config)
     services = await plane.start()
     ensure_fleet(services, FLEET)
-    token, _ = services.nodes.create_bootstrap_token(ADMIN, FLEET, {}, timedelta(hours=1))
+    token, _ = services.nodes.tokens.create_bootstrap_token(ADMIN, FLEET, {}, timedelta(hours=1))
     files = await enroll_over_grpc(
         plane.grpc.enroll_address or "",
         services.ca.ca_pem,
@@ -157,7 +157,9 @@ async def test_metrics_count_what_the_grpc_link_acked_and_refused(
     services = await plane.start()
     try:
         ensure_fleet(services, FLEET)
-        token, _ = services.nodes.create_bootstrap_token(ADMIN, FLEET, {}, timedelta(hours=1))
+        token, _ = services.nodes.tokens.create_bootstrap_token(
+            ADMIN, FLEET, {}, timedelta(hours=1)
+        )
 
         async def enroll(directory: str) -> EnrollmentFiles:
             return await enroll_over_grpc(

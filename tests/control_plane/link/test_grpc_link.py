@@ -116,7 +116,7 @@ async def test_enroll_over_grpc_then_sync_with_the_issued_certificate(
 
     link = await connected(plane, files)
     assert link.node_id == files.node_id
-    shown = plane.services.nodes.get_node(files.node_id)
+    shown = plane.services.nodes.inventory.get_node(files.node_id)
     assert shown.online and shown.transport == "grpc" and shown.agent_version == "0.1.0"
     assert shown.reported_state["labels"] == {"camera": "3"}
     assert shown.reported_state["installed_targets"] == ["models/d/1/model.onnx"]
@@ -128,7 +128,7 @@ async def test_enroll_over_grpc_then_sync_with_the_issued_certificate(
     assert plane.services.records.record_ids(files.node_id) == {r.id for r in records}
 
     await link.close()
-    await until(lambda: not plane.services.nodes.get_node(files.node_id).online)
+    await until(lambda: not plane.services.nodes.inventory.get_node(files.node_id).online)
 
 
 async def test_enrolling_twice_into_one_directory_is_refused(
@@ -172,7 +172,7 @@ async def test_a_node_may_enroll_over_grpc_for_the_mqtt_transport(plane: GrpcPla
         )
     assert enrolled.mqtt_username == enrolled.node_id
     assert enrolled.mqtt_password
-    assert plane.services.nodes.get_node(enrolled.node_id).transport == "mqtt"
+    assert plane.services.nodes.inventory.get_node(enrolled.node_id).transport == "mqtt"
 
 
 async def test_a_malformed_csr_is_invalid_argument(plane: GrpcPlane) -> None:
@@ -222,7 +222,7 @@ async def test_a_certificate_from_another_ca_fails_the_handshake(
     with pytest.raises(LinkUnavailableError):
         await link.connect(hello())
     await link.close()
-    assert not plane.services.nodes.get_node(node.node_id).online
+    assert not plane.services.nodes.inventory.get_node(node.node_id).online
 
 
 async def test_another_nodes_certificate_is_useless_without_its_key(
@@ -271,7 +271,7 @@ async def test_a_revoked_node_is_cut_off_at_its_next_message(
     plane: GrpcPlane, node: EnrollmentFiles
 ) -> None:
     link = await connected(plane, node)
-    plane.services.nodes.revoke(ADMIN, node.node_id)
+    plane.services.nodes.inventory.revoke(ADMIN, node.node_id)
     late = wire_record(1)
     await link.send(batch([late]))
     with pytest.raises(LinkRefusedError) as info:
@@ -283,7 +283,7 @@ async def test_a_revoked_node_is_cut_off_at_its_next_message(
         await link.connect(hello())
     await link.close()
     assert plane.server.refusals["node-revoked"] == 2
-    assert not plane.services.nodes.get_node(node.node_id).online
+    assert not plane.services.nodes.inventory.get_node(node.node_id).online
 
 
 async def test_a_stream_is_cut_once_its_certificate_expires(
@@ -307,7 +307,7 @@ async def test_a_stream_is_cut_once_its_certificate_is_no_longer_the_nodes(
     # Renewed twice elsewhere: the stream's certificate is neither current nor previous.
     link = await connected(plane, node)
     for _ in range(2):
-        plane.services.nodes.renew(node.node_id, make_csr(generate_node_key()))
+        plane.services.nodes.enrollment.renew(node.node_id, make_csr(generate_node_key()))
     await link.send(batch([wire_record(1)]))
     with pytest.raises(LinkRefusedError) as info:
         await next_message(link)
@@ -357,15 +357,17 @@ async def test_heartbeat_and_update_status_are_recorded(
     plane: GrpcPlane, node: EnrollmentFiles
 ) -> None:
     link = await connected(plane, node)
-    plane.services.nodes.set_online(node.node_id, False)
+    plane.services.nodes.presence.set_online(node.node_id, False)
     await link.send(node_message(heartbeat=link_pb2.Heartbeat()))
-    await until(lambda: plane.services.nodes.get_node(node.node_id).online)
+    await until(lambda: plane.services.nodes.inventory.get_node(node.node_id).online)
     status = link_pb2.UpdateStatus(
         target_path="models/d/2/model.onnx", phase="verifying", director_sequence=4
     )
     await link.send(node_message(update_status=status))
-    await until(lambda: "update" in plane.services.nodes.get_node(node.node_id).reported_state)
-    update = plane.services.nodes.get_node(node.node_id).reported_state["update"]
+    await until(
+        lambda: "update" in plane.services.nodes.inventory.get_node(node.node_id).reported_state
+    )
+    update = plane.services.nodes.inventory.get_node(node.node_id).reported_state["update"]
     assert update == {
         "target_path": "models/d/2/model.onnx",
         "phase": "verifying",
@@ -382,6 +384,24 @@ async def test_the_first_message_must_be_a_hello(plane: GrpcPlane, node: Enrollm
         await call.write(node_message(heartbeat=link_pb2.Heartbeat()))
         assert await call.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert dict(await call.trailing_metadata())["edgefleet-reason"] == "no-hello"
+
+
+async def test_only_an_unsupported_protocol_version_is_refused(
+    plane: GrpcPlane, node: EnrollmentFiles
+) -> None:
+    # The one version rule of the node inbox, as over MQTT: 0 (unset) is refused, a
+    # newer version is read as the current one.
+    async with plane.channel(credentials=_channel_credentials(node)) as channel:
+        unset = link_pb2_grpc.NodeLinkStub(channel).Sync()
+        await unset.write(link_pb2.NodeMessage(protocol_version=0, hello=hello()))
+        assert await unset.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert dict(await unset.trailing_metadata())["edgefleet-reason"] == "protocol-version"
+        newer = link_pb2_grpc.NodeLinkStub(channel).Sync()
+        await newer.write(link_pb2.NodeMessage(protocol_version=7, hello=hello("9.0.0")))
+        assert dict(await newer.initial_metadata())["edgefleet-node-id"] == node.node_id
+        newer.cancel()
+    assert plane.server.refusals["protocol-version"] == 1
+    assert plane.services.nodes.inventory.get_node(node.node_id).agent_version == "9.0.0"
 
 
 async def test_malformed_protobuf_is_invalid_argument_and_the_server_keeps_serving(
@@ -490,7 +510,7 @@ async def test_a_newer_stream_of_the_same_node_supersedes_the_older(
     assert info.value.fields["reason"] == "superseded"
     # The older stream's end does not mark the node offline: the newer one holds it.
     await asyncio.sleep(0.2)
-    assert plane.services.nodes.get_node(node.node_id).online
+    assert plane.services.nodes.inventory.get_node(node.node_id).online
     assert plane.server.hub.connected() == [node.node_id]
     await old.close()
     await new.close()
@@ -509,7 +529,7 @@ async def test_renewal_over_the_link_gives_a_certificate_the_next_connect_uses(
     node.key_path.write_bytes(private_key_pem(key))
     node.cert_path.write_bytes(renewed.certificate_pem)
     await link.connect(hello())  # reads the new files
-    assert plane.services.nodes.get_node(node.node_id).cert_serial == identity.serial
+    assert plane.services.nodes.inventory.get_node(node.node_id).cert_serial == identity.serial
     await link.close()
 
 

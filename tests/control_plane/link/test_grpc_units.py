@@ -17,7 +17,7 @@ from control_plane.link import wire
 from control_plane.link.grpc_status import reason_of, status_for
 from control_plane.link.hub import LinkHub
 from control_plane.link.ingest import IncomingRecord, IngestLimits, validate_batch
-from control_plane.nodes.service import NodeService
+from control_plane.nodes.wiring import NodeServices
 from protos.edgefleet.fleet.v1 import link_pb2
 from tests.control_plane.identity.helpers import make_csr
 from tests.control_plane.nodes.conftest import OPERATOR
@@ -206,17 +206,17 @@ def test_the_hub_delivers_only_to_connected_nodes_and_bounds_each_queue() -> Non
 # ------------------------------------------------------------- node service
 
 
-def test_update_status_is_kept_until_the_next_hello(nodes: NodeService) -> None:
-    token, _ = nodes.create_bootstrap_token(OPERATOR, "gates", {}, timedelta(hours=1))
-    node_id = nodes.enroll(token, make_csr(), transport="grpc").node_id
-    nodes.record_hello(node_id, "0.1.0", "grpc", {"active_target": "a"})
-    shown = nodes.record_update_status(node_id, {"phase": "verifying"})
+def test_update_status_is_kept_until_the_next_hello(nodes: NodeServices) -> None:
+    token, _ = nodes.tokens.create_bootstrap_token(OPERATOR, "gates", {}, timedelta(hours=1))
+    node_id = nodes.enrollment.enroll(token, make_csr(), transport="grpc").node_id
+    nodes.presence.record_hello(node_id, "0.1.0", "grpc", {"active_target": "a"})
+    shown = nodes.presence.record_update_status(node_id, {"phase": "verifying"})
     assert shown.reported_state == {"active_target": "a", "update": {"phase": "verifying"}}
-    nodes.record_hello(node_id, "0.1.0", "grpc", {"active_target": "b"})
-    assert nodes.get_node(node_id).reported_state == {"active_target": "b"}
+    nodes.presence.record_hello(node_id, "0.1.0", "grpc", {"active_target": "b"})
+    assert nodes.inventory.get_node(node_id).reported_state == {"active_target": "b"}
     with pytest.raises(errors.InvalidInputError):
-        nodes.record_update_status(node_id, {"detail": "x" * 70_000})
-    nodes.revoke(OPERATOR, node_id)
+        nodes.presence.record_update_status(node_id, {"detail": "x" * 70_000})
+    nodes.inventory.revoke(OPERATOR, node_id)
     with pytest.raises(errors.PermissionDeniedError):
-        nodes.record_update_status(node_id, {"phase": "done"})
+        nodes.presence.record_update_status(node_id, {"phase": "done"})
     assert nodes.refusals.snapshot() == {"state-too-large": 1, "node-revoked": 1}

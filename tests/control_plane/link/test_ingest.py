@@ -23,7 +23,7 @@ from control_plane.link.ingest import (
     ValidatedBatch,
     validate_batch,
 )
-from control_plane.nodes.service import NodeService
+from control_plane.nodes.wiring import NodeServices
 from control_plane.storage.models import NodeRecordRow
 from tests.control_plane.identity.helpers import make_csr
 
@@ -39,16 +39,18 @@ def record(seq: int, kind: str = "event", payload: bytes = b"{}") -> IncomingRec
     )
 
 
-def node_id_of(nodes: NodeService) -> str:
+def node_id_of(nodes: NodeServices) -> str:
     """A newly enrolled node's id."""
     from tests.control_plane.nodes.conftest import OPERATOR
 
-    token, _ = nodes.create_bootstrap_token(OPERATOR, "gates", {}, timedelta(hours=1))
-    return nodes.enroll(token, make_csr(), agent_version="0.1.0", transport="grpc").node_id
+    token, _ = nodes.tokens.create_bootstrap_token(OPERATOR, "gates", {}, timedelta(hours=1))
+    return nodes.enrollment.enroll(
+        token, make_csr(), agent_version="0.1.0", transport="grpc"
+    ).node_id
 
 
 @pytest.fixture
-def node_id(nodes: NodeService) -> str:
+def node_id(nodes: NodeServices) -> str:
     return node_id_of(nodes)
 
 
@@ -152,7 +154,7 @@ class GatedSessions:
 
 
 def test_batches_waiting_for_a_commit_share_the_next_one(
-    sessions: sessionmaker[Session], clock: ManualClock, nodes: NodeService, node_id: str
+    sessions: sessionmaker[Session], clock: ManualClock, nodes: NodeServices, node_id: str
 ) -> None:
     gate = GatedSessions(sessions)
     ingest = RecordIngest(gate, clock, ONE_WRITER)  # type: ignore[arg-type]
@@ -197,7 +199,7 @@ def _refuse_poison(sessions: sessionmaker[Session]) -> None:
 
 
 def test_a_batch_that_breaks_a_constraint_fails_alone(
-    sessions: sessionmaker[Session], clock: ManualClock, node_id: str, nodes: NodeService
+    sessions: sessionmaker[Session], clock: ManualClock, node_id: str, nodes: NodeServices
 ) -> None:
     _refuse_poison(sessions)
     other = node_id_of(nodes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
@@ -20,6 +20,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from control_plane.clock import ManualClock
 from control_plane.link.ingest import RecordIngest
 from control_plane.link.mqtt_bridge import MqttBridge
 from control_plane.link.mqtt_topics import Leaf, node_topic
@@ -153,8 +154,10 @@ async def test_hello_marks_online_and_records_are_stored_once_and_acked(
     services: Services, bridge: MqttBridge, link: MqttNodeLink, node: MqttNode
 ) -> None:
     await link.connect(link_pb2.Hello(agent_version="1.2.3", active_target="models/a/1/m.onnx"))
-    await eventually(lambda: services.nodes.get_node(node.node_id).agent_version == "1.2.3")
-    shown = services.nodes.get_node(node.node_id)
+    await eventually(
+        lambda: services.nodes.inventory.get_node(node.node_id).agent_version == "1.2.3"
+    )
+    shown = services.nodes.inventory.get_node(node.node_id)
     assert shown.online and shown.transport == "mqtt"
     assert shown.reported_state["active_target"] == "models/a/1/m.onnx"
 
@@ -185,8 +188,10 @@ async def test_heartbeat_and_update_status_reach_the_inventory(
             )
         )
     )
-    await eventually(lambda: "update" in services.nodes.get_node(node.node_id).reported_state)
-    update = services.nodes.get_node(node.node_id).reported_state["update"]
+    await eventually(
+        lambda: "update" in services.nodes.inventory.get_node(node.node_id).reported_state
+    )
+    update = services.nodes.inventory.get_node(node.node_id).reported_state["update"]
     assert update["phase"] == "verifying" and update["director_sequence"] == 4
     await eventually(lambda: bridge.counts["heartbeats"] == 1)
 
@@ -248,7 +253,7 @@ async def test_unknown_revoked_and_other_fleet_nodes_are_refused(
 ) -> None:
     create_fleet(services, "yards")
     other = enroll_mqtt_node(services, "yards")
-    services.nodes.revoke(ADMIN, other.node_id)
+    services.nodes.inventory.revoke(ADMIN, other.node_id)
     record = wire_record(link_pb2.RECORD_KIND_EVENT, 1)
     payload = batch([record]).SerializeToString()
 
@@ -269,19 +274,26 @@ async def test_unknown_revoked_and_other_fleet_nodes_are_refused(
 async def test_a_revocation_stops_a_nodes_messages_once_its_cached_check_expires(
     services: Services, broker: Broker, raw: RawClient, node: MqttNode
 ) -> None:
-    # The bridge looks a node up at most every auth_cache_s, not for every message.
-    bridge = start_bridge(services, bridge_config(broker, auth_cache_s=0.5))
+    # The bridge looks a node up at most every auth_cache_s, not for every message; the
+    # cache reads its own clock, moved by hand here.
+    clock = ManualClock(datetime.now(UTC))
+    bridge = start_bridge(services, bridge_config(broker, auth_cache_s=5.0), clock=clock)
     try:
         first = wire_record(link_pb2.RECORD_KIND_EVENT, 1)
         topic = node_topic("gates", node.node_id, Leaf.EVENTS)
         raw.publish(topic, batch([first]).SerializeToString())
         await eventually(lambda: services.records.record_ids(node.node_id) == {first.id})
-        services.nodes.revoke(ADMIN, node.node_id)
-        await anyio.sleep(0.6)
-        late = wire_record(link_pb2.RECORD_KIND_EVENT, 2)
+        services.nodes.inventory.revoke(ADMIN, node.node_id)
+        # Within auth_cache_s of the check the node's batches still go through.
+        clock.advance(timedelta(seconds=4))
+        cached = wire_record(link_pb2.RECORD_KIND_EVENT, 2)
+        raw.publish(topic, batch([cached]).SerializeToString())
+        await eventually(lambda: services.records.record_ids(node.node_id) == {first.id, cached.id})
+        clock.advance(timedelta(seconds=2))
+        late = wire_record(link_pb2.RECORD_KIND_EVENT, 3)
         raw.publish(topic, batch([late]).SerializeToString())
         await eventually(lambda: bridge.refusals.snapshot() == {"node-revoked": 1})
-        assert services.records.record_ids(node.node_id) == {first.id}
+        assert services.records.record_ids(node.node_id) == {first.id, cached.id}
     finally:
         bridge.stop()
 
@@ -290,7 +302,7 @@ async def test_last_will_marks_the_node_offline(
     services: Services, bridge: MqttBridge, link: MqttNodeLink, node: MqttNode
 ) -> None:
     await link.connect(link_pb2.Hello(agent_version="1.0.0"))
-    await eventually(lambda: services.nodes.get_node(node.node_id).online)
+    await eventually(lambda: services.nodes.inventory.get_node(node.node_id).online)
 
     # The connection dies without a DISCONNECT (power cut, SIGKILL): the broker sends the will.
     conn = link._conn
@@ -298,14 +310,14 @@ async def test_last_will_marks_the_node_offline(
     sock = conn.client.socket()
     assert isinstance(sock, socket.socket)
     sock.shutdown(socket.SHUT_RDWR)
-    await eventually(lambda: not services.nodes.get_node(node.node_id).online)
+    await eventually(lambda: not services.nodes.inventory.get_node(node.node_id).online)
     assert bridge.counts["offline"] == 1
 
     # Back online with a Hello; a clean close() sends the will too (reason 0x04).
     await link.connect(link_pb2.Hello(agent_version="1.0.0"))
-    await eventually(lambda: services.nodes.get_node(node.node_id).online)
+    await eventually(lambda: services.nodes.inventory.get_node(node.node_id).online)
     await link.close()
-    await eventually(lambda: not services.nodes.get_node(node.node_id).online)
+    await eventually(lambda: not services.nodes.inventory.get_node(node.node_id).online)
 
 
 async def test_two_replicas_split_the_load_and_store_each_record_once(
@@ -460,7 +472,7 @@ async def test_a_revoked_node_is_cut_off_at_the_next_broker_reload(
     await staying.connect(link_pb2.Hello())
     await leaving.connect(link_pb2.Hello())
 
-    services.nodes.revoke(ADMIN, gone.node_id)
+    services.nodes.inventory.revoke(ADMIN, gone.node_id)
     write_acl(services, tmp_path / "mosquitto")
     assert gone.node_id not in passwd.read_text() + acl.read_text()
     assert keep.node_id in passwd.read_text()

@@ -15,7 +15,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from control_plane.errors import UnavailableError
 from control_plane.link.desired import MqttDelivery
-from control_plane.link.mqtt_bridge import MqttBridge
+from control_plane.link.mqtt_bridge import mqtt_bridge
 from control_plane.services import Services
 from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 from tests.control_plane.link.mqtt_helpers import bridge_config, start_bridge, wait_until
@@ -133,7 +133,7 @@ def test_a_bridge_that_was_never_started_is_unavailable(
     services: Services,
     broker_factory: BrokerFactory,  # noqa: F811
 ) -> None:
-    bridge = MqttBridge(services, bridge_config(broker_factory(persistence=False)))
+    bridge = mqtt_bridge(services, bridge_config(broker_factory(persistence=False)))
     with pytest.raises(UnavailableError):
         bridge.publish_desired_many(FLEET, assignments(2), timeout_s=0.1)
     assert MqttDelivery(bridge).deliver_many(FLEET, assignments(2)) == {}

@@ -210,7 +210,7 @@ def test_node_sigkill_and_restart_mid_stream(
         first.kill()
     # The broker publishes the killed node's Last Will: the control plane marks it offline.
     wait_until(lambda: bridge.counts["offline"] >= 1, what="the Last Will")
-    wait_until(lambda: not services.nodes.get_node(node.node_id).online, what="offline")
+    wait_until(lambda: not services.nodes.inventory.get_node(node.node_id).online, what="offline")
 
     second = start_node(tmp_path, broker, node, count=50, name="node-2")
     try:
@@ -222,7 +222,7 @@ def test_node_sigkill_and_restart_mid_stream(
         )
         assert len(expected) >= 110
         assert_stored_exactly(services, node, expected)
-        assert services.nodes.get_node(node.node_id).online
+        assert services.nodes.inventory.get_node(node.node_id).online
     finally:
         second.terminate()
 

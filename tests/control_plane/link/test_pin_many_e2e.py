@@ -56,7 +56,9 @@ async def test_a_bulk_pin_reaches_grpc_and_mqtt_nodes_at_once(
         await anyio.to_thread.run_sync(
             publish_fleet, running.url, running.admin_token, tmp_path / "ops"
         )
-        token, _ = services.nodes.create_bootstrap_token(ADMIN, FLEET, {}, timedelta(hours=1))
+        token, _ = services.nodes.tokens.create_bootstrap_token(
+            ADMIN, FLEET, {}, timedelta(hours=1)
+        )
         files = await enroll_over_grpc(
             running.enroll_target,
             services.ca.ca_pem,
@@ -79,7 +81,9 @@ async def test_a_bulk_pin_reaches_grpc_and_mqtt_nodes_at_once(
             assert running.plane.link is not None
             hub = running.plane.link.hub
             await until(lambda: hub.is_connected(files.node_id), timeout=15)
-            await until(lambda: services.nodes.get_node(enrolled["node_id"]).online, timeout=15)
+            await until(
+                lambda: services.nodes.inventory.get_node(enrolled["node_id"]).online, timeout=15
+            )
 
             # The whole fleet over REST: both nodes have it without saying Hello again.
             headers = {"Authorization": f"Bearer {running.admin_token}"}

@@ -129,7 +129,9 @@ async def test_renewal_happens_when_due_and_not_before_and_the_new_pair_authenti
     assert node.key_path.stat().st_mode & 0o777 == 0o600
     assert no_pending(node)
     assert renewed.serial == int(serial_of(plane, cert), 16)
-    assert plane.services.nodes.get_node(node.node_id).cert_serial == serial_of(plane, cert)
+    assert plane.services.nodes.inventory.get_node(node.node_id).cert_serial == serial_of(
+        plane, cert
+    )
 
     # The open stream (on the old certificate) was ended; the reconnect uses the new pair.
     with pytest.raises(LinkUnavailableError):
@@ -178,7 +180,9 @@ async def test_a_crash_between_the_two_renames_leaves_a_pair_that_authenticates(
     # The restarted node connects with it before any recovery ran.
     restarted = plane.link(node)
     await synced(plane, restarted)
-    assert plane.services.nodes.get_node(node.node_id).cert_serial == serial_of(plane, staged)
+    assert plane.services.nodes.inventory.get_node(node.node_id).cert_serial == serial_of(
+        plane, staged
+    )
     assert recover_pending_renewal(node) is identity.Recovery.COMPLETED
     assert pair(node) == (key, staged) and no_pending(node)
     await synced(plane, restarted)
@@ -218,7 +222,7 @@ async def test_a_revoked_nodes_renewal_is_refused_with_a_clear_error(
 ) -> None:
     link = plane.link(node)
     enrolled = pair(node)
-    plane.services.nodes.revoke(ADMIN, node.node_id)
+    plane.services.nodes.inventory.revoke(ADMIN, node.node_id)
 
     with pytest.raises(RenewalRefusedError) as refused:
         await renew_if_due(link, node, due(node))
@@ -254,7 +258,7 @@ async def test_the_renewal_loop_follows_the_clock_and_stops_when_refused(
         await until(lambda: pair(node)[1] != enrolled[1])
         assert key_matches_certificate(*pair(node))
 
-        plane.services.nodes.revoke(ADMIN, node.node_id)
+        plane.services.nodes.inventory.revoke(ADMIN, node.node_id)
         await until(lambda: bool(ended))  # the loop gave up by itself
     assert ended[0].fields["reason"] == "node-revoked"
     await link.close()

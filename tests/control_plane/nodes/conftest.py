@@ -1,4 +1,4 @@
-"""A NodeService over a real database (SQLite and PostgreSQL), a real CA and a manual clock."""
+"""The node role services over real databases (SQLite, PostgreSQL), a real CA, a manual clock."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from control_plane.access.roles import Principal, Role
 from control_plane.access.service import RequestContext
 from control_plane.clock import ManualClock
 from control_plane.identity.ca import CertificateAuthority
-from control_plane.nodes.service import NodeService
+from control_plane.nodes.wiring import NodeServices, build_node_services
 from control_plane.storage import FleetRow, create_engine_for, migrate, session_factory
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -62,5 +62,5 @@ def nodes(
     ca: CertificateAuthority,
     clock: ManualClock,
     fleets: list[str],
-) -> NodeService:
-    return NodeService(sessions, ca, clock)
+) -> NodeServices:
+    return build_node_services(sessions, ca, clock)

@@ -83,12 +83,12 @@ def test_token_enroll_list_label_revoke(
     assert first["details"]["after"] == {"site": "b"}
     assert last["details"] == {"before": {"site": "b"}, "after": {"zone": "z"}}
 
-    services.nodes.authorize(node_id, enrolled["cert_serial"])
+    services.nodes.authentication.authorize(node_id, enrolled["cert_serial"])
     revoked = client.post(f"/v1/nodes/{node_id}/revoke")
     assert revoked.status_code == 200
     assert revoked.json()["revoked"] is True
     with pytest.raises(PermissionDeniedError):
-        services.nodes.authorize(node_id, enrolled["cert_serial"])
+        services.nodes.authentication.authorize(node_id, enrolled["cert_serial"])
 
     tokens = client.get("/v1/node-tokens").json()
     assert [(t["id"], t["state"], t["node_id"]) for t in tokens] == [

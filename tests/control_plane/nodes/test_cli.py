@@ -92,7 +92,7 @@ def test_token_enroll_list_show_label_revoke(cli: Cli) -> None:
     revoked = cli.json("node", "revoke", node_id)
     assert revoked["revoked"] is True
     with pytest.raises(PermissionDeniedError):
-        cli.server.services.nodes.authorize(node_id, enrolled["cert_serial"])
+        cli.server.services.nodes.authentication.authorize(node_id, enrolled["cert_serial"])
 
     tokens = cli.json("node", "token", "list", "--fleet", "gates")
     assert [(t["state"], t["node_id"]) for t in tokens] == [("used", node_id)]

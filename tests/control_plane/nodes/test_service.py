@@ -1,4 +1,4 @@
-"""NodeService on both databases: enrollment, authorization, liveness, labels, refusals."""
+"""The node role services on both databases: enrollment, authorization, liveness, labels."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from control_plane.identity.ca import (
     CertificateRejectedError,
     InvalidCsrError,
 )
-from control_plane.nodes.service import Enrollment, NodeService
+from control_plane.nodes.model import Enrollment
+from control_plane.nodes.wiring import NodeServices, build_node_services
 from control_plane.storage.models import AuditRow, BootstrapTokenRow, NodeRow
 from tests.control_plane.identity.helpers import make_csr, new_key
 from tests.control_plane.nodes.conftest import OPERATOR, START, VIEWER
@@ -33,16 +34,16 @@ HOUR = timedelta(hours=1)
 
 
 def token_for(
-    nodes: NodeService, fleet: str = "gates", labels: dict[str, str] | None = None
+    nodes: NodeServices, fleet: str = "gates", labels: dict[str, str] | None = None
 ) -> str:
-    token, _ = nodes.create_bootstrap_token(OPERATOR, fleet, labels or {}, HOUR)
+    token, _ = nodes.tokens.create_bootstrap_token(OPERATOR, fleet, labels or {}, HOUR)
     return token
 
 
 def enroll(
-    nodes: NodeService, fleet: str = "gates", labels: dict[str, str] | None = None
+    nodes: NodeServices, fleet: str = "gates", labels: dict[str, str] | None = None
 ) -> Enrollment:
-    return nodes.enroll(
+    return nodes.enrollment.enroll(
         token_for(nodes, fleet, labels), make_csr(), agent_version="0.1.0", transport="grpc"
     )
 
@@ -63,16 +64,16 @@ def reason_of(exc: pytest.ExceptionInfo[BaseException]) -> object:
 
 
 def test_enroll_happy_path(
-    nodes: NodeService, ca: CertificateAuthority, sessions: sessionmaker[Session]
+    nodes: NodeServices, ca: CertificateAuthority, sessions: sessionmaker[Session]
 ) -> None:
-    token, info = nodes.create_bootstrap_token(
+    token, info = nodes.tokens.create_bootstrap_token(
         OPERATOR, "gates", {"site": "a", "role": "gate"}, HOUR
     )
     assert info.expires_at == START + HOUR
     assert info.state(START) == "active"
     key = new_key()
 
-    enrollment = nodes.enroll(
+    enrollment = nodes.enrollment.enroll(
         token, make_csr(key), agent_version="0.1.0", transport="grpc", request_id="r1"
     )
 
@@ -84,16 +85,16 @@ def test_enroll_happy_path(
     assert (identity.fleet, identity.node_id) == ("gates", enrollment.node_id)
     assert identity.serial == enrollment.cert_serial
 
-    node = nodes.get_node(enrollment.node_id)
+    node = nodes.inventory.get_node(enrollment.node_id)
     assert node.labels == {"site": "a", "role": "gate"}
     assert (node.agent_version, node.transport) == ("0.1.0", "grpc")
     assert node.cert_serial == enrollment.cert_serial
     assert node.cert_expires_at == enrollment.not_after
     assert not node.revoked
     assert not node.online  # online once it connects and says hello
-    assert nodes.authorize(enrollment.node_id, enrollment.cert_serial) == node
+    assert nodes.authentication.authorize(enrollment.node_id, enrollment.cert_serial) == node
 
-    [token_info] = nodes.list_bootstrap_tokens(OPERATOR)
+    [token_info] = nodes.tokens.list_bootstrap_tokens(OPERATOR)
     assert (token_info.used_at, token_info.node_id) == (START, enrollment.node_id)
     assert token_info.state(START) == "used"
 
@@ -107,24 +108,24 @@ def test_enroll_happy_path(
     assert token not in str(created.details) + str(enrolled.details)
 
 
-def test_an_expired_token_is_refused(nodes: NodeService, clock: ManualClock) -> None:
+def test_an_expired_token_is_refused(nodes: NodeServices, clock: ManualClock) -> None:
     token = token_for(nodes)
     clock.advance(HOUR)
     with pytest.raises(BootstrapTokenError) as info:
-        nodes.enroll(token, make_csr())
+        nodes.enrollment.enroll(token, make_csr())
     assert info.value.reason == "token-expired"
     assert nodes.refusals["token-expired"] == 1
-    assert nodes.list_nodes() == []
+    assert nodes.inventory.list_nodes() == []
 
 
-def test_a_used_token_is_refused(nodes: NodeService) -> None:
+def test_a_used_token_is_refused(nodes: NodeServices) -> None:
     token = token_for(nodes)
-    nodes.enroll(token, make_csr())
+    nodes.enrollment.enroll(token, make_csr())
     with pytest.raises(BootstrapTokenError) as info:
-        nodes.enroll(token, make_csr())
+        nodes.enrollment.enroll(token, make_csr())
     assert info.value.reason == "token-used"
     assert nodes.refusals.snapshot() == {"token-used": 1}
-    assert len(nodes.list_nodes()) == 1
+    assert len(nodes.inventory.list_nodes()) == 1
 
 
 @pytest.mark.parametrize(
@@ -136,51 +137,51 @@ def test_a_used_token_is_refused(nodes: NodeService) -> None:
     ],
 )
 def test_unknown_and_malformed_tokens_are_refused(
-    nodes: NodeService, token: str, reason: str
+    nodes: NodeServices, token: str, reason: str
 ) -> None:
     with pytest.raises(BootstrapTokenError) as info:
-        nodes.enroll(token, make_csr())
+        nodes.enrollment.enroll(token, make_csr())
     assert info.value.reason == reason
     assert nodes.refusals[reason] == 1
 
 
-def test_a_revoked_token_is_refused(nodes: NodeService, sessions: sessionmaker[Session]) -> None:
-    token, info = nodes.create_bootstrap_token(OPERATOR, "gates", {}, HOUR)
-    revoked = nodes.revoke_bootstrap_token(OPERATOR, info.id)
+def test_a_revoked_token_is_refused(nodes: NodeServices, sessions: sessionmaker[Session]) -> None:
+    token, info = nodes.tokens.create_bootstrap_token(OPERATOR, "gates", {}, HOUR)
+    revoked = nodes.tokens.revoke_bootstrap_token(OPERATOR, info.id)
     assert revoked.state(START) == "revoked"
-    assert nodes.revoke_bootstrap_token(OPERATOR, info.id).revoked_at == revoked.revoked_at
+    assert nodes.tokens.revoke_bootstrap_token(OPERATOR, info.id).revoked_at == revoked.revoked_at
     with pytest.raises(BootstrapTokenError) as refused:
-        nodes.enroll(token, make_csr())
+        nodes.enrollment.enroll(token, make_csr())
     assert refused.value.reason == "token-revoked"
     assert len(audit(sessions, "node-token.revoke")) == 2
     with pytest.raises(NotFoundError):
-        nodes.revoke_bootstrap_token(OPERATOR, "nope")
+        nodes.tokens.revoke_bootstrap_token(OPERATOR, "nope")
 
 
-def test_a_bad_csr_does_not_use_up_the_token(nodes: NodeService) -> None:
+def test_a_bad_csr_does_not_use_up_the_token(nodes: NodeServices) -> None:
     token = token_for(nodes)
     with pytest.raises(InvalidCsrError):
-        nodes.enroll(token, b"garbage")
+        nodes.enrollment.enroll(token, b"garbage")
     assert nodes.refusals["csr-malformed"] == 1
-    nodes.enroll(token, make_csr())
+    nodes.enrollment.enroll(token, make_csr())
 
 
-def test_protobuf_empty_strings_mean_unset(nodes: NodeService) -> None:
-    enrolled = nodes.enroll(token_for(nodes), make_csr(), agent_version="", transport="")
-    node = nodes.get_node(enrolled.node_id)
+def test_protobuf_empty_strings_mean_unset(nodes: NodeServices) -> None:
+    enrolled = nodes.enrollment.enroll(token_for(nodes), make_csr(), agent_version="", transport="")
+    node = nodes.inventory.get_node(enrolled.node_id)
     assert (node.agent_version, node.transport) == (None, None)
 
 
-def test_bad_hello_fields_are_refused(nodes: NodeService) -> None:
+def test_bad_hello_fields_are_refused(nodes: NodeServices) -> None:
     token = token_for(nodes)
     with pytest.raises(InvalidInputError):
-        nodes.enroll(token, make_csr(), transport="carrier-pigeon")
+        nodes.enrollment.enroll(token, make_csr(), transport="carrier-pigeon")
     with pytest.raises(InvalidInputError):
-        nodes.enroll(token, make_csr(), agent_version="x" * 65)
+        nodes.enrollment.enroll(token, make_csr(), agent_version="x" * 65)
     assert nodes.refusals["bad-hello"] == 2
 
 
-def race(nodes: NodeService, token: str, attempts: int) -> tuple[list[Enrollment], list[str]]:
+def race(nodes: NodeServices, token: str, attempts: int) -> tuple[list[Enrollment], list[str]]:
     """`attempts` threads enroll with one token at the same moment."""
     csrs = [make_csr() for _ in range(attempts)]
     barrier = threading.Barrier(attempts)
@@ -191,7 +192,7 @@ def race(nodes: NodeService, token: str, attempts: int) -> tuple[list[Enrollment
     def attempt(csr: bytes) -> None:
         barrier.wait()
         try:
-            successes.append(nodes.enroll(token, csr))
+            successes.append(nodes.enrollment.enroll(token, csr))
         except BootstrapTokenError as exc:
             refusals.append(exc.reason)
         except BaseException as exc:
@@ -207,7 +208,7 @@ def race(nodes: NodeService, token: str, attempts: int) -> tuple[list[Enrollment
 
 
 def test_concurrent_use_of_one_token_enrolls_exactly_one_node(
-    nodes: NodeService, sessions: sessionmaker[Session]
+    nodes: NodeServices, sessions: sessionmaker[Session]
 ) -> None:
     for _ in range(3):
         successes, refusals = race(nodes, token_for(nodes), 4)
@@ -223,188 +224,192 @@ def test_concurrent_use_of_one_token_enrolls_exactly_one_node(
 
 
 def test_a_revoked_node_is_refused_from_the_next_message_on(
-    nodes: NodeService, sessions: sessionmaker[Session]
+    nodes: NodeServices, sessions: sessionmaker[Session]
 ) -> None:
     enrolled = enroll(nodes)
-    nodes.record_hello(enrolled.node_id, "0.1.0", "grpc", {})
-    revoked = nodes.revoke(OPERATOR, enrolled.node_id)
+    nodes.presence.record_hello(enrolled.node_id, "0.1.0", "grpc", {})
+    revoked = nodes.inventory.revoke(OPERATOR, enrolled.node_id)
     assert revoked.revoked and not revoked.online
-    assert nodes.revoke(OPERATOR, enrolled.node_id).revoked_at == revoked.revoked_at  # idempotent
+    assert (
+        nodes.inventory.revoke(OPERATOR, enrolled.node_id).revoked_at == revoked.revoked_at
+    )  # idempotent
 
     with pytest.raises(PermissionDeniedError) as info:
-        nodes.authorize(enrolled.node_id, enrolled.cert_serial)
+        nodes.authentication.authorize(enrolled.node_id, enrolled.cert_serial)
     assert reason_of(info) == "node-revoked"
     with pytest.raises(PermissionDeniedError):
-        nodes.authenticate_peer(enrolled.certificate_pem)[1]
+        nodes.authentication.authenticate_peer(enrolled.certificate_pem)[1]
     with pytest.raises(PermissionDeniedError):
-        nodes.renew(enrolled.node_id, make_csr())
+        nodes.enrollment.renew(enrolled.node_id, make_csr())
     with pytest.raises(PermissionDeniedError):
-        nodes.record_hello(enrolled.node_id, "0.1.0", "grpc", {})
-    nodes.touch(enrolled.node_id)
-    assert nodes.set_online(enrolled.node_id, True) is False
-    assert not nodes.get_node(enrolled.node_id).online
+        nodes.presence.record_hello(enrolled.node_id, "0.1.0", "grpc", {})
+    nodes.presence.touch(enrolled.node_id)
+    assert nodes.presence.set_online(enrolled.node_id, True) is False
+    assert not nodes.inventory.get_node(enrolled.node_id).online
     assert nodes.refusals["node-revoked"] == 4
     assert [a.outcome for a in audit(sessions, "node.revoke")] == ["ok", "ok"]
 
 
 def test_revoking_needs_an_operator_and_a_known_node(
-    nodes: NodeService, sessions: sessionmaker[Session]
+    nodes: NodeServices, sessions: sessionmaker[Session]
 ) -> None:
     enrolled = enroll(nodes)
     with pytest.raises(PermissionDeniedError):
-        nodes.revoke(VIEWER, enrolled.node_id)
+        nodes.inventory.revoke(VIEWER, enrolled.node_id)
     with pytest.raises(NotFoundError):
-        nodes.revoke(OPERATOR, "n-000000000000")
+        nodes.inventory.revoke(OPERATOR, "n-000000000000")
     assert [a.outcome for a in audit(sessions, "node.revoke")] == ["refused", "refused"]
 
 
-def test_unknown_nodes_and_wrong_serials_are_refused(nodes: NodeService) -> None:
+def test_unknown_nodes_and_wrong_serials_are_refused(nodes: NodeServices) -> None:
     first, second = enroll(nodes), enroll(nodes)
     with pytest.raises(AuthenticationError) as info:
-        nodes.authorize("n-000000000000", first.cert_serial)
+        nodes.authentication.authorize("n-000000000000", first.cert_serial)
     assert reason_of(info) == "node-unknown"
     with pytest.raises(AuthenticationError) as info:
-        nodes.authorize(first.node_id, "0" * 40)
+        nodes.authentication.authorize(first.node_id, "0" * 40)
     assert reason_of(info) == "cert-not-current"
     # A certificate of another node does not speak for this one.
     with pytest.raises(AuthenticationError) as info:
-        nodes.authorize(first.node_id, second.cert_serial)
+        nodes.authentication.authorize(first.node_id, second.cert_serial)
     assert reason_of(info) == "cert-not-current"
     with pytest.raises(AuthenticationError) as info:
-        nodes.authorize(first.node_id, first.cert_serial, fleet="yards")
-    assert reason_of(info) == "cert-wrong-fleet"
+        nodes.authentication.authorize(first.node_id, first.cert_serial, fleet="yards")
+    assert reason_of(info) == "wrong-fleet"
     with pytest.raises(AuthenticationError):
-        nodes.authorize("x" * 1000, first.cert_serial)
+        nodes.authentication.authorize("x" * 1000, first.cert_serial)
     assert nodes.refusals.snapshot() == {
         "node-unknown": 2,
         "cert-not-current": 2,
-        "cert-wrong-fleet": 1,
+        "wrong-fleet": 1,
     }
 
 
-def test_certificates_authenticate_their_own_node_only(nodes: NodeService) -> None:
+def test_certificates_authenticate_their_own_node_only(nodes: NodeServices) -> None:
     first, second = enroll(nodes), enroll(nodes, "yards")
-    assert nodes.authenticate_peer(first.certificate_pem)[1].id == first.node_id
-    assert nodes.authenticate_peer(second.certificate_pem)[1].fleet == "yards"
+    assert nodes.authentication.authenticate_peer(first.certificate_pem)[1].id == first.node_id
+    assert nodes.authentication.authenticate_peer(second.certificate_pem)[1].fleet == "yards"
     with pytest.raises(CertificateRejectedError):
-        nodes.authenticate_peer(b"garbage")[1]
+        nodes.authentication.authenticate_peer(b"garbage")[1]
     assert nodes.refusals["cert-malformed"] == 1
 
 
-def test_a_certificate_from_another_ca_is_refused(nodes: NodeService, tmp_path: Path) -> None:
+def test_a_certificate_from_another_ca_is_refused(nodes: NodeServices, tmp_path: Path) -> None:
     enrolled = enroll(nodes)
     other = CertificateAuthority.load_or_create(tmp_path / "other-ca", now=START)
     forged = other.issue_node_certificate(
         make_csr(), node_id=enrolled.node_id, fleet="gates", now=START
     )
     with pytest.raises(CertificateRejectedError):
-        nodes.authenticate_peer(forged.pem)[1]
+        nodes.authentication.authenticate_peer(forged.pem)[1]
     assert nodes.refusals["cert-unknown-issuer"] == 1
 
 
-def test_an_expired_certificate_is_refused(nodes: NodeService, clock: ManualClock) -> None:
+def test_an_expired_certificate_is_refused(nodes: NodeServices, clock: ManualClock) -> None:
     enrolled = enroll(nodes)
     clock.advance(timedelta(days=7, seconds=1))
     with pytest.raises(AuthenticationError) as info:
-        nodes.authorize(enrolled.node_id, enrolled.cert_serial)
+        nodes.authentication.authorize(enrolled.node_id, enrolled.cert_serial)
     assert reason_of(info) == "cert-expired"
     with pytest.raises(CertificateRejectedError):
-        nodes.authenticate_peer(enrolled.certificate_pem)[1]
+        nodes.authentication.authenticate_peer(enrolled.certificate_pem)[1]
 
 
 # ------------------------------------------------------------------- renewal
 
 
 def test_renewal_issues_a_new_certificate_and_keeps_the_old_one_until_it_expires(
-    nodes: NodeService,
+    nodes: NodeServices,
     clock: ManualClock,
     ca: CertificateAuthority,
     sessions: sessionmaker[Session],
 ) -> None:
     enrolled = enroll(nodes)
-    before = nodes.get_node(enrolled.node_id)
+    before = nodes.inventory.get_node(enrolled.node_id)
     clock.advance(timedelta(days=5))
-    renewed = nodes.renew(enrolled.node_id, make_csr(new_key()))  # a new key is fine
+    renewed = nodes.enrollment.renew(enrolled.node_id, make_csr(new_key()))  # a new key is fine
 
     assert renewed.serial != enrolled.cert_serial
     assert renewed.not_after == START + timedelta(days=12)
     identity = ca.node_identity_from_certificate(renewed.pem, now=clock.now())
     assert identity.node_id == enrolled.node_id
-    after = nodes.get_node(enrolled.node_id)
+    after = nodes.inventory.get_node(enrolled.node_id)
     assert after.cert_serial == renewed.serial
     assert after.cert_expires_at == renewed.not_after
     assert after.public_key_sha256 != before.public_key_sha256
 
     # Both work until the old one expires; then only the new one.
-    nodes.authorize(enrolled.node_id, enrolled.cert_serial)
-    nodes.authorize(enrolled.node_id, renewed.serial)
+    nodes.authentication.authorize(enrolled.node_id, enrolled.cert_serial)
+    nodes.authentication.authorize(enrolled.node_id, renewed.serial)
     clock.advance(timedelta(days=2, seconds=1))
     with pytest.raises(AuthenticationError):
-        nodes.authorize(enrolled.node_id, enrolled.cert_serial)
-    nodes.authorize(enrolled.node_id, renewed.serial)
+        nodes.authentication.authorize(enrolled.node_id, enrolled.cert_serial)
+    nodes.authentication.authorize(enrolled.node_id, renewed.serial)
 
-    again = nodes.renew(enrolled.node_id, make_csr())
+    again = nodes.enrollment.renew(enrolled.node_id, make_csr())
     with pytest.raises(AuthenticationError) as info:
-        nodes.authorize(enrolled.node_id, enrolled.cert_serial)
+        nodes.authentication.authorize(enrolled.node_id, enrolled.cert_serial)
     assert reason_of(info) == "cert-not-current"
-    nodes.authorize(enrolled.node_id, again.serial)
+    nodes.authentication.authorize(enrolled.node_id, again.serial)
     [first, _] = audit(sessions, "node.renew")
     assert first.actor == f"node:{enrolled.node_id}"
     assert first.details["previous"] == enrolled.cert_serial
 
 
-def test_renewal_of_an_unknown_node_or_with_a_bad_csr_is_refused(nodes: NodeService) -> None:
+def test_renewal_of_an_unknown_node_or_with_a_bad_csr_is_refused(nodes: NodeServices) -> None:
     enrolled = enroll(nodes)
     with pytest.raises(AuthenticationError):
-        nodes.renew("n-000000000000", make_csr())
+        nodes.enrollment.renew("n-000000000000", make_csr())
     with pytest.raises(InvalidCsrError):
-        nodes.renew(enrolled.node_id, b"nope")
-    nodes.authorize(enrolled.node_id, enrolled.cert_serial)
+        nodes.enrollment.renew(enrolled.node_id, b"nope")
+    nodes.authentication.authorize(enrolled.node_id, enrolled.cert_serial)
 
 
 # ------------------------------------------------------------------ liveness
 
 
-def test_hello_heartbeats_and_offline_marking(nodes: NodeService, clock: ManualClock) -> None:
+def test_hello_heartbeats_and_offline_marking(nodes: NodeServices, clock: ManualClock) -> None:
     first, second = enroll(nodes), enroll(nodes)
-    hello = nodes.record_hello(
+    hello = nodes.presence.record_hello(
         first.node_id, "0.2.0", "mqtt", {"models": {"det": "1.0.0"}}, clock.now()
     )
     assert hello.online and hello.last_seen == START
     assert (hello.agent_version, hello.transport) == ("0.2.0", "mqtt")
     assert hello.reported_state == {"models": {"det": "1.0.0"}}
-    nodes.set_online(second.node_id, True)
+    nodes.presence.set_online(second.node_id, True)
 
     clock.advance(timedelta(seconds=60))
-    nodes.touch(first.node_id)
+    nodes.presence.touch(first.node_id)
     clock.advance(timedelta(seconds=60))
     # `second` was last seen 120 s ago, `first` 60 s ago; the timeout is 90 s.
-    assert nodes.mark_offline_stale() == [second.node_id]
-    assert nodes.mark_offline_stale() == []
-    assert nodes.get_node(first.node_id).online
-    assert not nodes.get_node(second.node_id).online
+    assert nodes.presence.mark_offline_stale() == [second.node_id]
+    assert nodes.presence.mark_offline_stale() == []
+    assert nodes.inventory.get_node(first.node_id).online
+    assert not nodes.inventory.get_node(second.node_id).online
 
     clock.advance(timedelta(seconds=31))
-    assert nodes.mark_offline_stale() == [first.node_id]
+    assert nodes.presence.mark_offline_stale() == [first.node_id]
 
-    nodes.touch(first.node_id)
-    assert nodes.get_node(first.node_id).online
+    nodes.presence.touch(first.node_id)
+    assert nodes.inventory.get_node(first.node_id).online
     # MQTT Last Will: offline at once.
-    assert nodes.set_online(first.node_id, False) is True
-    assert not nodes.get_node(first.node_id).online
-    assert nodes.set_online("n-000000000000", False) is False
-    assert nodes.mark_offline_stale(clock.now(), timedelta(seconds=1)) == []
+    assert nodes.presence.set_online(first.node_id, False) is True
+    assert not nodes.inventory.get_node(first.node_id).online
+    assert nodes.presence.set_online("n-000000000000", False) is False
+    assert nodes.presence.mark_offline_stale(clock.now(), timedelta(seconds=1)) == []
 
 
-def test_heartbeats_write_at_most_every_few_seconds(nodes: NodeService, clock: ManualClock) -> None:
+def test_heartbeats_write_at_most_every_few_seconds(
+    nodes: NodeServices, clock: ManualClock
+) -> None:
     enrolled = enroll(nodes)
-    nodes.touch(enrolled.node_id)
+    nodes.presence.touch(enrolled.node_id)
     clock.advance(timedelta(seconds=2))
-    nodes.touch(enrolled.node_id)
-    assert nodes.get_node(enrolled.node_id).last_seen == START
+    nodes.presence.touch(enrolled.node_id)
+    assert nodes.inventory.get_node(enrolled.node_id).last_seen == START
     clock.advance(timedelta(seconds=4))
-    nodes.touch(enrolled.node_id)
-    assert nodes.get_node(enrolled.node_id).last_seen == START + timedelta(seconds=6)
+    nodes.presence.touch(enrolled.node_id)
+    assert nodes.inventory.get_node(enrolled.node_id).last_seen == START + timedelta(seconds=6)
 
 
 class CountingSessions:
@@ -420,38 +425,41 @@ class CountingSessions:
 
 
 def test_heartbeats_within_the_resolution_cost_no_database_call(
-    nodes: NodeService, sessions: sessionmaker[Session], clock: ManualClock
+    nodes: NodeServices,
+    sessions: sessionmaker[Session],
+    clock: ManualClock,
+    ca: CertificateAuthority,
 ) -> None:
     enrolled = enroll(nodes)
     counting = CountingSessions(sessions)
-    quiet = NodeService(counting, nodes.ca, clock)  # type: ignore[arg-type]
-    quiet.touch(enrolled.node_id)
+    quiet = build_node_services(counting, ca, clock)  # type: ignore[arg-type]
+    quiet.presence.touch(enrolled.node_id)
     for _ in range(10):
         clock.advance(timedelta(milliseconds=400))
-        quiet.touch(enrolled.node_id)
+        quiet.presence.touch(enrolled.node_id)
     assert counting.opened == 1
     # Marked offline (stream closed, Last Will): the next heartbeat writes again at once.
-    quiet.set_online(enrolled.node_id, False)
+    quiet.presence.set_online(enrolled.node_id, False)
     clock.advance(timedelta(milliseconds=100))
-    quiet.touch(enrolled.node_id)
-    assert quiet.get_node(enrolled.node_id).online
+    quiet.presence.touch(enrolled.node_id)
+    assert quiet.inventory.get_node(enrolled.node_id).online
     # Offline by the stale sweep: the same.
     clock.advance(timedelta(minutes=5))
-    quiet.touch(enrolled.node_id)
+    quiet.presence.touch(enrolled.node_id)
     clock.advance(timedelta(minutes=2))
-    assert quiet.mark_offline_stale() == [enrolled.node_id]
-    quiet.touch(enrolled.node_id)
-    assert quiet.get_node(enrolled.node_id).online
+    assert quiet.presence.mark_offline_stale() == [enrolled.node_id]
+    quiet.presence.touch(enrolled.node_id)
+    assert quiet.inventory.get_node(enrolled.node_id).online
 
 
-def test_reported_state_is_bounded_plain_json(nodes: NodeService) -> None:
+def test_reported_state_is_bounded_plain_json(nodes: NodeServices) -> None:
     enrolled = enroll(nodes)
     with pytest.raises(InvalidInputError):
-        nodes.record_hello(enrolled.node_id, "0.1.0", "grpc", {"blob": "x" * 70_000})
+        nodes.presence.record_hello(enrolled.node_id, "0.1.0", "grpc", {"blob": "x" * 70_000})
     with pytest.raises(InvalidInputError):
-        nodes.record_hello(enrolled.node_id, "0.1.0", "grpc", {"x": float("nan")})
+        nodes.presence.record_hello(enrolled.node_id, "0.1.0", "grpc", {"x": float("nan")})
     with pytest.raises(AuthenticationError):
-        nodes.record_hello("n-000000000000", "0.1.0", "grpc", {})
+        nodes.presence.record_hello("n-000000000000", "0.1.0", "grpc", {})
     assert nodes.refusals.snapshot() == {"state-too-large": 1, "bad-state": 1, "node-unknown": 1}
 
 
@@ -459,13 +467,15 @@ def test_reported_state_is_bounded_plain_json(nodes: NodeService) -> None:
 
 
 def test_label_changes_are_audited_with_before_and_after(
-    nodes: NodeService, sessions: sessionmaker[Session]
+    nodes: NodeServices, sessions: sessionmaker[Session]
 ) -> None:
     enrolled = enroll(nodes, labels={"site": "a", "role": "gate"})
 
-    merged = nodes.update_labels(OPERATOR, enrolled.node_id, {"site": "b", "role": None, "x": "1"})
+    merged = nodes.inventory.update_labels(
+        OPERATOR, enrolled.node_id, {"site": "b", "role": None, "x": "1"}
+    )
     assert merged.labels == {"site": "b", "x": "1"}
-    replaced = nodes.set_labels(OPERATOR, enrolled.node_id, {"zone": "z"})
+    replaced = nodes.inventory.set_labels(OPERATOR, enrolled.node_id, {"zone": "z"})
     assert replaced.labels == {"zone": "z"}
 
     first, second = audit(sessions, "node.labels")
@@ -478,27 +488,27 @@ def test_label_changes_are_audited_with_before_and_after(
 
 
 def test_label_changes_are_refused_for_viewers_and_bad_labels(
-    nodes: NodeService, sessions: sessionmaker[Session]
+    nodes: NodeServices, sessions: sessionmaker[Session]
 ) -> None:
     enrolled = enroll(nodes, labels={"site": "a"})
     with pytest.raises(PermissionDeniedError):
-        nodes.set_labels(VIEWER, enrolled.node_id, {"site": "b"})
+        nodes.inventory.set_labels(VIEWER, enrolled.node_id, {"site": "b"})
     with pytest.raises(InvalidInputError):
-        nodes.set_labels(OPERATOR, enrolled.node_id, {"site": "a b"})
+        nodes.inventory.set_labels(OPERATOR, enrolled.node_id, {"site": "a b"})
     with pytest.raises(NotFoundError):
-        nodes.set_labels(OPERATOR, "n-000000000000", {"site": "b"})
-    assert nodes.get_node(enrolled.node_id).labels == {"site": "a"}
+        nodes.inventory.set_labels(OPERATOR, "n-000000000000", {"site": "b"})
+    assert nodes.inventory.get_node(enrolled.node_id).labels == {"site": "a"}
     assert [a.outcome for a in audit(sessions, "node.labels")] == ["refused"] * 3
 
 
-def test_listing_by_fleet_and_selector(nodes: NodeService) -> None:
+def test_listing_by_fleet_and_selector(nodes: NodeServices) -> None:
     gate = enroll(nodes, labels={"site": "a", "role": "gate"})
     door = enroll(nodes, labels={"site": "a", "role": "door"})
     yard = enroll(nodes, "yards", labels={"site": "b"})
 
     def ids(selector: str | None = None, fleet: str | None = None) -> set[str]:
         parsed = parse_selector(selector) if selector is not None else None
-        return {n.id for n in nodes.list_nodes(parsed, fleet)}
+        return {n.id for n in nodes.inventory.list_nodes(parsed, fleet)}
 
     assert ids() == {gate.node_id, door.node_id, yard.node_id}
     assert ids(fleet="gates") == {gate.node_id, door.node_id}
@@ -507,9 +517,9 @@ def test_listing_by_fleet_and_selector(nodes: NodeService) -> None:
     assert ids("!role") == {yard.node_id}
     assert ids("role", fleet="yards") == set()
     with pytest.raises(NotFoundError):
-        nodes.list_nodes(None, "nowhere")
+        nodes.inventory.list_nodes(None, "nowhere")
     with pytest.raises(NotFoundError):
-        nodes.get_node("n-000000000000")
+        nodes.inventory.get_node("n-000000000000")
 
 
 # -------------------------------------------------------------- bootstrap tokens
@@ -518,47 +528,47 @@ def test_listing_by_fleet_and_selector(nodes: NodeService) -> None:
 @pytest.mark.parametrize(
     "ttl", [timedelta(seconds=59), timedelta(days=30, seconds=1), timedelta(0)]
 )
-def test_token_lifetimes_are_bounded(nodes: NodeService, ttl: timedelta) -> None:
+def test_token_lifetimes_are_bounded(nodes: NodeServices, ttl: timedelta) -> None:
     with pytest.raises(InvalidInputError):
-        nodes.create_bootstrap_token(OPERATOR, "gates", {}, ttl)
+        nodes.tokens.create_bootstrap_token(OPERATOR, "gates", {}, ttl)
 
 
 def test_token_creation_is_for_operators_of_existing_fleets(
-    nodes: NodeService, sessions: sessionmaker[Session]
+    nodes: NodeServices, sessions: sessionmaker[Session]
 ) -> None:
     with pytest.raises(PermissionDeniedError):
-        nodes.create_bootstrap_token(VIEWER, "gates", {}, HOUR)
+        nodes.tokens.create_bootstrap_token(VIEWER, "gates", {}, HOUR)
     with pytest.raises(NotFoundError):
-        nodes.create_bootstrap_token(OPERATOR, "nowhere", {}, HOUR)
+        nodes.tokens.create_bootstrap_token(OPERATOR, "nowhere", {}, HOUR)
     with pytest.raises(InvalidInputError):
-        nodes.create_bootstrap_token(OPERATOR, "gates", {"bad key": "x"}, HOUR)
+        nodes.tokens.create_bootstrap_token(OPERATOR, "gates", {"bad key": "x"}, HOUR)
     assert [a.outcome for a in audit(sessions, "node-token.create")] == ["refused"] * 3
     with pytest.raises(PermissionDeniedError):
-        nodes.list_bootstrap_tokens(VIEWER)
+        nodes.tokens.list_bootstrap_tokens(VIEWER)
 
 
 def test_tokens_are_listed_newest_first_with_their_state(
-    nodes: NodeService, clock: ManualClock
+    nodes: NodeServices, clock: ManualClock
 ) -> None:
-    _, old = nodes.create_bootstrap_token(OPERATOR, "gates", {}, timedelta(minutes=5))
+    _, old = nodes.tokens.create_bootstrap_token(OPERATOR, "gates", {}, timedelta(minutes=5))
     clock.advance(timedelta(minutes=1))
-    _, new = nodes.create_bootstrap_token(OPERATOR, "yards", {}, HOUR)
-    assert [t.id for t in nodes.list_bootstrap_tokens(OPERATOR)] == [new.id, old.id]
-    assert [t.id for t in nodes.list_bootstrap_tokens(OPERATOR, "gates")] == [old.id]
+    _, new = nodes.tokens.create_bootstrap_token(OPERATOR, "yards", {}, HOUR)
+    assert [t.id for t in nodes.tokens.list_bootstrap_tokens(OPERATOR)] == [new.id, old.id]
+    assert [t.id for t in nodes.tokens.list_bootstrap_tokens(OPERATOR, "gates")] == [old.id]
     clock.advance(timedelta(minutes=5))
     assert old.state(clock.now()) == "expired"
 
 
 def test_refusals_are_logged_with_the_reason_and_never_the_token(
-    nodes: NodeService, clock: ManualClock, caplog: pytest.LogCaptureFixture
+    nodes: NodeServices, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     token = token_for(nodes)
     clock.advance(HOUR)
     with (
-        caplog.at_level(logging.WARNING, logger="control_plane.nodes.service"),
+        caplog.at_level(logging.WARNING, logger="control_plane.nodes"),
         pytest.raises(BootstrapTokenError),
     ):
-        nodes.enroll(token, make_csr())
+        nodes.enrollment.enroll(token, make_csr())
     [record] = caplog.records
     assert record.levelno == logging.WARNING
     assert "token-expired" in record.getMessage()

@@ -71,12 +71,12 @@ async def test_first_start_enrolls_says_hello_and_delivers_health_then_drains(
                 await agent.ready.wait()
             assert agent.files is not None
             node_id = agent.files.node_id
-            await until(lambda: plane.services.nodes.get_node(node_id).online)
+            await until(lambda: plane.services.nodes.inventory.get_node(node_id).online)
             await until(lambda: plane.services.records.count(node_id, "health") >= 2)
             # Safe to call twice, concurrently.
             group.start_soon(agent.shutdown, 5.0)
             await agent.shutdown(5.0)
-        node = plane.services.nodes.get_node(node_id)
+        node = plane.services.nodes.inventory.get_node(node_id)
     assert (node.fleet, node.agent_version) == ("gates", "0.1.0")
     # The outbox was closed: another opener gets it.
     with Outbox.open(
@@ -108,7 +108,7 @@ async def test_a_restart_with_the_same_data_dir_does_not_enroll_again(tmp_path: 
             await second.shutdown()
         assert node_id == first.files.node_id
         assert (data_dir / IDENTITY_FILE).read_bytes() == identity
-        assert len(plane.services.nodes.list_nodes()) == 1
+        assert len(plane.services.nodes.inventory.list_nodes()) == 1
 
 
 async def test_a_revoked_node_stops_with_the_refused_exit_code(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ async def test_a_revoked_node_stops_with_the_refused_exit_code(tmp_path: Path) -
                     assert agent.files is not None
                     node_id = agent.files.node_id
                     await until(lambda: plane.services.records.count(node_id) >= 1)
-                    plane.services.nodes.revoke(ADMIN, node_id)
+                    plane.services.nodes.inventory.revoke(ADMIN, node_id)
 
                 group.start_soon(revoke_when_running)
                 with pytest.raises(NodeRefusedError) as caught:

@@ -139,7 +139,7 @@ async def test_a_kill_at_any_step_then_a_restart_converges(
             identity = data_dir / "identity.json"
             await until(identity.exists, timeout=30)
             node_id = json.loads(identity.read_text())["node_id"]
-            await until(lambda: fp.services.nodes.get_node(node_id).online, timeout=30)
+            await until(lambda: fp.services.nodes.inventory.get_node(node_id).online, timeout=30)
             await fp.pin(node_id, "1.0.0")
             await until(lambda: _settled(data_dir, old), timeout=30)
             assert await stop(first) == 0, log.read_text()

@@ -148,13 +148,13 @@ async def test_an_mqtt_node_enrolls_reports_and_updates_over_https(
             assert login["username"] == node_id
             assert (data_dir / "tuf-root.json").is_file()
             assert (data_dir / "director-key.json").is_file()
-            node = fp.services.nodes.get_node(node_id)
+            node = fp.services.nodes.inventory.get_node(node_id)
             assert (node.transport, node.online) == ("mqtt", False)
 
             # The broker does not know the node yet: refused, and retried (login grace).
             await until(lambda: _forgiven(agent) >= 1)
             mp.allow_enrolled_nodes()
-            await until(lambda: fp.services.nodes.get_node(node_id).online)
+            await until(lambda: fp.services.nodes.inventory.get_node(node_id).online)
             await until(lambda: fp.services.records.count(node_id, "health") >= 2)
             uplink = agent.uplink
             assert uplink is not None
@@ -193,7 +193,7 @@ async def test_an_mqtt_node_enrolls_reports_and_updates_over_https(
                 sequence
             }
         # The close published the Last Will: the node shows offline.
-        await until(lambda: not fp.services.nodes.get_node(node_id).online)
+        await until(lambda: not fp.services.nodes.inventory.get_node(node_id).online)
 
 
 async def test_a_broker_restart_loses_nothing_the_node_recorded(
@@ -225,7 +225,7 @@ async def test_a_broker_restart_loses_nothing_the_node_recorded(
             group.start_soon(agent.run)
             node_id = await enrolled_node(data_dir)
             mp.allow_enrolled_nodes()
-            await until(lambda: fp.services.nodes.get_node(node_id).online)
+            await until(lambda: fp.services.nodes.inventory.get_node(node_id).online)
             await until(lambda: fp.services.records.count(node_id, "event") >= 20)
 
             await anyio.to_thread.run_sync(mp.broker.wait_for_save)  # sessions on disk

@@ -77,7 +77,7 @@ async def running_agent(
             await agent.ready.wait()
         assert agent.files is not None
         node_id = agent.files.node_id
-        await until(lambda: fp.services.nodes.get_node(node_id).online)
+        await until(lambda: fp.services.nodes.inventory.get_node(node_id).online)
         group.start_soon(feed, agent, camera or Camera())
         try:
             yield agent
@@ -273,7 +273,9 @@ async def test_bad_updates_leave_the_node_on_its_model_and_say_why(
             assert serving(agent) == good
 
             # Another node's assignment, delivered to this one (a routing bug upstream).
-            token, _ = services.nodes.create_bootstrap_token(ADMIN, FLEET, {}, timedelta(hours=1))
+            token, _ = services.nodes.tokens.create_bootstrap_token(
+                ADMIN, FLEET, {}, timedelta(hours=1)
+            )
             other = await enroll_over_grpc(
                 fp.running.enroll_target,
                 services.ca.ca_pem,

@@ -157,7 +157,9 @@ class FleetPlane:
         return body
 
     def token(self) -> str:
-        token, _ = self.services.nodes.create_bootstrap_token(ADMIN, FLEET, {}, timedelta(hours=1))
+        token, _ = self.services.nodes.tokens.create_bootstrap_token(
+            ADMIN, FLEET, {}, timedelta(hours=1)
+        )
         return str(token)
 
     def ca_file(self) -> Path:
@@ -183,7 +185,7 @@ class FleetPlane:
         return AgentConfig(**values)
 
     def reported(self, node_id: str) -> dict[str, Any]:
-        state: dict[str, Any] = self.services.nodes.get_node(node_id).reported_state or {}
+        state: dict[str, Any] = self.services.nodes.inventory.get_node(node_id).reported_state or {}
         return state
 
 
@@ -200,14 +202,14 @@ async def fleet_plane(config: ServiceConfig, workdir: Path) -> AsyncIterator[Fle
         )
         statuses = UpdateStatuses()
         nodes = running.services.nodes
-        record = nodes.record_update_status
+        record = nodes.presence.record_update_status
 
         def recording(node_id: str, status: Any, now: Any = None) -> Any:
             node = record(node_id, status, now)
             statuses.seen.setdefault(node_id, []).append(dict(status))
             return node
 
-        nodes.record_update_status = recording  # the gRPC server calls it per message
+        nodes.presence.record_update_status = recording  # the gRPC server calls it per message
         plane = FleetPlane(running, keyset, workdir, statuses)
         await anyio.to_thread.run_sync(plane._release, lambda release: release.create_fleet(FLEET))
         for seed, version in enumerate(("1.0.0", "1.1.0")):

@@ -193,7 +193,7 @@ class GrpcKit(LinkKit):
         await self.come_back()
         self.files = await self._plane().enroll(self._work / "node")
         self._revoked = await self._plane().enroll(self._work / "revoked")
-        self.services.nodes.revoke(ADMIN, self._revoked.node_id)
+        self.services.nodes.inventory.revoke(ADMIN, self._revoked.node_id)
         return self
 
     def _plane(self) -> GrpcPlane:
@@ -222,7 +222,9 @@ class GrpcKit(LinkKit):
         return GrpcNodeLink(settings, self.files.credentials)
 
     async def hello_seen(self, agent_version: str) -> bool:
-        node = await anyio.to_thread.run_sync(self.services.nodes.get_node, self.files.node_id)
+        node = await anyio.to_thread.run_sync(
+            self.services.nodes.inventory.get_node, self.files.node_id
+        )
         return bool(node.online and node.agent_version == agent_version)
 
     async def stored(self) -> int:
@@ -237,10 +239,10 @@ class GrpcKit(LinkKit):
         await server.stop(0)
 
     async def come_back(self) -> None:
-        from control_plane.link.grpc_server import GrpcLinkServer
+        from control_plane.server import grpc_link_server
 
         # A stopped server does not start again: a restart is a new one on the same ports.
-        self._server = GrpcLinkServer(self.services, self._config)
+        self._server = grpc_link_server(self.services, self._config)
         await self._server.start()
 
     async def close(self) -> None:
@@ -305,7 +307,9 @@ class MqttKit(LinkKit):
         return MqttNodeLink(config)
 
     async def hello_seen(self, agent_version: str) -> bool:
-        node = await anyio.to_thread.run_sync(self.services.nodes.get_node, self.node.node_id)
+        node = await anyio.to_thread.run_sync(
+            self.services.nodes.inventory.get_node, self.node.node_id
+        )
         return bool(node.online and node.agent_version == agent_version)
 
     async def stored(self) -> int:

@@ -1,0 +1,52 @@
+"""Builds the five node role services over one store, one CA, one clock and one refusal count.
+
+For the composition root (`control_plane.services`) and tests; adapters are handed the
+single role they use, never this bundle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from control_plane.clock import Clock
+from control_plane.identity.ca import CertificateAuthority
+from control_plane.nodes.authentication import NodeAuthentication
+from control_plane.nodes.enrollment import Enrollments
+from control_plane.nodes.inventory import NodeInventory
+from control_plane.nodes.model import NodeConfig, NodeRefusals
+from control_plane.nodes.presence import NodePresence
+from control_plane.nodes.tokens import BootstrapTokens
+
+__all__ = ["NodeServices", "build_node_services"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeServices:
+    tokens: BootstrapTokens
+    enrollment: Enrollments
+    authentication: NodeAuthentication
+    presence: NodePresence
+    inventory: NodeInventory
+    # Refused enrollments and node calls of every role (`edgefleet_node_refusals_total`).
+    refusals: NodeRefusals
+
+
+def build_node_services(
+    sessions: sessionmaker[Session],
+    ca: CertificateAuthority,
+    clock: Clock,
+    config: NodeConfig | None = None,
+) -> NodeServices:
+    config = config or NodeConfig()
+    refusals = NodeRefusals()
+    presence = NodePresence(sessions, clock, refusals, config)
+    return NodeServices(
+        tokens=BootstrapTokens(sessions, clock, config),
+        enrollment=Enrollments(sessions, ca, clock, refusals, config),
+        authentication=NodeAuthentication(sessions, ca, clock, refusals),
+        presence=presence,
+        inventory=NodeInventory(sessions, clock, presence),
+        refusals=refusals,
+    )

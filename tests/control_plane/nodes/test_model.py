@@ -1,0 +1,80 @@
+"""The node domain values: a pure core (no framework on import), token states, the one
+refusal-reason rule and the agent checks every transport shares."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from control_plane.errors import AuthenticationError, InvalidInputError, PayloadTooLargeError
+from control_plane.nodes.model import (
+    BootstrapTokenInfo,
+    NodeRefusals,
+    checked_agent,
+    human_duration,
+    reason_of,
+)
+
+FRAMEWORKS = ("fastapi", "sqlalchemy", "alembic", "grpc", "paho", "onnxruntime", "boto3", "httpx")
+
+
+def test_the_model_imports_no_framework() -> None:
+    probe = (
+        "import sys, control_plane.nodes.model; "
+        f"print(','.join(m for m in {FRAMEWORKS!r} if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    assert loaded == ""
+
+
+def test_reasons_are_the_errors_own_else_its_class_in_kebab_case() -> None:
+    assert reason_of(InvalidInputError("x", reason="bad-batch")) == "bad-batch"
+    assert reason_of(InvalidInputError("x")) == "invalid-input"
+    assert reason_of(PayloadTooLargeError("x")) == "payload-too-large"
+    assert reason_of(AuthenticationError("x", reason="")) == "authentication"
+
+
+def test_refusals_count_by_reason() -> None:
+    refusals = NodeRefusals()
+    refusals.refused("enroll", InvalidInputError("x", reason="token-used"))
+    refusals.refused("authorize", AuthenticationError("x", reason="node-unknown"), node_id="n")
+    refusals.refused("enroll", InvalidInputError("x", reason="token-used"))
+    assert refusals.snapshot() == {"token-used": 2, "node-unknown": 1}
+    assert refusals["token-used"] == 2 and refusals["other"] == 0
+
+
+def test_agent_checks_treat_empty_as_unset_and_refuse_the_rest() -> None:
+    assert checked_agent("", "") == (None, None)
+    assert checked_agent("1.2.3", "mqtt") == ("1.2.3", "mqtt")
+    for version, transport in (("x" * 65, None), ("a\nb", None), (None, "carrier-pigeon")):
+        with pytest.raises(InvalidInputError) as info:
+            checked_agent(version, transport)
+        assert info.value.fields["reason"] == "bad-hello"
+
+
+def test_token_states_and_durations() -> None:
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    token = BootstrapTokenInfo(
+        id="t",
+        fleet="gates",
+        labels={},
+        created_at=now,
+        created_by="alice",
+        expires_at=now + timedelta(hours=1),
+        used_at=None,
+        node_id=None,
+        revoked_at=None,
+    )
+    assert token.state(now) == "active"
+    assert token.state(now + timedelta(hours=1)) == "expired"
+    assert [human_duration(timedelta(seconds=s)) for s in (60, 3600, 86400, 90)] == [
+        "1m",
+        "1h",
+        "1d",
+        "90s",
+    ]
