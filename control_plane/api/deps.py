@@ -1,35 +1,97 @@
-"""FastAPI dependencies: the services container, the caller and the request context."""
+"""FastAPI dependencies: one ``Annotated`` alias per service, the caller and the context.
+
+A route names the services it uses (``RegistryDep``, ``HealthQueriesDep`` ...), never the
+whole container; not for logic: each getter only picks its service off the app's state.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from control_plane.access.roles import Principal
-from control_plane.access.service import RequestContext
+from control_plane.access.service import AccessService, RequestContext
+from control_plane.artifacts.base import ArtifactStore
+from control_plane.clock import Clock
+from control_plane.director.service import DirectorService
+from control_plane.health.clearing import AlertClearing
+from control_plane.health.queries import HealthQueries
+from control_plane.nodes.service import NodeService
+from control_plane.registry.service import RegistryService
 from control_plane.services import Services
 
 
-def get_services(request: Request) -> Services:
+# The getters that only pick a service are `async def`: FastAPI runs a plain `def`
+# dependency in its threadpool, a hop per request for an attribute read.
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
 
+# The whole container: only for getters below and routes not yet moved to their aliases.
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_principal(request: Request, services: ServicesDep) -> Principal:
+async def get_access(services: ServicesDep) -> AccessService:
+    return services.access
+
+
+async def get_alert_clearing(services: ServicesDep) -> AlertClearing:
+    return services.health.alerts
+
+
+async def get_artifact_store(services: ServicesDep) -> ArtifactStore:
+    return services.store
+
+
+async def get_clock(services: ServicesDep) -> Clock:
+    return services.clock
+
+
+async def get_director(services: ServicesDep) -> DirectorService:
+    return services.director
+
+
+async def get_health_queries(services: ServicesDep) -> HealthQueries:
+    return services.health.queries
+
+
+async def get_nodes(services: ServicesDep) -> NodeService:
+    return services.nodes
+
+
+async def get_readiness(services: ServicesDep) -> Callable[[], dict[str, str]]:
+    return services.ready
+
+
+async def get_registry(services: ServicesDep) -> RegistryService:
+    return services.registry
+
+
+AccessDep = Annotated[AccessService, Depends(get_access)]
+AlertClearingDep = Annotated[AlertClearing, Depends(get_alert_clearing)]
+ArtifactStoreDep = Annotated[ArtifactStore, Depends(get_artifact_store)]
+ClockDep = Annotated[Clock, Depends(get_clock)]
+DirectorDep = Annotated[DirectorService, Depends(get_director)]
+HealthQueriesDep = Annotated[HealthQueries, Depends(get_health_queries)]
+NodesDep = Annotated[NodeService, Depends(get_nodes)]
+ReadinessDep = Annotated[Callable[[], dict[str, str]], Depends(get_readiness)]
+RegistryDep = Annotated[RegistryService, Depends(get_registry)]
+
+
+def get_principal(request: Request, access: AccessDep) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     bearer = token.strip() if scheme.lower() == "bearer" else None
-    return services.access.authenticate(bearer)
+    return access.authenticate(bearer)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def get_context(request: Request, principal: PrincipalDep) -> RequestContext:
+async def get_context(request: Request, principal: PrincipalDep) -> RequestContext:
     return RequestContext(principal=principal, request_id=request.state.request_id)
 
 

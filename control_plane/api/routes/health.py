@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from control_plane.api.deps import ServicesDep
+from control_plane.api.deps import ReadinessDep
 
 router = APIRouter(tags=["health"])
 
@@ -16,8 +16,8 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-def readyz(services: ServicesDep) -> JSONResponse:
-    checks = services.ready()
+def readyz(ready: ReadinessDep) -> JSONResponse:
+    checks = ready()
     ok = all(v == "ok" for v in checks.values())
     return JSONResponse(
         {"status": "ok" if ok else "unavailable", "checks": checks}, 200 if ok else 503
