@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import anyio.to_thread
 from fastapi import APIRouter, Request, status
 
 from control_plane.api.deps import ContextDep, PrincipalDep, RegistryDep
@@ -88,8 +89,10 @@ async def push_targets(
 
     409 when another push got there first: re-read targets, re-sign and retry.
     """
-    body = await request.body()
-    result = registry.push_targets(ctx, fleet, body)
+    body = await request.body()  # bounded by the app's body limit for this path
+    # The push waits on the database's write lock (SQLite's is the whole file's): in a
+    # worker thread, so the event loop serves probes and node streams meanwhile.
+    result = await anyio.to_thread.run_sync(registry.push_targets, ctx, fleet, body)
     return PushOut(
         fleet=result.fleet,
         targets_version=result.targets_version,
