@@ -1,6 +1,7 @@
-"""No request waits for the database on the event loop: with SQLite's write lock held by
-another connection, each mutating route waits in a worker thread while ``/healthz``
-answers at once, and completes when the lock goes.
+"""No request waits for the database on the event loop: with the database's write lock
+held by another connection (SQLite's ``BEGIN IMMEDIATE``, PostgreSQL's ``LOCK TABLE``),
+each mutating route waits in a worker thread while ``/healthz`` answers at once, and
+completes when the lock goes.
 
 The routes are read from the app's OpenAPI schema, so a new mutating route fails
 `test_every_mutating_route_has_a_case` until it has a case below.
@@ -12,14 +13,16 @@ import concurrent.futures
 import hashlib
 import os
 import sqlite3
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
+import psycopg
 import pytest
 from securesystemslib.signer import CryptoSigner
 from sqlalchemy import make_url
@@ -30,23 +33,20 @@ from control_plane.cli.release import ReleaseClient
 from control_plane.registry import sample_models
 from control_plane.services import Services
 from control_plane.storage import session_factory
-from control_plane.storage.models import HealthAlertRow
+from control_plane.storage.models import Base, HealthAlertRow
 from control_plane.trust.keys import OperatorKeyset, init_operator_keys
 from tests.control_plane.conftest import LiveServer
 from tests.control_plane.identity.helpers import make_csr
 
-# What a probe may take while a mutation waits on the lock (a stalled loop takes the
-# whole wait: SQLite's busy timeout, seconds).
+# What probes may take while a mutation waits on the lock: their median, and any one of
+# them. A loop stalled by the mutation holds a probe for the whole wait (SQLite's busy
+# timeout, 5 s; on PostgreSQL until the client gives up), far beyond either; a loaded
+# shared CI machine delays a single probe by a few hundred ms now and then.
 PROBE_LIMIT_S = 0.3
+STALL_LIMIT_S = 1.0
 # How long each mutation is held on the lock while /healthz is probed.
 HOLD_S = 0.6
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-@pytest.fixture
-def database_url(sqlite_url: str) -> str:
-    """SQLite only: its write lock is the whole file's, the case where a stall hurts most."""
-    return sqlite_url
 
 
 @dataclass
@@ -257,18 +257,32 @@ def world(live_server: LiveServer, tmp_path: Path) -> World:
 
 @pytest.fixture
 def database_lock(services: Services) -> Iterator[DatabaseLock]:
-    database = make_url(services.config.database_url).database
-    assert database is not None
-    lock = DatabaseLock(Path(database))
+    url = make_url(services.config.database_url)
+    lock: DatabaseLock
+    if url.get_backend_name() == "sqlite":
+        assert url.database is not None
+        lock = SqliteLock(Path(url.database))
+    else:
+        lock = PostgresLock(url.set(drivername="postgresql").render_as_string(False))
     try:
         yield lock
     finally:
         lock.close()
 
 
-class DatabaseLock:
-    """Another connection holding SQLite's write lock (``BEGIN IMMEDIATE``), as a busy
-    writer elsewhere would; readers still read (WAL)."""
+class DatabaseLock(Protocol):
+    """Another connection keeping every writer out, as a busy writer elsewhere would;
+    readers still read."""
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SqliteLock:
+    """SQLite's one write lock (``BEGIN IMMEDIATE``); readers go on (WAL)."""
 
     def __init__(self, path: Path) -> None:
         self._connection = sqlite3.connect(path, isolation_level=None, timeout=10)
@@ -278,6 +292,23 @@ class DatabaseLock:
 
     def release(self) -> None:
         self._connection.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+class PostgresLock:
+    """Every table of the schema in EXCLUSIVE mode: writes wait, plain reads go on."""
+
+    def __init__(self, dsn: str) -> None:
+        self._connection = psycopg.connect(dsn)
+        self._tables = ", ".join(sorted(Base.metadata.tables))
+
+    def hold(self) -> None:
+        self._connection.execute(f"LOCK TABLE {self._tables} IN EXCLUSIVE MODE")
+
+    def release(self) -> None:
+        self._connection.rollback()
 
     def close(self) -> None:
         self._connection.close()
@@ -320,6 +351,7 @@ def test_healthz_answers_while_each_mutation_waits_on_the_database_lock(
 ) -> None:
     calls = {route: make(world) for route, make in CASES.items()}  # all before any lock
     slow: dict[tuple[str, str], float] = {}
+    every: list[float] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         for route, call in calls.items():
             database_lock.hold()
@@ -334,6 +366,8 @@ def test_healthz_answers_while_each_mutation_waits_on_the_database_lock(
             response = pending.result(timeout=30)
             assert response.status_code == call.expect, (route, response.text)
             assert len(times) >= 2, route
-            if max(times) >= PROBE_LIMIT_S:
+            every.extend(times)
+            if max(times) >= STALL_LIMIT_S:
                 slow[route] = max(times)
     assert slow == {}
+    assert statistics.median(every) < PROBE_LIMIT_S
