@@ -4,7 +4,7 @@ anchor measured in the same run on the same records.
 
 The records are real ``edgefleet.agent.health/2`` reports (three latency sketches of one
 model version, about 2.5 KB each) stored through the real ingest (``RecordIngest``) in a
-throwaway database. Then ``HealthStore.process_pending`` drains them, timed. The anchor
+throwaway database. Then ``HealthProcessor.process_pending`` drains them, timed. The anchor
 reads the same records in the same batches and stores each as a raw point only (JSON
 parse + one insert per record, no roll-ups, no alerts, no cursor): what storing a report
 as a row costs at all. The fleet figure is the rate times 10 s (one report per node
@@ -33,8 +33,8 @@ from bench._report import Report, add_report_arguments
 from bench._util import BENCH_DIR, git_describe
 from control_plane.clock import ManualClock
 from control_plane.health.config import HealthConfig
+from control_plane.health.processor import HealthProcessor
 from control_plane.health.report import parse_report
-from control_plane.health.store import HealthStore
 from control_plane.link.ingest import IncomingRecord, RecordIngest
 from control_plane.storage import create_engine_for, migrate, session_factory
 from control_plane.storage.models import (
@@ -195,7 +195,7 @@ def bare_anchor(engine: Engine, batch: int) -> float:
 def processor(engine: Engine, batch: int) -> tuple[float, dict[str, int]]:
     sessions = session_factory(engine)
     config = HealthConfig(batch_size=batch, max_batches_per_pass=1000, settle=timedelta(0))
-    store = HealthStore(sessions, ManualClock(START + timedelta(hours=1)), config)
+    store = HealthProcessor(sessions, ManualClock(START + timedelta(hours=1)), config)
     started = time.perf_counter()
     while store.process_pending() > 0:
         pass

@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.service import AccessService
 from control_plane.artifacts.base import ArtifactStore
@@ -18,8 +19,11 @@ from control_plane.clock import Clock, SystemClock
 from control_plane.director.assignments import load_or_create_director_key
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
+from control_plane.health.clearing import AlertClearing
 from control_plane.health.config import HealthConfig
-from control_plane.health.store import HealthStore
+from control_plane.health.processor import HealthProcessor
+from control_plane.health.queries import HealthQueries
+from control_plane.health.retention import HealthRetention
 from control_plane.identity.ca import CertificateAuthority
 from control_plane.link.ingest import RecordIngest
 from control_plane.link.mqtt_bridge import MqttBridgeConfig
@@ -49,6 +53,29 @@ class ServiceConfig:
     mqtt: MqttBridgeConfig | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class HealthServices:
+    """The health store by role: each user takes the one it needs, never the others."""
+
+    processor: HealthProcessor
+    queries: HealthQueries
+    retention: HealthRetention
+    alerts: AlertClearing
+
+
+def build_health(
+    sessions: sessionmaker[Session], clock: Clock, config: HealthConfig | None = None
+) -> HealthServices:
+    config = config or HealthConfig()
+    retention = HealthRetention(sessions, clock, config)
+    return HealthServices(
+        processor=HealthProcessor(sessions, clock, config, retention),
+        queries=HealthQueries(sessions, clock, config),
+        retention=retention,
+        alerts=AlertClearing(sessions, clock),
+    )
+
+
 @dataclass
 class Services:
     config: ServiceConfig
@@ -62,7 +89,7 @@ class Services:
     # each adapter is handed the one it uses, or a `node_inbox`.
     nodes: NodeServices
     records: RecordIngest
-    health: HealthStore
+    health: HealthServices
     director: DirectorService
     # New assignments go out through whatever transports run in this process: the gRPC
     # link server and the MQTT bridge attach themselves while they run.
@@ -143,7 +170,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         ca=ca,
         nodes=nodes,
         records=RecordIngest(sessions, clock),
-        health=HealthStore(sessions, clock, config.health),
+        health=build_health(sessions, clock, config.health),
         director=DirectorService(
             sessions,
             registry,

@@ -29,7 +29,11 @@ from control_plane.api.routes import (
     nodes,
     tuf,
 )
+from control_plane.health.config import HealthConfig
+from control_plane.health.processor import HealthProcessor
 from control_plane.link.mqtt_bridge import bridge_running
+from control_plane.nodes.presence import NodePresence
+from control_plane.registry.service import RegistryService
 from control_plane.services import Services
 
 log = logging.getLogger(__name__)
@@ -41,41 +45,40 @@ ROTATION_BODY_LIMIT = TARGETS_BODY_LIMIT + (1 << 20)
 LIVENESS_INTERVAL_S = 5.0
 
 
-async def _freshness_loop(services: Services) -> None:
+async def _freshness_loop(registry: RegistryService, interval_s: float) -> None:
     """Re-sign snapshot and timestamp before they lapse, even when nothing changed."""
     while True:
         try:
-            refreshed = await anyio.to_thread.run_sync(services.registry.refresh_expiring)
+            refreshed = await anyio.to_thread.run_sync(registry.refresh_expiring)
             if refreshed:
                 log.info("re-signed snapshot/timestamp of fleets %s", ", ".join(refreshed))
         except Exception:
             log.exception("freshness refresh failed; retrying next interval")
-        await anyio.sleep(services.config.refresh_interval_s)
+        await anyio.sleep(interval_s)
 
 
-async def _health_loop(services: Services) -> None:
-    """Turn stored health reports into series and alerts (control_plane.health.store).
+async def _health_loop(processor: HealthProcessor, config: HealthConfig) -> None:
+    """Turn stored health reports into series and alerts (control_plane.health.processor).
 
     A pass drains up to a bounded number of batches; the loop sleeps only when it found
     nothing left, so a backlog after a restart drains without waiting on the interval.
     """
-    interval = services.config.health.interval_s
     while True:
         busy = False
         try:
-            done = await anyio.to_thread.run_sync(services.health.process_pending)
-            busy = done >= services.config.health.batch_size
+            done = await anyio.to_thread.run_sync(processor.process_pending)
+            busy = done >= config.batch_size
         except Exception:
-            services.health.failed_passes += 1
+            processor.failed_passes += 1
             log.exception("processing health reports failed; retrying next interval")
-        await anyio.sleep(0 if busy else interval)
+        await anyio.sleep(0 if busy else config.interval_s)
 
 
-async def _liveness_loop(services: Services) -> None:
+async def _liveness_loop(presence: NodePresence) -> None:
     """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
     while True:
         try:
-            await anyio.to_thread.run_sync(services.nodes.presence.mark_offline_stale)
+            await anyio.to_thread.run_sync(presence.mark_offline_stale)
         except Exception:
             log.exception("marking silent nodes offline failed; retrying")
         await anyio.sleep(LIVENESS_INTERVAL_S)
@@ -91,10 +94,11 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
                     bridge.refusals.snapshot(), bridge.counts["records"]
                 )
             if run_background:
-                tasks.start_soon(_freshness_loop, services)
-                tasks.start_soon(_liveness_loop, services)
-                if services.config.health_processor:
-                    tasks.start_soon(_health_loop, services)
+                config = services.config
+                tasks.start_soon(_freshness_loop, services.registry, config.refresh_interval_s)
+                tasks.start_soon(_liveness_loop, services.nodes.presence)
+                if config.health_processor:
+                    tasks.start_soon(_health_loop, services.health.processor, config.health)
             yield
             tasks.cancel_scope.cancel()
 
@@ -105,6 +109,8 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.services = services
+    # The REST transport's node inbox (the enrollment route); no cache: one call per node.
+    app.state.rest_inbox = services.node_inbox("rest", auth_cache_s=0.0)
     problems.install(app)
     for router in (
         health,
@@ -123,7 +129,12 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     # Transports register their counters here as they start (the MQTT bridge below, the
     # gRPC link in `control_plane.server`).
     app.state.link_counts = {}
-    app.state.metrics_registry = metrics.fleet_registry(services, app.state.link_counts)
+    app.state.metrics_registry = metrics.fleet_registry(
+        services.health.queries,
+        services.health.processor,
+        services.nodes.refusals,
+        app.state.link_counts,
+    )
     app.add_middleware(
         BodyLimitMiddleware,
         default_limit=services.config.max_json_bytes,

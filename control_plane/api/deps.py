@@ -1,94 +1,123 @@
-"""FastAPI dependencies: the services container, the caller and the request context."""
+"""FastAPI dependencies: one ``Annotated`` alias per service, the caller and the context.
+
+A route names the services it uses (``RegistryDep``, ``HealthQueriesDep`` ...), never the
+whole container; not for logic: each getter only picks its service off the app's state.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from control_plane.access.roles import Principal
-from control_plane.access.service import RequestContext
+from control_plane.access.service import AccessService, RequestContext
+from control_plane.artifacts.base import ArtifactStore
 from control_plane.clock import Clock
+from control_plane.director.service import DirectorService
+from control_plane.health.clearing import AlertClearing
+from control_plane.health.queries import HealthQueries
 from control_plane.identity.ca import CertificateAuthority
 from control_plane.link.node_inbox import NodeInbox
 from control_plane.nodes.inventory import NodeInventory
 from control_plane.nodes.tokens import BootstrapTokens
+from control_plane.registry.service import RegistryService
 from control_plane.services import ServiceConfig, Services
 
 
-def get_services(request: Request) -> Services:
+# The getters only pick a service off the app, so they are `async def`: FastAPI runs a
+# plain `def` dependency in its threadpool, a hop per request for an attribute read.
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
 
+# The whole container: for the getters below only; no route takes it.
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_principal(request: Request, services: ServicesDep) -> Principal:
+async def get_access(services: ServicesDep) -> AccessService:
+    return services.access
+
+
+async def get_alert_clearing(services: ServicesDep) -> AlertClearing:
+    return services.health.alerts
+
+
+async def get_artifact_store(services: ServicesDep) -> ArtifactStore:
+    return services.store
+
+
+async def get_certificate_authority(services: ServicesDep) -> CertificateAuthority:
+    return services.ca
+
+
+async def get_clock(services: ServicesDep) -> Clock:
+    return services.clock
+
+
+async def get_director(services: ServicesDep) -> DirectorService:
+    return services.director
+
+
+async def get_health_queries(services: ServicesDep) -> HealthQueries:
+    return services.health.queries
+
+
+async def get_node_inventory(services: ServicesDep) -> NodeInventory:
+    return services.nodes.inventory
+
+
+async def get_node_tokens(services: ServicesDep) -> BootstrapTokens:
+    return services.nodes.tokens
+
+
+async def get_readiness(services: ServicesDep) -> Callable[[], dict[str, str]]:
+    return services.ready
+
+
+async def get_registry(services: ServicesDep) -> RegistryService:
+    return services.registry
+
+
+async def get_rest_inbox(request: Request) -> NodeInbox:
+    """The REST transport's node inbox (the enrollment route), made with the app."""
+    inbox: NodeInbox = request.app.state.rest_inbox
+    return inbox
+
+
+async def get_service_config(services: ServicesDep) -> ServiceConfig:
+    return services.config
+
+
+AccessDep = Annotated[AccessService, Depends(get_access)]
+AlertClearingDep = Annotated[AlertClearing, Depends(get_alert_clearing)]
+ArtifactStoreDep = Annotated[ArtifactStore, Depends(get_artifact_store)]
+CertificateAuthorityDep = Annotated[CertificateAuthority, Depends(get_certificate_authority)]
+ClockDep = Annotated[Clock, Depends(get_clock)]
+DirectorDep = Annotated[DirectorService, Depends(get_director)]
+HealthQueriesDep = Annotated[HealthQueries, Depends(get_health_queries)]
+NodeInventoryDep = Annotated[NodeInventory, Depends(get_node_inventory)]
+NodeTokensDep = Annotated[BootstrapTokens, Depends(get_node_tokens)]
+ReadinessDep = Annotated[Callable[[], dict[str, str]], Depends(get_readiness)]
+RegistryDep = Annotated[RegistryService, Depends(get_registry)]
+RestInboxDep = Annotated[NodeInbox, Depends(get_rest_inbox)]
+ServiceConfigDep = Annotated[ServiceConfig, Depends(get_service_config)]
+
+
+def get_principal(request: Request, access: AccessDep) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     bearer = token.strip() if scheme.lower() == "bearer" else None
-    return services.access.authenticate(bearer)
+    return access.authenticate(bearer)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def get_context(request: Request, principal: PrincipalDep) -> RequestContext:
+async def get_context(request: Request, principal: PrincipalDep) -> RequestContext:
     return RequestContext(principal=principal, request_id=request.state.request_id)
 
 
 ContextDep = Annotated[RequestContext, Depends(get_context)]
-
-
-# ------------------------------------------------------------------ node routes
-# Each node route names the one service it uses, never the whole `Services`.
-
-
-def get_node_tokens(services: ServicesDep) -> BootstrapTokens:
-    return services.nodes.tokens
-
-
-NodeTokensDep = Annotated[BootstrapTokens, Depends(get_node_tokens)]
-
-
-def get_node_inventory(services: ServicesDep) -> NodeInventory:
-    return services.nodes.inventory
-
-
-NodeInventoryDep = Annotated[NodeInventory, Depends(get_node_inventory)]
-
-
-def get_rest_inbox(request: Request, services: ServicesDep) -> NodeInbox:
-    """The node inbox of the REST transport (the enrollment route), one per app."""
-    inbox: NodeInbox | None = getattr(request.app.state, "rest_inbox", None)
-    if inbox is None:
-        # Made on first use, not at app creation: tests build apps they never call.
-        # Two racing first requests make two; the loser's is simply dropped.
-        inbox = services.node_inbox("rest", auth_cache_s=0.0)
-        request.app.state.rest_inbox = inbox
-    return inbox
-
-
-RestInboxDep = Annotated[NodeInbox, Depends(get_rest_inbox)]
-
-
-def get_certificate_authority(services: ServicesDep) -> CertificateAuthority:
-    return services.ca
-
-
-CertificateAuthorityDep = Annotated[CertificateAuthority, Depends(get_certificate_authority)]
-
-
-def get_clock(services: ServicesDep) -> Clock:
-    return services.clock
-
-
-ClockDep = Annotated[Clock, Depends(get_clock)]
-
-
-def get_service_config(services: ServicesDep) -> ServiceConfig:
-    return services.config
-
-
-ServiceConfigDep = Annotated[ServiceConfig, Depends(get_service_config)]

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from securesystemslib.signer import Signer
 from sqlalchemy import func, insert, select
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.roles import Role
@@ -39,6 +39,7 @@ from control_plane.errors import (
 from control_plane.identity.bootstrap import validate_labels
 from control_plane.nodes.inventory import NodeInventory
 from control_plane.registry.service import ModelVersionInfo, RegistryService
+from control_plane.storage.copy import BinaryCopy, copy_rows
 from control_plane.storage.models import DirectorAssignmentRow, FleetRow, NodeRow
 from control_plane.trust.custom import parse_target_path, validate_model_name, validate_version
 from control_plane.trust.keys import public_key_dict
@@ -610,19 +611,20 @@ _COLUMNS: Final = (
 )
 # PostgreSQL: binary COPY straight into the table (the rows are locked, so there is no
 # conflict to skip): a few µs of Python per row against tens for an ORM executemany.
-_POSTGRESQL_COPY: Final = (
-    f"COPY director_assignments ({', '.join(_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
-)
-_POSTGRESQL_COPY_TYPES: Final = (
-    "varchar",
-    "int8",
-    "varchar",
-    "varchar",
-    "int8",
-    "timestamptz",
-    "timestamptz",
-    "bytea",
-    "varchar",
+_ASSIGNMENTS_COPY: Final = BinaryCopy(
+    "director_assignments",
+    _COLUMNS,
+    (
+        "varchar",
+        "int8",
+        "varchar",
+        "varchar",
+        "int8",
+        "timestamptz",
+        "timestamptz",
+        "bytea",
+        "varchar",
+    ),
 )
 
 
@@ -635,16 +637,4 @@ def _insert_assignments(session: Session, rows: list[tuple[Any, ...]]) -> None:
             insert(DirectorAssignmentRow), [dict(zip(_COLUMNS, r, strict=True)) for r in rows]
         )
         return
-    dbapi = connection.dialect.loaded_dbapi
-    driver = connection.connection.driver_connection
-    try:
-        with (
-            driver.cursor() as cursor,  # type: ignore[union-attr]
-            cursor.copy(_POSTGRESQL_COPY) as copy,
-        ):
-            copy.set_types(_POSTGRESQL_COPY_TYPES)
-            for row in rows:
-                copy.write_row(row)
-    except dbapi.Error as exc:
-        # The driver's own error as SQLAlchemy raises it (IntegrityError, OperationalError).
-        raise DBAPIError.instance(_POSTGRESQL_COPY, None, exc, dbapi.Error) from exc
+    copy_rows(connection, _ASSIGNMENTS_COPY, rows)

@@ -38,12 +38,13 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from sqlalchemy import Connection, func, select
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import Clock
 from control_plane.errors import InvalidInputError, UnavailableError
 from control_plane.link.records import RECORD_KINDS, IncomingRecord, IngestLimits, validate_batch
+from control_plane.storage.copy import BinaryCopy, WriteRow, copy_with, server_version
 from control_plane.storage.models import NodeRecordRow
 
 __all__ = [
@@ -74,26 +75,21 @@ _POSTGRESQL_STAGE: Final = (
     "WITH (toast_tuple_target = 4080) ON COMMIT DELETE ROWS"
 )
 _COPIES_COMPRESSION: Final = 140000  # server_version from which LIKE copies compression
-_POSTGRESQL_COPY_DIRECT: Final = (
-    "COPY node_records "
-    "(node_id, record_id, seq, kind, created_at, received_at, content_type, payload) "
-    "FROM STDIN (FORMAT BINARY)"
+_RECORDS_COPY: Final = BinaryCopy(
+    "node_records",
+    (
+        "node_id",
+        "record_id",
+        "seq",
+        "kind",
+        "created_at",
+        "received_at",
+        "content_type",
+        "payload",
+    ),
+    ("varchar", "varchar", "int8", "varchar", "timestamptz", "timestamptz", "varchar", "bytea"),
 )
-_POSTGRESQL_COPY: Final = (
-    "COPY node_records_stage "
-    "(node_id, record_id, seq, kind, created_at, received_at, content_type, payload) "
-    "FROM STDIN (FORMAT BINARY)"
-)
-_POSTGRESQL_COPY_TYPES: Final = (
-    "varchar",
-    "varchar",
-    "int8",
-    "varchar",
-    "timestamptz",
-    "timestamptz",
-    "varchar",
-    "bytea",
-)
+_STAGE_COPY: Final = _RECORDS_COPY.into("node_records_stage")
 _POSTGRESQL_MOVE: Final = (
     "INSERT INTO node_records "
     "(node_id, record_id, seq, kind, created_at, received_at, content_type, payload) "
@@ -313,7 +309,7 @@ class RecordIngest:
             connection = session.connection()
             if connection.dialect.name == "postgresql":
                 try:
-                    _copy_postgresql(connection, batches, received_at, _POSTGRESQL_COPY_DIRECT)
+                    _copy_postgresql(connection, batches, received_at, staged=False)
                     session.commit()
                     return
                 except IntegrityError as exc:
@@ -361,7 +357,7 @@ def _insert(
 ) -> None:
     dialect = connection.dialect.name
     if dialect == "postgresql":
-        _copy_postgresql(connection, batches, received_at, _POSTGRESQL_COPY)
+        _copy_postgresql(connection, batches, received_at, staged=True)
     elif dialect == "sqlite":
         received = _sqlite_datetime(received_at)
         rows: list[tuple[Any, ...]] = [
@@ -387,57 +383,48 @@ def _copy_postgresql(
     connection: Connection,
     batches: Sequence[ValidatedBatch],
     received_at: datetime,
-    statement: str,
+    *,
+    staged: bool,
 ) -> None:
-    """COPY the rows (`statement`: into node_records, or into the staging table and on).
+    """COPY the rows into node_records, or (`staged`) into the staging table and on.
 
     The driver's own errors are raised as SQLAlchemy raises them (IntegrityError,
     OperationalError, ...), so callers handle one family of errors.
     """
-    dbapi = connection.dialect.loaded_dbapi
-    try:
-        _copy_rows(connection, batches, received_at, statement)
-    except dbapi.Error as exc:
-        raise DBAPIError.instance(statement, None, exc, dbapi.Error) from exc
+    before = [_POSTGRESQL_TIMEOUTS]
+    if staged and not connection.connection.info.get(_STAGE_READY):
+        # Once per connection: a round trip less per group.
+        modern = server_version(connection) >= _COPIES_COMPRESSION
+        compression = " INCLUDING COMPRESSION" if modern else ""
+        before.append(_POSTGRESQL_STAGE.format(compression=compression))
 
-
-def _copy_rows(
-    connection: Connection,
-    batches: Sequence[ValidatedBatch],
-    received_at: datetime,
-    statement: str,
-) -> None:
-    driver = connection.connection.driver_connection
-    staged = statement == _POSTGRESQL_COPY
-    with driver.cursor() as cursor:  # type: ignore[union-attr]
-        cursor.execute(_POSTGRESQL_TIMEOUTS)
-        if staged and not connection.connection.info.get(_STAGE_READY):
-            # Once per connection: a round trip less per group.
-            modern = driver.info.server_version >= _COPIES_COMPRESSION  # type: ignore[union-attr]
-            compression = " INCLUDING COMPRESSION" if modern else ""
-            cursor.execute(_POSTGRESQL_STAGE.format(compression=compression))
-        with cursor.copy(statement) as copy:
-            copy.set_types(_POSTGRESQL_COPY_TYPES)
-            write_row = copy.write_row
-            for batch in batches:
-                node_id = batch.node_id
-                # Unpacked, not read by field name: six descriptor calls less per row.
-                for record_id, seq, kind, created_at, content_type, payload in batch.records:
-                    write_row(
-                        (
-                            node_id,
-                            record_id,
-                            seq,
-                            kind,
-                            created_at,
-                            received_at,
-                            content_type,
-                            payload,
-                        )
+    def fill(write_row: WriteRow) -> None:
+        received = received_at
+        for batch in batches:
+            node_id = batch.node_id
+            # Unpacked, not read by field name: six descriptor calls less per row.
+            for record_id, seq, kind, created_at, content_type, payload in batch.records:
+                write_row(
+                    (
+                        node_id,
+                        record_id,
+                        seq,
+                        kind,
+                        created_at,
+                        received,
+                        content_type,
+                        payload,
                     )
-        if staged:
-            cursor.execute(_POSTGRESQL_MOVE)
-            # ON COMMIT DELETE ROWS empties the stage; a rollback discards it too.
+                )
+
+    # ON COMMIT DELETE ROWS empties the stage after the move; a rollback discards it too.
+    copy_with(
+        connection,
+        _STAGE_COPY if staged else _RECORDS_COPY,
+        fill,
+        before=before,
+        after=(_POSTGRESQL_MOVE,) if staged else (),
+    )
 
 
 def _sqlite_datetime(value: datetime) -> str:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, status
 
 from control_plane.access.roles import Role
 from control_plane.access.service import TokenInfo
-from control_plane.api.deps import ContextDep, ServicesDep
+from control_plane.api.deps import AccessDep, ContextDep
 from control_plane.api.schemas import AuditOut, TokenCreate, TokenCreated, TokenOut
 
 router = APIRouter(prefix="/v1", tags=["access"])
@@ -27,28 +27,28 @@ def _token_out(info: TokenInfo) -> TokenOut:
 
 
 @router.post("/tokens", status_code=status.HTTP_201_CREATED)
-def create_token(body: TokenCreate, ctx: ContextDep, services: ServicesDep) -> TokenCreated:
-    token, info = services.access.create_token(ctx, name=body.name, role=Role.parse(body.role))
+def create_token(body: TokenCreate, ctx: ContextDep, access: AccessDep) -> TokenCreated:
+    token, info = access.create_token(ctx, name=body.name, role=Role.parse(body.role))
     return TokenCreated(token=token, **_token_out(info).model_dump())
 
 
 @router.get("/tokens")
-def list_tokens(ctx: ContextDep, services: ServicesDep) -> list[TokenOut]:
-    return [_token_out(t) for t in services.access.list_tokens(ctx)]
+def list_tokens(ctx: ContextDep, access: AccessDep) -> list[TokenOut]:
+    return [_token_out(t) for t in access.list_tokens(ctx)]
 
 
 @router.delete("/tokens/{token_id}")
-def revoke_token(token_id: str, ctx: ContextDep, services: ServicesDep) -> TokenOut:
-    return _token_out(services.access.revoke_token(ctx, token_id))
+def revoke_token(token_id: str, ctx: ContextDep, access: AccessDep) -> TokenOut:
+    return _token_out(access.revoke_token(ctx, token_id))
 
 
 @router.get("/audit")
 def list_audit(
     ctx: ContextDep,
-    services: ServicesDep,
+    access: AccessDep,
     limit: int = 100,
     action: str | None = None,
     since: datetime | None = None,
 ) -> list[AuditOut]:
-    entries = services.access.list_audit(ctx, limit=limit, action=action, since=since)
+    entries = access.list_audit(ctx, limit=limit, action=action, since=since)
     return [AuditOut.model_validate(e, from_attributes=True) for e in entries]

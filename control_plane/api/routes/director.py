@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, status
 from pydantic import BaseModel, Field
 
-from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
+from control_plane.api.deps import ClockDep, ContextDep, DirectorDep, PrincipalDep
 from control_plane.director.service import MAX_PIN_NODE_IDS, Assignment
 from control_plane.errors import NotFoundError
 
@@ -101,23 +101,23 @@ def _out(assignment: Assignment, now: datetime) -> AssignmentOut:
 
 @router.post("/nodes/{node_id}/pin", status_code=status.HTTP_201_CREATED)
 def pin_node(
-    node_id: str, body: PinRequest, ctx: ContextDep, services: ServicesDep
+    node_id: str, body: PinRequest, ctx: ContextDep, director: DirectorDep, clock: ClockDep
 ) -> AssignmentOut:
     """Assign a model version of the node's fleet to the node (a new signed assignment)."""
-    assignment = services.director.pin(ctx, node_id, body.model, body.version)
-    return _out(assignment, services.clock.now())
+    assignment = director.pin(ctx, node_id, body.model, body.version)
+    return _out(assignment, clock.now())
 
 
 @router.post("/fleets/{fleet}/pin", status_code=status.HTTP_201_CREATED)
 def pin_fleet_nodes(
-    fleet: str, body: PinManyRequest, ctx: ContextDep, services: ServicesDep
+    fleet: str, body: PinManyRequest, ctx: ContextDep, director: DirectorDep
 ) -> PinManyOut:
     """Assign a model version to many nodes of a fleet at once (by ids or by labels).
 
     Unknown ids refuse the whole request (404, nothing pinned); revoked nodes are skipped
     and listed in `skipped`.
     """
-    result = services.director.pin_many(
+    result = director.pin_many(
         ctx, body.model, body.version, fleet=fleet, node_ids=body.node_ids, labels=body.labels
     )
     first = result.assignments[0] if result.assignments else None
@@ -140,19 +140,21 @@ def pin_fleet_nodes(
 
 
 @router.get("/nodes/{node_id}/assignment")
-def get_assignment(node_id: str, _: PrincipalDep, services: ServicesDep) -> SignedAssignmentOut:
+def get_assignment(
+    node_id: str, _: PrincipalDep, director: DirectorDep, clock: ClockDep
+) -> SignedAssignmentOut:
     """The node's newest assignment with its signed bytes; 404 when it has none."""
-    assignment = services.director.latest(node_id)
+    assignment = director.latest(node_id)
     if assignment is None:
         raise NotFoundError(f"node {node_id!r} has no assignment", node_id=node_id)
-    out = _out(assignment, services.clock.now())
+    out = _out(assignment, clock.now())
     return SignedAssignmentOut(
         **out.model_dump(), signed=base64.b64encode(assignment.signed).decode("ascii")
     )
 
 
 @router.get("/director/key")
-def director_key(services: ServicesDep) -> dict[str, Any]:
+def director_key(director: DirectorDep) -> dict[str, Any]:
     """The director's public key (TUF key dict plus keyid). Open, like TUF metadata: it is
     public, and a node gets it over its authenticated enrollment, not from here."""
-    return services.director.director_public_key()
+    return director.director_public_key()

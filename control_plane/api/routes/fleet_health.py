@@ -11,10 +11,16 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
+from control_plane.api.deps import (
+    AlertClearingDep,
+    ContextDep,
+    HealthQueriesDep,
+    NodeInventoryDep,
+    PrincipalDep,
+)
 from control_plane.durations import parse_duration
 from control_plane.errors import InvalidInputError
-from control_plane.health.store import Alert
+from control_plane.health.queries import Alert
 from control_plane.identity.bootstrap import parse_selector
 
 _MAX_ID_LIST = 1000
@@ -82,20 +88,21 @@ def _alert_out(alert: Alert) -> AlertOut:
 @router.get("/health/nodes")
 def fleet_health(
     _: PrincipalDep,
-    services: ServicesDep,
+    inventory: NodeInventoryDep,
+    health: HealthQueriesDep,
     selector: str | None = None,
     fleet: str | None = None,
 ) -> list[NodeHealthOut]:
     """Every node's health at a glance: its latest report's key numbers and open alerts."""
     parsed = parse_selector(selector) if selector else None
-    nodes = services.nodes.inventory.list_nodes(parsed, fleet)
+    nodes = inventory.list_nodes(parsed, fleet)
     # The whole fleet, or more nodes than an IN list should hold (slow; SQLite and
     # PostgreSQL cap its size): read every node's row and keep the selected ones below.
     ids = None if parsed is None and fleet is None else [n.id for n in nodes]
     if ids is not None and len(ids) > _MAX_ID_LIST:
         ids = None
-    latest = services.health.latest(ids)
-    alerts = services.health.open_alerts(ids)
+    latest = health.latest(ids)
+    alerts = health.open_alerts(ids)
     out = []
     for node in nodes:
         point = latest.get(node.id)
@@ -135,7 +142,7 @@ def fleet_health(
 def node_health(
     node_id: str,
     _: PrincipalDep,
-    services: ServicesDep,
+    health: HealthQueriesDep,
     since: str = "6h",
     resolution: str = "auto",
 ) -> SeriesOut:
@@ -145,28 +152,28 @@ def node_health(
         span = parse_duration(since)
     except ValueError as exc:
         raise InvalidInputError(str(exc), reason="bad-since") from exc
-    series = services.health.series(node_id, span, resolution=resolution)
+    series = health.series(node_id, span, resolution=resolution)
     return SeriesOut.model_validate(series)
 
 
 @router.get("/alerts")
 def list_alerts(
     _: PrincipalDep,
-    services: ServicesDep,
+    health: HealthQueriesDep,
     node: str | None = None,
     kind: str | None = None,
     include_cleared: bool = False,
     limit: int = 200,
 ) -> list[AlertOut]:
     """Alerts, newest first: open ones only unless `include_cleared`."""
-    alerts = services.health.list_alerts(
+    alerts = health.list_alerts(
         node_id=node, kind=kind, include_cleared=include_cleared, limit=limit
     )
     return [_alert_out(a) for a in alerts]
 
 
 @router.post("/alerts/{alert_id}/clear")
-def clear_alert(alert_id: int, ctx: ContextDep, services: ServicesDep) -> AlertOut:
+def clear_alert(alert_id: int, ctx: ContextDep, alerts: AlertClearingDep) -> AlertOut:
     """Clear an alert by hand (operator, audited). It stays quiet until its condition
     ends; the condition coming back afterwards raises a new alert."""
-    return _alert_out(services.health.clear_alert(ctx, alert_id))
+    return _alert_out(alerts.clear_alert(ctx, alert_id))

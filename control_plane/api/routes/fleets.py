@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import anyio.to_thread
 from fastapi import APIRouter, Request, status
 
-from control_plane.api.deps import ContextDep, PrincipalDep, ServicesDep
+from control_plane.api.deps import ContextDep, PrincipalDep, RegistryDep
 from control_plane.api.schemas import (
     FleetCreate,
     FleetOut,
@@ -30,24 +31,24 @@ def _out(info: FleetInfo) -> FleetOut:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def create_fleet(body: FleetCreate, ctx: ContextDep, services: ServicesDep) -> FleetOut:
+def create_fleet(body: FleetCreate, ctx: ContextDep, registry: RegistryDep) -> FleetOut:
     """Create a fleet (pending) and its online snapshot/timestamp keys."""
-    return _out(services.registry.create_fleet(ctx, body.name))
+    return _out(registry.create_fleet(ctx, body.name))
 
 
 @router.put("/{fleet}/root")
 def upload_root(
-    fleet: str, body: FleetRootUpload, ctx: ContextDep, services: ServicesDep
+    fleet: str, body: FleetRootUpload, ctx: ContextDep, registry: RegistryDep
 ) -> FleetOut:
     """Install the operator-signed root and first targets; the repository goes live."""
     root = json.dumps(body.root).encode()
     targets = json.dumps(body.targets).encode()
-    return _out(services.registry.activate_fleet(ctx, fleet, root, targets))
+    return _out(registry.activate_fleet(ctx, fleet, root, targets))
 
 
 @router.post("/{fleet}/root")
 def rotate_root(
-    fleet: str, body: FleetRootUpload, ctx: ContextDep, services: ServicesDep
+    fleet: str, body: FleetRootUpload, ctx: ContextDep, registry: RegistryDep
 ) -> RotationOut:
     """Install root N+1 (signed by the current and the new root keys) with the current
     targets re-signed by the new release key(s): revokes every release key it drops.
@@ -56,7 +57,7 @@ def rotate_root(
     """
     root = json.dumps(body.root).encode()
     targets = json.dumps(body.targets).encode()
-    result = services.registry.rotate_root(ctx, fleet, root, targets)
+    result = registry.rotate_root(ctx, fleet, root, targets)
     return RotationOut(
         fleet=result.fleet,
         root_version=result.root_version,
@@ -71,25 +72,27 @@ def rotate_root(
 
 
 @router.get("")
-def list_fleets(_: PrincipalDep, services: ServicesDep) -> list[FleetOut]:
-    return [_out(f) for f in services.registry.list_fleets()]
+def list_fleets(_: PrincipalDep, registry: RegistryDep) -> list[FleetOut]:
+    return [_out(f) for f in registry.list_fleets()]
 
 
 @router.get("/{fleet}")
-def get_fleet(fleet: str, _: PrincipalDep, services: ServicesDep) -> FleetOut:
-    return _out(services.registry.get_fleet(fleet))
+def get_fleet(fleet: str, _: PrincipalDep, registry: RegistryDep) -> FleetOut:
+    return _out(registry.get_fleet(fleet))
 
 
 @router.post("/{fleet}/targets", status_code=status.HTTP_201_CREATED)
 async def push_targets(
-    fleet: str, request: Request, ctx: ContextDep, services: ServicesDep
+    fleet: str, request: Request, ctx: ContextDep, registry: RegistryDep
 ) -> PushOut:
     """Accept operator-signed targets metadata (version = current + 1) and publish it.
 
     409 when another push got there first: re-read targets, re-sign and retry.
     """
-    body = await request.body()
-    result = services.registry.push_targets(ctx, fleet, body)
+    body = await request.body()  # bounded by the app's body limit for this path
+    # The push waits on the database's write lock (SQLite's is the whole file's): in a
+    # worker thread, so the event loop serves probes and node streams meanwhile.
+    result = await anyio.to_thread.run_sync(registry.push_targets, ctx, fleet, body)
     return PushOut(
         fleet=result.fleet,
         targets_version=result.targets_version,

@@ -20,7 +20,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from control_plane.services import Services
+from control_plane.health.processor import HealthProcessor
+from control_plane.health.queries import HealthQueries
+from control_plane.nodes.model import RefusalCounter
 
 router = APIRouter(tags=["metrics"])
 
@@ -39,8 +41,17 @@ LinkSources = dict[str, Callable[[], LinkCounts]]
 
 
 class FleetCollector(Collector):
-    def __init__(self, services: Services, links: LinkSources | None = None) -> None:
-        self._services = services
+    def __init__(
+        self,
+        queries: HealthQueries,
+        processor: HealthProcessor,
+        node_refusals: RefusalCounter,
+        links: LinkSources | None = None,
+    ) -> None:
+        self._queries = queries
+        # This replica's processor, for its own failed passes (even when it does not run).
+        self._processor = processor
+        self._node_refusals = node_refusals
         self._links = links if links is not None else {}
         self._lock = threading.Lock()
         self._snapshot: dict[str, Any] | None = None
@@ -49,13 +60,12 @@ class FleetCollector(Collector):
     def _fleet(self) -> dict[str, Any]:
         with self._lock:
             if self._snapshot is None or time.monotonic() - self._taken > SNAPSHOT_TTL_S:
-                self._snapshot = self._services.health.fleet_snapshot()
+                self._snapshot = self._queries.fleet_snapshot()
                 self._taken = time.monotonic()
             return self._snapshot
 
     def collect(self) -> Iterator[Metric]:
         fleet = self._fleet()
-        health = self._services.health
         nodes = GaugeMetricFamily("edgefleet_nodes", "Enrolled nodes by state", labels=["state"])
         for state, count in fleet["nodes"].items():
             nodes.add_metric([state], count)
@@ -92,7 +102,7 @@ class FleetCollector(Collector):
         yield CounterMetricFamily(
             "edgefleet_health_processor_failed_passes",
             "Passes of this replica's health processor that failed (retried)",
-            value=health.failed_passes,
+            value=self._processor.failed_passes,
         )
         yield from self._link_metrics()
 
@@ -119,15 +129,20 @@ class FleetCollector(Collector):
             "Enrollments and node authentications this replica refused, by reason",
             labels=["reason"],
         )
-        for reason, count in sorted(self._services.nodes.refusals.snapshot().items()):
+        for reason, count in sorted(self._node_refusals.snapshot().items()):
             nodes.add_metric([reason], count)
         yield nodes
 
 
-def fleet_registry(services: Services, links: LinkSources | None = None) -> CollectorRegistry:
+def fleet_registry(
+    queries: HealthQueries,
+    processor: HealthProcessor,
+    node_refusals: RefusalCounter,
+    links: LinkSources | None = None,
+) -> CollectorRegistry:
     """A registry of this app's own (not the process-global default)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(services, links))
+    registry.register(FleetCollector(queries, processor, node_refusals, links))
     return registry
 
 

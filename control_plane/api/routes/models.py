@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from control_plane.api.deps import PrincipalDep, ServicesDep
+from control_plane.api.deps import ArtifactStoreDep, PrincipalDep, RegistryDep
 from control_plane.api.schemas import ModelVersionOut
 from control_plane.api.streaming import artifact_response
+from control_plane.artifacts.base import ArtifactStore
 from control_plane.registry.service import ModelVersionInfo
-from control_plane.services import Services
 
 router = APIRouter(prefix="/v1/fleets/{fleet}/models", tags=["models"])
 
 
-def _out(info: ModelVersionInfo, services: Services | None = None) -> ModelVersionOut:
-    url = services.store.download_url(info.sha256) if services is not None else None
+def _out(info: ModelVersionInfo, store: ArtifactStore | None = None) -> ModelVersionOut:
+    url = store.download_url(info.sha256) if store is not None else None
     return ModelVersionOut(
         fleet=info.fleet,
         model=info.model,
@@ -33,33 +33,43 @@ def _out(info: ModelVersionInfo, services: Services | None = None) -> ModelVersi
 
 
 @router.get("")
-def list_models(fleet: str, _: PrincipalDep, services: ServicesDep) -> list[ModelVersionOut]:
+def list_models(fleet: str, _: PrincipalDep, registry: RegistryDep) -> list[ModelVersionOut]:
     """The latest version of each model."""
-    return [_out(m) for m in services.registry.list_models(fleet)]
+    return [_out(m) for m in registry.list_models(fleet)]
 
 
 @router.get("/{model}")
 def list_versions(
-    fleet: str, model: str, _: PrincipalDep, services: ServicesDep
+    fleet: str, model: str, _: PrincipalDep, registry: RegistryDep
 ) -> list[ModelVersionOut]:
     """Every version of one model, oldest release first."""
-    return [_out(m) for m in services.registry.list_versions(fleet, model)]
+    return [_out(m) for m in registry.list_versions(fleet, model)]
 
 
 @router.get("/{model}/versions/{version}")
 def get_version(
-    fleet: str, model: str, version: str, _: PrincipalDep, services: ServicesDep
+    fleet: str,
+    model: str,
+    version: str,
+    _: PrincipalDep,
+    registry: RegistryDep,
+    store: ArtifactStoreDep,
 ) -> ModelVersionOut:
-    return _out(services.registry.get_version(fleet, model, version), services)
+    return _out(registry.get_version(fleet, model, version), store)
 
 
 @router.get("/{model}/versions/{version}/artifact")
 def download_version(
-    fleet: str, model: str, version: str, request: Request, _: PrincipalDep, services: ServicesDep
+    fleet: str,
+    model: str,
+    version: str,
+    request: Request,
+    _: PrincipalDep,
+    registry: RegistryDep,
+    store: ArtifactStoreDep,
 ) -> Response:
     """The ONNX file; honours `Range: bytes=a-b` so interrupted downloads resume."""
-    info = services.registry.get_version(fleet, model, version)
-    store = services.store
+    info = registry.get_version(fleet, model, version)
     return artifact_response(
         lambda start, end: store.open_range(info.sha256, start, end),
         info.length,

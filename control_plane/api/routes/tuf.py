@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from control_plane.api.deps import ServicesDep
+from control_plane.api.deps import ArtifactStoreDep, RegistryDep
 from control_plane.api.streaming import artifact_response
 
 router = APIRouter(prefix="/v1/fleets/{fleet}/tuf", tags=["tuf"])
 
 
 @router.get("/metadata/{filename}")
-def metadata(fleet: str, filename: str, services: ServicesDep) -> Response:
-    body = services.registry.metadata_file(fleet, filename)
+def metadata(fleet: str, filename: str, registry: RegistryDep) -> Response:
+    body = registry.metadata_file(fleet, filename)
     cache = (
         "no-cache"
         if filename in {"timestamp.json", "root.json", "targets.json"}
@@ -26,9 +26,10 @@ def metadata(fleet: str, filename: str, services: ServicesDep) -> Response:
 
 
 @router.get("/targets/{path:path}")
-def target(fleet: str, path: str, request: Request, services: ServicesDep) -> Response:
-    sha256, length = services.registry.resolve_target(fleet, path)
-    store = services.store
+def target(
+    fleet: str, path: str, request: Request, registry: RegistryDep, store: ArtifactStoreDep
+) -> Response:
+    sha256, length = registry.resolve_target(fleet, path)
     return artifact_response(
         lambda start, end: store.open_range(sha256, start, end),
         length,

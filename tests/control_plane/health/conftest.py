@@ -1,4 +1,5 @@
-"""A HealthStore over a real database (SQLite and PostgreSQL) and a manual clock."""
+"""The health services (processor, queries, retention, clearing) over a real database
+(SQLite and PostgreSQL) and a manual clock."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import ManualClock
 from control_plane.health.config import HealthConfig
-from control_plane.health.store import HealthStore
 from control_plane.link.ingest import RecordIngest
+from control_plane.services import HealthServices, build_health
 from control_plane.storage import create_engine_for, migrate, session_factory
 from tests.control_plane.health.support import START, Sender, add_nodes
 
@@ -44,8 +45,10 @@ def config() -> HealthConfig:
 
 
 @pytest.fixture
-def store(sessions: sessionmaker[Session], clock: ManualClock, config: HealthConfig) -> HealthStore:
-    return HealthStore(sessions, clock, config)
+def health(
+    sessions: sessionmaker[Session], clock: ManualClock, config: HealthConfig
+) -> HealthServices:
+    return build_health(sessions, clock, config)
 
 
 @pytest.fixture

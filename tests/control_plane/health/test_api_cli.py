@@ -50,7 +50,7 @@ def fill(services: Services, sender: Sender) -> None:
         v2_report(now - timedelta(minutes=2), rss_mb=820, slope=42.0, leak=True, drift_ratio=2.1),
     )
     sender.send("n-b", v1_report())
-    services.health.process_pending(now + timedelta(seconds=1))
+    services.health.processor.process_pending(now + timedelta(seconds=1))
 
 
 class Cli:
@@ -135,7 +135,7 @@ def test_rest_fleet_health_series_and_alerts(
 def test_metrics_are_fleet_level(client: TestClient, services: Services, sender: Sender) -> None:
     fill(services, sender)
     sender.send("n-b", b"garbage")
-    services.health.process_pending(datetime.now(UTC) + timedelta(seconds=1))
+    services.health.processor.process_pending(datetime.now(UTC) + timedelta(seconds=1))
     response = client.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
@@ -205,7 +205,7 @@ def test_the_api_lifespan_runs_the_processor(
     deadline = time.monotonic() + 20
     kinds: set[tuple[str, str]] = set()
     while time.monotonic() < deadline:
-        kinds = {(a.node_id, a.kind) for a in services.health.list_alerts()}
+        kinds = {(a.node_id, a.kind) for a in services.health.queries.list_alerts()}
         if {("n-a", "memory_headroom_low"), ("n-c", "node_offline")} <= kinds:
             break
         time.sleep(0.1)
@@ -215,7 +215,7 @@ def test_the_api_lifespan_runs_the_processor(
 def test_a_failing_pass_is_counted_and_the_loop_goes_on(
     services: Services, sender: Sender, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = services.health.process_pending
+    real = services.health.processor.process_pending
     calls = {"n": 0}
 
     def flaky(now: datetime | None = None) -> int:
@@ -224,14 +224,14 @@ def test_a_failing_pass_is_counted_and_the_loop_goes_on(
             raise RuntimeError("database went away")
         return real(now)
 
-    monkeypatch.setattr(services.health, "process_pending", flaky)
+    monkeypatch.setattr(services.health.processor, "process_pending", flaky)
     sender.send("n-a", v2_report(datetime.now(UTC)))
     with TestClient(create_app(services)):
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not services.health.latest(["n-a"]):
+        while time.monotonic() < deadline and not services.health.queries.latest(["n-a"]):
             time.sleep(0.05)
-    assert services.health.failed_passes == 1
-    assert services.health.latest(["n-a"])
+    assert services.health.processor.failed_passes == 1
+    assert services.health.queries.latest(["n-a"])
 
 
 def test_a_replica_without_the_processor_stores_but_does_not_process(
@@ -247,19 +247,19 @@ def test_a_replica_without_the_processor_stores_but_does_not_process(
         sender = Sender(services.records)
         add_nodes(session_factory(services.engine), "n-a")
         calls = {"n": 0}
-        real = services.health.process_pending
+        real = services.health.processor.process_pending
 
         def counted(now: datetime | None = None) -> int:
             calls["n"] += 1
             return real(now)
 
-        monkeypatch.setattr(services.health, "process_pending", counted)
+        monkeypatch.setattr(services.health.processor, "process_pending", counted)
         sender.send("n-a", v2_report(datetime.now(UTC)))
         with TestClient(create_app(services)):
             time.sleep(1.0)  # ten of the processor's 0.1 s intervals
         assert calls["n"] == 0
         assert services.records.count("n-a") == 1
-        assert not services.health.latest(["n-a"])
+        assert not services.health.queries.latest(["n-a"])
     finally:
         services.close()
 

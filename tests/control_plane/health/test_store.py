@@ -20,7 +20,8 @@ from control_plane.access.service import RequestContext
 from control_plane.clock import ManualClock
 from control_plane.errors import ConflictError, PermissionDeniedError
 from control_plane.health.config import HealthConfig
-from control_plane.health.store import HealthStore
+from control_plane.health.processor import HealthProcessor
+from control_plane.services import HealthServices, build_health
 from control_plane.storage.models import (
     AuditRow,
     HealthCursorRow,
@@ -34,8 +35,8 @@ OPERATOR = RequestContext(Principal(token_id="op", name="alice", role=Role.OPERA
 VIEWER = RequestContext(Principal(token_id="v", name="victor", role=Role.VIEWER), "req")
 
 
-def settle(clock: ManualClock, store: HealthStore) -> None:
-    clock.advance(store.config.settle + timedelta(seconds=1))
+def settle(clock: ManualClock, health: HealthServices) -> None:
+    clock.advance(health.processor.config.settle + timedelta(seconds=1))
 
 
 def count(sessions: sessionmaker[Session], row: Any, **where: Any) -> int:
@@ -59,7 +60,7 @@ def rollup_reports(sessions: sessionmaker[Session], resolution: str) -> int:
 
 
 def test_reports_become_points_and_rollups(
-    store: HealthStore, sender: Sender, clock: ManualClock
+    health: HealthServices, sender: Sender, clock: ManualClock
 ) -> None:
     sender.send(
         "n-a",
@@ -68,10 +69,10 @@ def test_reports_become_points_and_rollups(
         v2_report(START + timedelta(seconds=70), rss_mb=230, samples=[5]),
     )
     sender.send("n-b", v1_report())
-    settle(clock, store)
-    assert store.process_pending() == 4
+    settle(clock, health)
+    assert health.processor.process_pending() == 4
 
-    raw = store.series("n-a", timedelta(hours=1), now=START + timedelta(minutes=5))
+    raw = health.queries.series("n-a", timedelta(hours=1), now=START + timedelta(minutes=5))
     assert raw.resolution == "raw"
     assert [p["metrics"]["rss_bytes"] for p in raw.points] == [200e6, 260e6, 230e6]
     first = raw.points[0]
@@ -80,7 +81,7 @@ def test_reports_become_points_and_rollups(
     assert first["metrics"]["p99_ms"] == pytest.approx(11.0, rel=0.01)
     assert "sketch_ms" not in first["latency"]["detector/1.0.0"]["compute"]
 
-    minute = store.series(
+    minute = health.queries.series(
         "n-a", timedelta(hours=1), resolution="minute", now=START + timedelta(minutes=5)
     )
     assert [p["reports"] for p in minute.points] == [2, 1]
@@ -91,18 +92,18 @@ def test_reports_become_points_and_rollups(
     assert compute["max_ms"] == 30.0
     assert compute["p50_ms"] == pytest.approx(20.0, rel=0.01)
 
-    hour = store.series("n-a", timedelta(days=30), now=START + timedelta(minutes=5))
+    hour = health.queries.series("n-a", timedelta(days=30), now=START + timedelta(minutes=5))
     assert hour.resolution == "hour"
     assert [p["reports"] for p in hour.points] == [3]
     assert hour.points[0]["latency"]["detector/1.0.0"]["compute"]["samples"] == 4
 
-    old = store.series("n-b", timedelta(hours=1), now=START + timedelta(minutes=5))
+    old = health.queries.series("n-b", timedelta(hours=1), now=START + timedelta(minutes=5))
     assert old.points[0]["metrics"]["headroom_ratio"] == 0.7
-    assert store.latest(["n-a"])["n-a"].metrics["rss_bytes"] == 230e6
+    assert health.queries.latest(["n-a"])["n-a"].metrics["rss_bytes"] == 230e6
 
 
 def test_rollup_percentiles_come_from_merged_sketches(
-    store: HealthStore, sender: Sender, clock: ManualClock
+    health: HealthServices, sender: Sender, clock: ManualClock
 ) -> None:
     rng = random.Random(5)
     everything: list[float] = []
@@ -115,10 +116,12 @@ def test_rollup_percentiles_come_from_merged_sketches(
         reports.append(v2_report(START + timedelta(seconds=100 * i), samples=samples))
     for chunk in range(0, 30, 10):
         sender.send("n-a", *reports[chunk : chunk + 10])
-    settle(clock, store)
-    store.process_pending()
+    settle(clock, health)
+    health.processor.process_pending()
 
-    point = store.series("n-a", timedelta(days=30), now=START + timedelta(hours=1)).points[0]
+    point = health.queries.series("n-a", timedelta(days=30), now=START + timedelta(hours=1)).points[
+        0
+    ]
     assert point["reports"] == 30
     compute = point["latency"]["detector/1.0.0"]["compute"]
     ordered = sorted(everything)
@@ -130,17 +133,17 @@ def test_rollup_percentiles_come_from_merged_sketches(
 
 
 def test_settle_leaves_fresh_records_for_the_next_pass(
-    store: HealthStore, sender: Sender, clock: ManualClock
+    health: HealthServices, sender: Sender, clock: ManualClock
 ) -> None:
     sender.send("n-a", v2_report(START))
-    assert store.process_pending() == 0
-    settle(clock, store)
-    assert store.process_pending() == 1
+    assert health.processor.process_pending() == 0
+    settle(clock, health)
+    assert health.processor.process_pending() == 1
 
 
 def test_restart_midway_loses_nothing_and_duplicates_nothing(
     sessions: sessionmaker[Session],
-    store: HealthStore,
+    health: HealthServices,
     sender: Sender,
     clock: ManualClock,
     config: HealthConfig,
@@ -148,20 +151,20 @@ def test_restart_midway_loses_nothing_and_duplicates_nothing(
 ) -> None:
     for i in range(7):
         sender.send("n-a" if i % 2 else "n-b", v2_report(START + timedelta(seconds=5 * i)))
-    settle(clock, store)
-    assert store.process_batch().processed == 3
+    settle(clock, health)
+    assert health.processor.process_batch().processed == 3
 
     # A crash in the middle of the next batch: nothing of it may stay.
     def boom(*_: object) -> None:
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(store, "_keep_latest", boom)
+    monkeypatch.setattr(health.processor, "_keep_latest", boom)
     with pytest.raises(RuntimeError):
-        store.process_batch()
+        health.processor.process_batch()
     assert count(sessions, HealthPointRow) == 3
     assert rollup_reports(sessions, "hour") == 3
 
-    restarted = HealthStore(sessions, clock, config)
+    restarted = HealthProcessor(sessions, clock, config)
     restarted.process_pending()
     assert count(sessions, HealthPointRow) == 7
     assert rollup_reports(sessions, "minute") == 7
@@ -171,7 +174,7 @@ def test_restart_midway_loses_nothing_and_duplicates_nothing(
     with sessions() as session:
         session.execute(update(HealthCursorRow).values(received_at=None, node_id="", record_id=""))
         session.commit()
-    again = HealthStore(sessions, clock, config)
+    again = HealthProcessor(sessions, clock, config)
     again.process_pending()
     assert count(sessions, HealthPointRow) == 7
     assert rollup_reports(sessions, "hour") == 7
@@ -181,7 +184,7 @@ def test_restart_midway_loses_nothing_and_duplicates_nothing(
 
 def test_malformed_reports_are_counted_and_skipped(
     sessions: sessionmaker[Session],
-    store: HealthStore,
+    health: HealthServices,
     sender: Sender,
     clock: ManualClock,
     caplog: pytest.LogCaptureFixture,
@@ -197,10 +200,10 @@ def test_malformed_reports_are_counted_and_skipped(
         bad_sketch,
         v2_report(START + timedelta(seconds=10), window_end="yesterday"),
     )
-    settle(clock, store)
-    with caplog.at_level(logging.WARNING, logger="control_plane.health.store"):
-        store.process_pending()
-    assert sum(store.malformed.values()) == 4
+    settle(clock, health)
+    with caplog.at_level(logging.WARNING, logger="control_plane.health.processor"):
+        health.processor.process_pending()
+    assert sum(health.processor.malformed.values()) == 4
     # One warning per batch that had any (two batches of 3 here), not one per report.
     warnings = [r for r in caplog.records if "malformed health report" in r.getMessage()]
     assert 1 <= len(warnings) <= 2
@@ -208,12 +211,14 @@ def test_malformed_reports_are_counted_and_skipped(
     for warning in warnings:
         reasons.update(warning.reasons)  # type: ignore[attr-defined]
         assert warning.node_id == "n-a"  # type: ignore[attr-defined]
-    assert reasons == store.malformed
-    assert store.malformed["not-json"] == 2
+    assert reasons == health.processor.malformed
+    assert health.processor.malformed["not-json"] == 2
     with sessions() as session:
         cursor = session.get(HealthCursorRow, "health")
         assert cursor is not None and (cursor.processed, cursor.malformed) == (2, 4)
-    points = store.series("n-a", timedelta(hours=1), now=START + timedelta(minutes=1)).points
+    points = health.queries.series(
+        "n-a", timedelta(hours=1), now=START + timedelta(minutes=1)
+    ).points
     assert len(points) == 2
     # The bad sketch lost its merge, not its percentiles.
     assert "p99_ms" in points[0]["latency"]["detector/1.0.0"]["compute"]
@@ -227,29 +232,29 @@ def test_retention_deletes_only_what_is_old(
         minute_retention=timedelta(hours=3),
         hour_retention=timedelta(hours=28),
     )
-    store = HealthStore(sessions, clock, config)
+    health = build_health(sessions, clock, config)
     for hours in (0, 2, 4, 30):
         clock.advance(timedelta(hours=hours) - (clock.now() - START))
         sender.send("n-a", v2_report(clock.now()))
-        settle(clock, store)
-        store.process_batch()
+        settle(clock, health)
+        health.processor.process_batch()
     now = START + timedelta(hours=30, minutes=30)
-    deleted = store.apply_retention(now)
+    deleted = health.retention.apply_retention(now)
     assert deleted["raw"] == 3
     assert deleted["minute"] == 3
     assert deleted["hour"] == 1
-    raw = store.series("n-a", timedelta(days=3), resolution="raw", now=now)
+    raw = health.queries.series("n-a", timedelta(days=3), resolution="raw", now=now)
     assert [p["at"] for p in raw.points] == [(START + timedelta(hours=30)).isoformat()]
-    hourly = store.series("n-a", timedelta(days=3), resolution="hour", now=now)
+    hourly = health.queries.series("n-a", timedelta(days=3), resolution="hour", now=now)
     assert [p["reports"] for p in hourly.points] == [1, 1, 1]
 
 
-def kinds(store: HealthStore, node: str = "n-a") -> list[str]:
-    return sorted(a.kind for a in store.list_alerts(node_id=node))
+def kinds(health: HealthServices, node: str = "n-a") -> list[str]:
+    return sorted(a.kind for a in health.queries.list_alerts(node_id=node))
 
 
 def test_alerts_raise_and_clear_with_their_conditions(
-    store: HealthStore, sender: Sender, clock: ManualClock
+    health: HealthServices, sender: Sender, clock: ManualClock
 ) -> None:
     sender.send(
         "n-a",
@@ -264,122 +269,122 @@ def test_alerts_raise_and_clear_with_their_conditions(
         ),
     )
     sender.send("n-b", v2_report(START))
-    settle(clock, store)
-    store.process_pending()
-    assert kinds(store) == [
+    settle(clock, health)
+    health.processor.process_pending()
+    assert kinds(health) == [
         "drift",
         "leak_suspected",
         "memory_headroom_low",
         "outbox_near_budget",
         "throttling",
     ]
-    assert kinds(store, "n-b") == []
-    (headroom,) = store.list_alerts(node_id="n-a", kind="memory_headroom_low")
+    assert kinds(health, "n-b") == []
+    (headroom,) = health.queries.list_alerts(node_id="n-a", kind="memory_headroom_low")
     assert headroom.details["headroom_ratio"] == 0.2
     assert headroom.details["threshold"] == 0.3
     assert headroom.since == START
 
     # The condition ends: the alert clears itself; an unknown value changes nothing.
     sender.send("n-a", v2_report(START + timedelta(seconds=30), throttled=None))
-    settle(clock, store)
-    store.process_pending()
-    assert kinds(store) == ["throttling"]
-    cleared = store.list_alerts(node_id="n-a", kind="drift", include_cleared=True)
+    settle(clock, health)
+    health.processor.process_pending()
+    assert kinds(health) == ["throttling"]
+    cleared = health.queries.list_alerts(node_id="n-a", kind="drift", include_cleared=True)
     assert cleared[0].cleared_by == "condition-ended"
     assert cleared[0].cleared_at == START + timedelta(seconds=30)
 
 
 def test_a_late_report_is_a_point_but_never_flips_an_alert(
-    store: HealthStore, sender: Sender, clock: ManualClock, sessions: sessionmaker[Session]
+    health: HealthServices, sender: Sender, clock: ManualClock, sessions: sessionmaker[Session]
 ) -> None:
     def report(seconds: int, drift: float) -> None:
         sender.send("n-a", v2_report(START + timedelta(seconds=seconds), drift_ratio=drift))
-        settle(clock, store)
-        store.process_pending()
+        settle(clock, health)
+        health.processor.process_pending()
 
     report(30, 1.0)  # newest: no drift
     report(10, 3.0)  # resent late, from before it: drifting then
-    assert store.list_alerts(node_id="n-a", include_cleared=True) == []
+    assert health.queries.list_alerts(node_id="n-a", include_cleared=True) == []
     assert count(sessions, HealthPointRow, node_id="n-a") == 2  # still in the series
 
     report(40, 3.0)
-    (alert,) = store.list_alerts(node_id="n-a")
+    (alert,) = health.queries.list_alerts(node_id="n-a")
     report(20, 1.0)  # late, and fine then: the alert of 40 s stays open
-    assert [a.id for a in store.list_alerts(node_id="n-a")] == [alert.id]
+    assert [a.id for a in health.queries.list_alerts(node_id="n-a")] == [alert.id]
     report(50, 1.0)
-    assert store.list_alerts(node_id="n-a") == []
+    assert health.queries.list_alerts(node_id="n-a") == []
 
 
 def test_a_report_dated_far_ahead_does_not_hold_a_nodes_alerts(
-    store: HealthStore, sender: Sender, clock: ManualClock
+    health: HealthServices, sender: Sender, clock: ManualClock
 ) -> None:
     # A node whose clock ran a day ahead, then was corrected: its later reports are
     # older than that one, but they are the news.
     sender.send("n-a", v2_report(START + timedelta(days=1), drift_ratio=1.0))
-    settle(clock, store)
-    store.process_pending()
+    settle(clock, health)
+    health.processor.process_pending()
     sender.send("n-a", v2_report(clock.now(), drift_ratio=3.0))
-    settle(clock, store)
-    store.process_pending()
-    assert kinds(store, "n-a") == ["drift"]
-    (latest,) = store.latest(["n-a"]).values()
+    settle(clock, health)
+    health.processor.process_pending()
+    assert kinds(health, "n-a") == ["drift"]
+    (latest,) = health.queries.latest(["n-a"]).values()
     assert latest.at < START + timedelta(days=1)
 
 
 def test_a_node_clock_steadily_ahead_keeps_its_own_order(
-    store: HealthStore, sender: Sender, clock: ManualClock
+    health: HealthServices, sender: Sender, clock: ManualClock
 ) -> None:
     # An hour ahead, always: its reports are not "corrected" ones, and a late resend
     # among them still cannot clear an alert or move the latest values back.
     ahead = timedelta(hours=1)
     sender.send("n-a", v2_report(clock.now() + ahead, drift_ratio=3.0))
-    settle(clock, store)
-    store.process_pending()
-    assert kinds(store, "n-a") == ["drift"]
+    settle(clock, health)
+    health.processor.process_pending()
+    assert kinds(health, "n-a") == ["drift"]
     sender.send("n-a", v2_report(clock.now() + ahead - timedelta(minutes=10), drift_ratio=1.0))
-    settle(clock, store)
-    store.process_pending()
-    assert kinds(store, "n-a") == ["drift"]
-    (latest,) = store.latest(["n-a"]).values()
+    settle(clock, health)
+    health.processor.process_pending()
+    assert kinds(health, "n-a") == ["drift"]
+    (latest,) = health.queries.latest(["n-a"]).values()
     assert latest.at == START + ahead  # the report of the first pass, not the resend
 
 
 def test_operator_clear_silences_until_the_condition_ends(
-    store: HealthStore, sender: Sender, clock: ManualClock
+    health: HealthServices, sender: Sender, clock: ManualClock
 ) -> None:
     def report(seconds: int, drift: float) -> None:
         sender.send("n-a", v2_report(START + timedelta(seconds=seconds), drift_ratio=drift))
-        settle(clock, store)
-        store.process_pending()
+        settle(clock, health)
+        health.processor.process_pending()
 
     report(0, 3.0)
-    (alert,) = store.list_alerts(node_id="n-a")
+    (alert,) = health.queries.list_alerts(node_id="n-a")
     with pytest.raises(PermissionDeniedError):
-        store.clear_alert(VIEWER, alert.id)
-    cleared = store.clear_alert(OPERATOR, alert.id)
+        health.alerts.clear_alert(VIEWER, alert.id)
+    cleared = health.alerts.clear_alert(OPERATOR, alert.id)
     assert cleared.cleared_by == "operator:alice"
     with pytest.raises(ConflictError):
-        store.clear_alert(OPERATOR, alert.id)
+        health.alerts.clear_alert(OPERATOR, alert.id)
     report(10, 3.0)
-    assert store.list_alerts(node_id="n-a") == []  # still drifting, but silenced
+    assert health.queries.list_alerts(node_id="n-a") == []  # still drifting, but silenced
     report(20, 1.0)
     report(30, 3.0)
-    (again,) = store.list_alerts(node_id="n-a")
+    (again,) = health.queries.list_alerts(node_id="n-a")
     assert again.id != alert.id and again.kind == "drift"
 
 
 def test_alert_clears_are_audited_refused_ones_too(
-    store: HealthStore, sender: Sender, clock: ManualClock, sessions: sessionmaker[Session]
+    health: HealthServices, sender: Sender, clock: ManualClock, sessions: sessionmaker[Session]
 ) -> None:
     sender.send("n-a", v2_report(START, drift_ratio=3.0))
-    settle(clock, store)
-    store.process_pending()
-    (alert,) = store.list_alerts(node_id="n-a")
+    settle(clock, health)
+    health.processor.process_pending()
+    (alert,) = health.queries.list_alerts(node_id="n-a")
     with pytest.raises(PermissionDeniedError):
-        store.clear_alert(VIEWER, alert.id)
-    store.clear_alert(OPERATOR, alert.id)
+        health.alerts.clear_alert(VIEWER, alert.id)
+    health.alerts.clear_alert(OPERATOR, alert.id)
     with pytest.raises(ConflictError):
-        store.clear_alert(OPERATOR, alert.id)
+        health.alerts.clear_alert(OPERATOR, alert.id)
     with sessions() as session:
         rows = session.scalars(
             select(AuditRow).where(AuditRow.action == "alert.clear").order_by(AuditRow.id)
@@ -392,7 +397,7 @@ def test_alert_clears_are_audited_refused_ones_too(
 
 
 def test_offline_nodes_raise_an_alert_that_clears_when_they_return(
-    sessions: sessionmaker[Session], store: HealthStore
+    sessions: sessionmaker[Session], health: HealthServices
 ) -> None:
     def set_online(online: bool) -> None:
         with sessions() as session:
@@ -400,14 +405,14 @@ def test_offline_nodes_raise_an_alert_that_clears_when_they_return(
             session.commit()
 
     set_online(False)
-    store.process_pending()
-    store.process_pending()
-    assert kinds(store) == ["node_offline"]
-    assert kinds(store, "n-b") == []
+    health.processor.process_pending()
+    health.processor.process_pending()
+    assert kinds(health) == ["node_offline"]
+    assert kinds(health, "n-b") == []
     set_online(True)
-    store.process_pending()
-    assert kinds(store) == []
-    assert store.list_alerts(include_cleared=True)[0].cleared_by == "condition-ended"
+    health.processor.process_pending()
+    assert kinds(health) == []
+    assert health.queries.list_alerts(include_cleared=True)[0].cleared_by == "condition-ended"
 
 
 def test_two_replicas_at_once_process_each_record_once(
@@ -415,14 +420,14 @@ def test_two_replicas_at_once_process_each_record_once(
 ) -> None:
     for i in range(40):
         sender.send("n-a" if i % 2 else "n-b", v2_report(START + timedelta(seconds=i)))
-    settle(clock, HealthStore(sessions, clock, config))
-    replicas = [HealthStore(sessions, clock, config) for _ in range(2)]
+    settle(clock, build_health(sessions, clock, config))
+    replicas = [HealthProcessor(sessions, clock, config) for _ in range(2)]
     errors: list[BaseException] = []
 
-    def drain(store: HealthStore) -> None:
+    def drain(processor: HealthProcessor) -> None:
         try:
             for _ in range(40):
-                store.process_pending()
+                processor.process_pending()
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
