@@ -1,10 +1,8 @@
-"""The node domain values: a pure core (no framework on import), token states, the one
-refusal-reason rule and the agent checks every transport shares."""
+"""The node domain values: token states, the one refusal-reason rule and the agent checks
+every transport shares."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,18 +16,7 @@ from control_plane.nodes.model import (
     reason_of,
 )
 
-FRAMEWORKS = ("fastapi", "sqlalchemy", "alembic", "grpc", "paho", "onnxruntime", "boto3", "httpx")
-
-
-def test_the_model_imports_no_framework() -> None:
-    probe = (
-        "import sys, control_plane.nodes.model; "
-        f"print(','.join(m for m in {FRAMEWORKS!r} if m in sys.modules))"
-    )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    assert loaded == ""
+# That the model imports no framework is checked with every pure core: tests/test_architecture.py.
 
 
 def test_reasons_are_the_errors_own_else_its_class_in_kebab_case() -> None:
