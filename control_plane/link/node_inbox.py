@@ -35,6 +35,7 @@ from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 __all__ = [
     "AUTH_CACHE_MAX",
     "MIN_PROTOCOL_VERSION",
+    "Answer",
     "EnrollmentAnswer",
     "NodeClaim",
     "NodeInbox",
@@ -62,6 +63,17 @@ class NodeClaim:
     node_id: str
     fleet: str | None = None
     cert_serial: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a transport sends back for one node message, framed its own way."""
+
+    # The node's current assignment (the answer to a Hello), when it has one.
+    desired: director_pb2.SignedDirectorAssignment | None = None
+
+
+_NOTHING: Final = Answer()
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +250,38 @@ class NodeInbox:
                 reason="protocol-version",
                 protocol_version=version,
             )
+
+    def handle(self, node_id: str, message: link_pb2.NodeMessage) -> Answer:
+        """What one message from an authorized node means, whatever carried it: the one
+        dispatch by kind (a new kind is added here, never in an adapter). Blocking.
+
+        Not for record batches: their group commit is the transport's to wait for
+        (`store_records` on an event loop, `submit_records` from a thread), and their ack
+        its to send. A malformed update status is refused (counted, logged) and answered
+        with nothing; the link stays up. A body from a newer protocol version is ignored,
+        as unknown fields are, and counted (`unknown-message`).
+        """
+        kind = message.WhichOneof("body")
+        if kind == "hello":
+            self.hello(node_id, message)
+            return Answer(desired=self.desired(node_id))
+        if kind == "heartbeat":
+            self.heartbeat(node_id)
+        elif kind == "update_status":
+            try:
+                self.update_status(node_id, message.update_status)
+            except InvalidInputError as exc:
+                self.refuse_error(exc, node_id=node_id, where="update_status")
+        elif kind == "records":
+            raise ValueError("record batches go through store_records / submit_records")
+        else:
+            self.refusals.add("unknown-message")
+            log.debug(
+                "node %s sent a message this server does not know",
+                node_id,
+                extra={"node_id": node_id, "transport": self.transport},
+            )
+        return _NOTHING
 
     def hello(self, node_id: str, message: link_pb2.NodeMessage) -> Node:
         """A node (re)connected: record who it is and what it runs."""
