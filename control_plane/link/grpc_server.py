@@ -50,11 +50,12 @@ from control_plane.errors import (
     PolicyError,
     RangeNotSatisfiableError,
     UnavailableError,
+    reason_of,
 )
 from control_plane.identity.ca import CertificateAuthority, NodeIdentity
 from control_plane.link import wire
 from control_plane.link.desired import HubDelivery
-from control_plane.link.grpc_status import REASON_TRAILER, reason_of, status_for
+from control_plane.link.grpc_status import REASON_TRAILER, status_for
 from control_plane.link.hub import DownlinkSession, LinkHub
 from control_plane.link.node_inbox import NodeClaim, NodeInbox
 from control_plane.nodes.model import Node

@@ -21,13 +21,20 @@ from typing import Any, Final
 
 from control_plane.clock import Clock
 from control_plane.director.service import DirectorService
-from control_plane.errors import EdgefleetError, InvalidInputError, NotFoundError, PolicyError
+from control_plane.errors import (
+    EdgefleetError,
+    InvalidInputError,
+    NotFoundError,
+    PolicyError,
+    reason_of,
+)
 from control_plane.identity.ca import IssuedCert, NodeIdentity
 from control_plane.link import wire
-from control_plane.link.ingest import IncomingRecord, LoopGroupCommit, RecordIngest
+from control_plane.link.ingest import LoopGroupCommit, RecordIngest
+from control_plane.link.records import IncomingRecord
 from control_plane.nodes.authentication import NodeAuthentication
 from control_plane.nodes.enrollment import Enrollments
-from control_plane.nodes.model import Enrollment, Node, RefusalCounter, reason_of
+from control_plane.nodes.model import Enrollment, Node, RefusalCounter
 from control_plane.nodes.presence import NodePresence
 from control_plane.registry.service import RegistryService
 from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
@@ -154,7 +161,7 @@ class NodeInbox:
     def refuse_error(
         self, exc: EdgefleetError, *, node_id: str | None = None, where: str | None = None
     ) -> str:
-        """`refuse` under the error's reason (see `model.reason_of`); returns the reason."""
+        """`refuse` under the error's reason (`errors.reason_of`); returns the reason."""
         reason = reason_of(exc)
         self.refuse(reason, exc.message, node_id=node_id, where=where, fields=exc.fields)
         return reason

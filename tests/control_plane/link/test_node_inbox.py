@@ -164,4 +164,3 @@ def test_one_dispatch_by_kind_answers_a_hello_and_keeps_the_link_up_on_the_rest(
     records = link_pb2.NodeMessage(protocol_version=1, records=link_pb2.RecordBatch())
     with pytest.raises(ValueError, match="store_records"):
         inbox.handle(node_id, records)
-
