@@ -169,6 +169,9 @@ def _start(name: str, requirement: str, venv: Path, source: Path) -> Part:
         capture_output=True,
         text=True,
         check=True,
+        # Away from the tree: `python -c` puts its cwd first on sys.path, and a checkout
+        # that `make` installed editable holds edgefleet.egg-info at its root.
+        cwd=venv,
         env=_clean_env(),
     )
     baseline = frozenset(canonical(d) for d in json.loads(listed.stdout)["dists"])
