@@ -35,7 +35,8 @@ from control_plane.clock import ManualClock
 from control_plane.health.config import HealthConfig
 from control_plane.health.processor import HealthProcessor
 from control_plane.health.report import parse_report
-from control_plane.link.ingest import IncomingRecord, RecordIngest
+from control_plane.link.ingest import RecordIngest
+from control_plane.link.records import IncomingRecord
 from control_plane.storage import create_engine_for, migrate, session_factory
 from control_plane.storage.models import (
     FleetRow,

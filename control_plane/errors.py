@@ -88,3 +88,17 @@ class UnavailableError(EdgefleetError):
 
 class StorageError(UnavailableError):
     title = "artifact storage failure"
+
+
+def reason_of(exc: EdgefleetError) -> str:
+    """The short, fixed reason a refusal is counted and logged under (every transport,
+    gRPC's `edgefleet-reason` trailer, the metrics' `reason` label).
+
+    The error's own `reason` field, else its type in kebab case (`InvalidInputError` is
+    ``invalid-input``).
+    """
+    reason = exc.fields.get("reason")
+    if isinstance(reason, str) and reason:
+        return reason
+    name = type(exc).__name__.removesuffix("Error")
+    return "".join("-" + c.lower() if c.isupper() else c for c in name).lstrip("-")

@@ -29,7 +29,6 @@ from control_plane.api.routes import (
     nodes,
     tuf,
 )
-from control_plane.health.config import HealthConfig
 from control_plane.health.processor import HealthProcessor
 from control_plane.link.mqtt_bridge import bridge_running
 from control_plane.nodes.presence import NodePresence
@@ -57,12 +56,13 @@ async def _freshness_loop(registry: RegistryService, interval_s: float) -> None:
         await anyio.sleep(interval_s)
 
 
-async def _health_loop(processor: HealthProcessor, config: HealthConfig) -> None:
+async def _health_loop(processor: HealthProcessor) -> None:
     """Turn stored health reports into series and alerts (control_plane.health.processor).
 
     A pass drains up to a bounded number of batches; the loop sleeps only when it found
     nothing left, so a backlog after a restart drains without waiting on the interval.
     """
+    config = processor.config
     while True:
         busy = False
         try:
@@ -98,7 +98,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
                 tasks.start_soon(_freshness_loop, services.registry, config.refresh_interval_s)
                 tasks.start_soon(_liveness_loop, services.nodes.presence)
                 if config.health_processor:
-                    tasks.start_soon(_health_loop, services.health.processor, config.health)
+                    tasks.start_soon(_health_loop, services.health.processor)
             yield
             tasks.cancel_scope.cancel()
 

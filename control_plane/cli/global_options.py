@@ -46,3 +46,33 @@ def hoist_global_options(argv: Sequence[str]) -> list[str]:
             rest.append(arg)
         i += 1
     return [*hoisted, *rest]
+
+
+def agent_argv(args: Sequence[str], *, log_format: str | None) -> list[str]:
+    """`python -m edge_node`'s arguments for `node run ARGS`: the root's --log-format first,
+    so that one given to the agent itself (later) wins."""
+    root = ["--log-format", log_format] if log_format else []
+    return ["run", *root, *args]
+
+
+def node_run(argv: Sequence[str]) -> list[str] | None:
+    """The agent's arguments when `argv` is `edgefleet [root options] node run ARGS`, else
+    None: what the console script execs before the operator CLI loads. Of the root
+    options only --log-format means anything to the agent."""
+    args = hoist_global_options(argv)
+    log_format: str | None = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+        if name not in VALUE_OPTIONS:
+            break
+        if arg == name:  # the value is the next word (hoisting kept the pair together)
+            value, i = (args[i + 1] if i + 1 < len(args) else ""), i + 2
+        else:
+            value, i = arg[len(name) :].removeprefix("="), i + 1
+        if name == "--log-format":
+            log_format = value
+    if tuple(args[i : i + 2]) != PASS_THROUGH:
+        return None
+    return agent_argv(args[i + 2 :], log_format=log_format)

@@ -8,17 +8,19 @@ from __future__ import annotations
 import os
 import sys
 
+from control_plane.cli.global_options import node_run
+
 # Our own top-level packages: a missing one is a broken install, never a missing extra.
 _OURS = frozenset({"control_plane", "edge_node", "device_sdk", "protos"})
 
 
 def run() -> None:
     """Console-script entry point."""
-    args = sys.argv[1:]
-    if args[:2] == ["node", "run"]:
+    agent = node_run(sys.argv[1:])
+    if agent is not None:
         # Exec'd, not imported: control_plane never imports edge_node (ADR 0005). The
         # same argv `node run` of the full CLI builds (control_plane.cli.commands.nodes).
-        argv = [sys.executable, "-m", "edge_node", "run", *args[2:]]
+        argv = [sys.executable, "-m", "edge_node", *agent]
         os.execv(sys.executable, argv)  # noqa: S606  (our own interpreter, no shell)
     try:
         from control_plane.cli.main import run as cli

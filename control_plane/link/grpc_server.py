@@ -50,11 +50,12 @@ from control_plane.errors import (
     PolicyError,
     RangeNotSatisfiableError,
     UnavailableError,
+    reason_of,
 )
 from control_plane.identity.ca import CertificateAuthority, NodeIdentity
 from control_plane.link import wire
 from control_plane.link.desired import HubDelivery
-from control_plane.link.grpc_status import REASON_TRAILER, reason_of, status_for
+from control_plane.link.grpc_status import REASON_TRAILER, status_for
 from control_plane.link.hub import DownlinkSession, LinkHub
 from control_plane.link.node_inbox import NodeClaim, NodeInbox
 from control_plane.nodes.model import Node
@@ -484,34 +485,24 @@ class NodeLinkService(link_pb2_grpc.NodeLinkServicer):
     ) -> None:
         node_id = peer.node.id
         inbox = self._inbox
-        kind = message.WhichOneof("body")
-        if kind == "records":
-            self.stats.batches += 1
-            try:
-                records = inbox.decode_records(message.records)
-                # Stored with the next group commit; the loop serves other streams meanwhile.
-                ids = await inbox.store_records(node_id, records)
-            except InvalidInputError as exc:
-                self.stats.refused_batches += 1
-                self._refuse_message("records", node_id, exc)
-                return
-            # Acked only now: `store` returned, so the insert has committed.
-            await session.queue.put(wire.ack(ids))
-            self.stats.records_acked += len(ids)
-        elif kind == "heartbeat":
-            await asyncio.to_thread(inbox.heartbeat, node_id)
-        elif kind == "update_status":
-            try:
-                await asyncio.to_thread(inbox.update_status, node_id, message.update_status)
-            except InvalidInputError as exc:
-                self._refuse_message("update_status", node_id, exc)
-        elif kind == "hello":
-            await self._hello(peer, message)
-            await self._queue_desired(node_id, session)
-        else:
-            # A body from a newer protocol version: ignored, as unknown fields are.
-            inbox.refusals.add("unknown-message")
-            log.debug("node %s sent a message this server does not know", node_id)
+        if message.WhichOneof("body") != "records":
+            answer = await asyncio.to_thread(inbox.handle, node_id, message)
+            if answer.desired is not None:
+                await session.queue.put(wire.desired(answer.desired))
+                self.stats.desired_sent += 1
+            return
+        self.stats.batches += 1
+        try:
+            records = inbox.decode_records(message.records)
+            # Stored with the next group commit; the loop serves other streams meanwhile.
+            ids = await inbox.store_records(node_id, records)
+        except InvalidInputError as exc:
+            self.stats.refused_batches += 1
+            self._refuse_message("records", node_id, exc)
+            return
+        # Acked only now: `store` returned, so the insert has committed.
+        await session.queue.put(wire.ack(ids))
+        self.stats.records_acked += len(ids)
 
     def _refuse_message(self, kind: str, node_id: str, exc: InvalidInputError) -> None:
         """A malformed batch or status is answered with nothing; the stream stays up.

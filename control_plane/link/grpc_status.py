@@ -11,9 +11,8 @@ from typing import Final
 import grpc
 
 from control_plane import errors
-from control_plane.nodes.model import reason_of as node_reason_of
 
-__all__ = ["REASON_TRAILER", "reason_of", "status_for"]
+__all__ = ["REASON_TRAILER", "status_for"]
 
 REASON_TRAILER: Final = "edgefleet-reason"
 
@@ -36,9 +35,3 @@ def status_for(exc: errors.EdgefleetError) -> grpc.StatusCode:
         if isinstance(exc, kind):
             return code
     return grpc.StatusCode.INTERNAL
-
-
-def reason_of(exc: errors.EdgefleetError) -> str:
-    """The short, fixed reason a refusal is counted and logged under: the one rule of
-    every transport (`control_plane.nodes.model.reason_of`), sent in `REASON_TRAILER`."""
-    return node_reason_of(exc)

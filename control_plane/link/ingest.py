@@ -43,20 +43,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import Clock
 from control_plane.errors import InvalidInputError, UnavailableError
-from control_plane.link.records import RECORD_KINDS, IncomingRecord, IngestLimits, validate_batch
+from control_plane.link.records import IncomingRecord, IngestLimits, validate_batch
 from control_plane.storage.copy import BinaryCopy, WriteRow, copy_with, server_version
 from control_plane.storage.models import NodeRecordRow
 
-__all__ = [
-    "RECORD_KINDS",
-    "IncomingRecord",
-    "IngestLimits",
-    "LoopGroupCommit",
-    "Outcome",
-    "RecordIngest",
-    "ValidatedBatch",
-    "validate_batch",
-]
+__all__ = ["LoopGroupCommit", "Outcome", "RecordIngest", "ValidatedBatch"]
 
 log = logging.getLogger(__name__)
 

@@ -548,8 +548,10 @@ class MqttBridge:
     def _settle(self, item: _Inbound, exc: Exception) -> None:
         """A message that failed: refused (PUBACKed) or, on a database outage, retried."""
         message = item.message
+        # The topic's node segment, as claimed (the refusal may be that it is not one).
+        node_id = _claimed_node(message.topic)
         if isinstance(exc, MqttRefusal):
-            self._inbox.refuse(exc.reason, exc.detail, where=message.topic[:200])
+            self._inbox.refuse(exc.reason, exc.detail, node_id=node_id, where=message.topic[:200])
         elif isinstance(exc, UnavailableError | DBAPIError):
             # The database is down or busy: not the node's fault, so not acked yet.
             if self._stopping.is_set() or item.generation != self._generation:
@@ -564,7 +566,7 @@ class MqttBridge:
             self._requeue(item._replace(attempt=item.attempt + 1))
             return
         elif isinstance(exc, EdgefleetError):
-            self._inbox.refuse_error(exc, where=message.topic[:200])
+            self._inbox.refuse_error(exc, node_id=node_id, where=message.topic[:200])
         else:
             self.refusals.add("internal")
             log.error(
@@ -600,6 +602,11 @@ class MqttBridge:
 
 def _properties(packet_type: int) -> Properties:
     return Properties(packet_type)  # type: ignore[no-untyped-call]  # paho leaves it untyped
+
+
+def _claimed_node(topic: str) -> str | None:
+    parts = topic.split("/")
+    return parts[3][:64] if len(parts) == 5 else None
 
 
 def _node_segment(topic: str) -> bytes:

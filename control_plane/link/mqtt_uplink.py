@@ -135,38 +135,24 @@ class MqttUplink:
         kind: str | None,
         message: mqtt.MQTTMessage,
     ) -> None:
-        inbox = self._inbox
         if kind is None and _is_offline(message):
-            inbox.offline(node.id)
+            self._inbox.offline(node.id)
             self._counts.add("offline")
             log.info("node went offline (Last Will)", extra={"node_id": node.id})
-        elif kind == "hello":
-            inbox.hello(node.id, body)
-            self._counts.add("hellos")
-            self._answer_hello(node)
-        elif kind == "heartbeat":
-            inbox.heartbeat(node.id)
-            self._counts.add("heartbeats")
-        elif kind == "update_status":
-            inbox.update_status(node.id, body.update_status)
-        elif kind is None:
-            raise MqttRefusal("unknown-message", "a status message with a body this bridge lacks")
-        else:
-            raise MqttRefusal("wrong-leaf", f"a status message cannot carry {kind}")
-
-    def _answer_hello(self, node: Node) -> None:
-        """The node's current assignment on its ``desired`` topic (as over gRPC, whatever
-        sequence the Hello reports; the node drops one it holds already)."""
-        signed = self._inbox.desired(node.id)
-        if signed is None:
             return
-        self._publish(
-            node_topic(node.fleet, node.id, Leaf.DESIRED),
-            wire.desired(signed).SerializeToString(),
-            retain=False,
-            expiry_s=self._downlink_expiry_s,
-        )
-        self._counts.add("desired-sent")
+        if kind == "records":
+            raise MqttRefusal("wrong-leaf", "a status message cannot carry records")
+        answer = self._inbox.handle(node.id, body)
+        if kind in ("hello", "heartbeat"):
+            self._counts.add(f"{kind}s")
+        if answer.desired is not None:
+            self._publish(
+                node_topic(node.fleet, node.id, Leaf.DESIRED),
+                wire.desired(answer.desired).SerializeToString(),
+                retain=False,
+                expiry_s=self._downlink_expiry_s,
+            )
+            self._counts.add("desired-sent")
 
     def _records(
         self, node: Node, where: NodeTopic, body: link_pb2.NodeMessage, kind: str | None

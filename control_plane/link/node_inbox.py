@@ -21,13 +21,20 @@ from typing import Any, Final
 
 from control_plane.clock import Clock
 from control_plane.director.service import DirectorService
-from control_plane.errors import EdgefleetError, InvalidInputError, NotFoundError, PolicyError
+from control_plane.errors import (
+    EdgefleetError,
+    InvalidInputError,
+    NotFoundError,
+    PolicyError,
+    reason_of,
+)
 from control_plane.identity.ca import IssuedCert, NodeIdentity
 from control_plane.link import wire
-from control_plane.link.ingest import IncomingRecord, LoopGroupCommit, RecordIngest
+from control_plane.link.ingest import LoopGroupCommit, RecordIngest
+from control_plane.link.records import IncomingRecord
 from control_plane.nodes.authentication import NodeAuthentication
 from control_plane.nodes.enrollment import Enrollments
-from control_plane.nodes.model import Enrollment, Node, RefusalCounter, reason_of
+from control_plane.nodes.model import Enrollment, Node, RefusalCounter
 from control_plane.nodes.presence import NodePresence
 from control_plane.registry.service import RegistryService
 from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
@@ -35,6 +42,7 @@ from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 __all__ = [
     "AUTH_CACHE_MAX",
     "MIN_PROTOCOL_VERSION",
+    "Answer",
     "EnrollmentAnswer",
     "NodeClaim",
     "NodeInbox",
@@ -62,6 +70,17 @@ class NodeClaim:
     node_id: str
     fleet: str | None = None
     cert_serial: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a transport sends back for one node message, framed its own way."""
+
+    # The node's current assignment (the answer to a Hello), when it has one.
+    desired: director_pb2.SignedDirectorAssignment | None = None
+
+
+_NOTHING: Final = Answer()
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +161,7 @@ class NodeInbox:
     def refuse_error(
         self, exc: EdgefleetError, *, node_id: str | None = None, where: str | None = None
     ) -> str:
-        """`refuse` under the error's reason (see `model.reason_of`); returns the reason."""
+        """`refuse` under the error's reason (`errors.reason_of`); returns the reason."""
         reason = reason_of(exc)
         self.refuse(reason, exc.message, node_id=node_id, where=where, fields=exc.fields)
         return reason
@@ -238,6 +257,38 @@ class NodeInbox:
                 reason="protocol-version",
                 protocol_version=version,
             )
+
+    def handle(self, node_id: str, message: link_pb2.NodeMessage) -> Answer:
+        """What one message from an authorized node means, whatever carried it: the one
+        dispatch by kind (a new kind is added here, never in an adapter). Blocking.
+
+        Not for record batches: their group commit is the transport's to wait for
+        (`store_records` on an event loop, `submit_records` from a thread), and their ack
+        its to send. A malformed update status is refused (counted, logged) and answered
+        with nothing; the link stays up. A body from a newer protocol version is ignored,
+        as unknown fields are, and counted (`unknown-message`).
+        """
+        kind = message.WhichOneof("body")
+        if kind == "hello":
+            self.hello(node_id, message)
+            return Answer(desired=self.desired(node_id))
+        if kind == "heartbeat":
+            self.heartbeat(node_id)
+        elif kind == "update_status":
+            try:
+                self.update_status(node_id, message.update_status)
+            except InvalidInputError as exc:
+                self.refuse_error(exc, node_id=node_id, where="update_status")
+        elif kind == "records":
+            raise ValueError("record batches go through store_records / submit_records")
+        else:
+            self.refusals.add("unknown-message")
+            log.debug(
+                "node %s sent a message this server does not know",
+                node_id,
+                extra={"node_id": node_id, "transport": self.transport},
+            )
+        return _NOTHING
 
     def hello(self, node_id: str, message: link_pb2.NodeMessage) -> Node:
         """A node (re)connected: record who it is and what it runs."""

@@ -53,10 +53,6 @@ class Enrollments:
         self._refusals = refusals
         self._config = config or NodeConfig()
 
-    @property
-    def ca(self) -> CertificateAuthority:
-        return self._ca
-
     def enroll(
         self,
         token: str,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from control_plane.errors import EdgefleetError, InvalidInputError
+from control_plane.errors import EdgefleetError, InvalidInputError, reason_of
 
 __all__ = [
     "TRANSPORTS",
@@ -122,19 +122,6 @@ class RefusalCounter:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
-
-
-def reason_of(exc: EdgefleetError) -> str:
-    """The short, fixed reason a refusal is counted and logged under (every transport).
-
-    The error's own `reason` field, else its type in kebab case (`InvalidInputError` is
-    ``invalid-input``).
-    """
-    reason = exc.fields.get("reason")
-    if isinstance(reason, str) and reason:
-        return reason
-    name = type(exc).__name__.removesuffix("Error")
-    return "".join("-" + c.lower() if c.isupper() else c for c in name).lstrip("-")
 
 
 class NodeRefusals(RefusalCounter):

@@ -48,10 +48,6 @@ class NodePresence:
         # node id -> when this process last wrote its last_seen (see `touch`).
         self._touched: dict[str, datetime] = {}
 
-    @property
-    def config(self) -> NodeConfig:
-        return self._config
-
     def record_hello(
         self,
         node_id: str,

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from control_plane.cli.context import CliContext, cli_context
+from control_plane.cli.global_options import agent_argv
 from control_plane.durations import DurationError, parse_duration
 
 node_app = typer.Typer(
@@ -188,9 +189,8 @@ def node_run(ctx: typer.Context) -> None:
 
     The agent is exec'd, not imported: `control_plane` never imports `edge_node` (ADR 0005).
     """
-    # The root's --log-format first, so that one given to the agent itself wins.
-    log_format = ["--log-format", cli_context(ctx).log_format]
-    argv = [sys.executable, "-m", "edge_node", "run", *log_format, *ctx.args]
+    agent = agent_argv(ctx.args, log_format=cli_context(ctx).log_format)
+    argv = [sys.executable, "-m", "edge_node", *agent]
     os.execv(sys.executable, argv)  # noqa: S606  (our own interpreter, no shell)
 
 

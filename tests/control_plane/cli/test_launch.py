@@ -55,6 +55,28 @@ def test_node_run_reaches_the_agent_without_the_operator_cli() -> None:
     assert "--config" in done.stdout
 
 
+def test_node_run_after_root_options_still_reaches_the_agent_without_the_cli() -> None:
+    done = launch("--log-format", "json", "node", "run", "--help", forbid="typer,rich,onnx")
+    assert done.returncode == 0, done.stderr
+    assert "usage: python -m edge_node run" in done.stdout
+
+
+def test_the_agent_gets_the_root_log_format_first_and_nothing_else_of_the_root() -> None:
+    from control_plane.cli.global_options import node_run
+
+    assert node_run(["node", "run", "--config", "n.yaml"]) == ["run", "--config", "n.yaml"]
+    assert node_run(["--log-format=json", "--server", "http://x", "node", "run", "-v"]) == [
+        "run",
+        "--log-format",
+        "json",
+        "-v",
+    ]
+    # Root options after the sub-command are the agent's own arguments, untouched.
+    assert node_run(["node", "run", "--log-format", "kv"]) == ["run", "--log-format", "kv"]
+    assert node_run(["-o", "json", "nodes", "list"]) is None
+    assert node_run(["node", "show", "n-1"]) is None
+
+
 def test_other_commands_reach_the_operator_cli() -> None:
     done = launch("model", "--help")
     assert done.returncode == 0, done.stderr

@@ -10,7 +10,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from control_plane.link.ingest import IncomingRecord, RecordIngest
+from control_plane.link.ingest import RecordIngest
+from control_plane.link.records import IncomingRecord
 from control_plane.storage.models import FleetRow, NodeRow
 from edge_node.telemetry.report import sketch_summary
 from protos.latency_sketch import LatencySketch

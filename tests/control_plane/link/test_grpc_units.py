@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from control_plane import errors
 from control_plane.identity.bootstrap import BootstrapTokenError
 from control_plane.link import wire
-from control_plane.link.grpc_status import reason_of, status_for
+from control_plane.link.grpc_status import status_for
 from control_plane.link.hub import LinkHub
-from control_plane.link.ingest import IncomingRecord, IngestLimits, validate_batch
+from control_plane.link.records import IncomingRecord, IngestLimits, validate_batch
 from control_plane.nodes.wiring import NodeServices
 from protos.edgefleet.fleet.v1 import link_pb2
 from tests.control_plane.identity.helpers import make_csr
@@ -171,8 +171,10 @@ def test_domain_errors_map_to_one_status(error: errors.EdgefleetError, code: obj
 
 
 def test_reasons_come_from_the_error_or_its_class() -> None:
-    assert reason_of(errors.AuthenticationError("x", reason="node-unknown")) == "node-unknown"
-    assert reason_of(errors.RangeNotSatisfiableError("x")) == "range-not-satisfiable"
+    assert (
+        errors.reason_of(errors.AuthenticationError("x", reason="node-unknown")) == "node-unknown"
+    )
+    assert errors.reason_of(errors.RangeNotSatisfiableError("x")) == "range-not-satisfiable"
 
 
 # ---------------------------------------------------------------------- hub

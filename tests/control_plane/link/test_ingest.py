@@ -15,14 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import ManualClock
 from control_plane.errors import InvalidInputError, PayloadTooLargeError, UnavailableError
-from control_plane.link.ingest import (
-    IncomingRecord,
-    IngestLimits,
-    LoopGroupCommit,
-    RecordIngest,
-    ValidatedBatch,
-    validate_batch,
-)
+from control_plane.link.ingest import LoopGroupCommit, RecordIngest, ValidatedBatch
+from control_plane.link.records import IncomingRecord, IngestLimits, validate_batch
 from control_plane.nodes.wiring import NodeServices
 from control_plane.storage.models import NodeRecordRow
 from tests.control_plane.identity.helpers import make_csr

@@ -6,6 +6,7 @@ paho client where a test needs to misbehave (garbage, other nodes' topics).
 
 from __future__ import annotations
 
+import logging
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -202,7 +203,9 @@ async def test_bad_input_is_refused_counted_acked_and_the_bridge_keeps_working(
     raw: RawClient,
     link: MqttNodeLink,
     node: MqttNode,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="control_plane.link.node_inbox")
     events = node_topic(node.fleet, node.node_id, Leaf.EVENTS)
     good = wire_record(link_pb2.RECORD_KIND_EVENT, 1)
     sent = {
@@ -232,6 +235,10 @@ async def test_bad_input_is_refused_counted_acked_and_the_bridge_keeps_working(
     # `bad!id` matches the shared filter's `+`; it is refused by the topic parser.
     expected["bad-topic"] = 1
     await eventually(lambda: small_bridge.refusals.snapshot() == expected)
+    # Each refusal's log line names the node its topic claims (none for a bad topic).
+    logged = {getattr(r, "reason", None): getattr(r, "node_id", None) for r in caplog.records}
+    assert logged["bad-batch"] == logged["wrong-leaf"] == node.node_id
+    assert logged["oversized"] == node.node_id
 
     # Poison was PUBACKed: nothing is redelivered, and good traffic still flows.
     await link.connect(link_pb2.Hello(agent_version="1.0.0"))

@@ -142,3 +142,25 @@ def test_a_newer_server_still_reads_older_supported_nodes(
     node_id, _ = enrolled(services, inbox)
     hello = link_pb2.NodeMessage(protocol_version=1, hello=link_pb2.Hello(agent_version="0.9"))
     assert inbox.hello(node_id, hello).agent_version == "0.9"
+
+
+def test_one_dispatch_by_kind_answers_a_hello_and_keeps_the_link_up_on_the_rest(
+    services: Services, inbox: NodeInbox
+) -> None:
+    node_id, _ = enrolled(services, inbox)
+    hello = link_pb2.NodeMessage(protocol_version=1, hello=link_pb2.Hello(agent_version="2.0"))
+    assert inbox.handle(node_id, hello).desired is None  # nothing pinned yet
+    assert services.nodes.inventory.get_node(node_id).agent_version == "2.0"
+    beat = link_pb2.NodeMessage(protocol_version=1, heartbeat=link_pb2.Heartbeat())
+    assert inbox.handle(node_id, beat).desired is None
+    # A malformed status is refused and counted; the caller is answered, not raised at.
+    bad = link_pb2.NodeMessage(
+        protocol_version=1, update_status=link_pb2.UpdateStatus(detail="x" * 70_000)
+    )
+    assert inbox.handle(node_id, bad).desired is None
+    # A body from a newer protocol (unknown to this server): ignored and counted.
+    assert inbox.handle(node_id, link_pb2.NodeMessage(protocol_version=2)).desired is None
+    assert inbox.refusals.snapshot() == {"bad-update-status": 1, "unknown-message": 1}
+    records = link_pb2.NodeMessage(protocol_version=1, records=link_pb2.RecordBatch())
+    with pytest.raises(ValueError, match="store_records"):
+        inbox.handle(node_id, records)

@@ -7,13 +7,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from control_plane.errors import AuthenticationError, InvalidInputError, PayloadTooLargeError
+from control_plane.errors import (
+    AuthenticationError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    reason_of,
+)
 from control_plane.nodes.model import (
     BootstrapTokenInfo,
     NodeRefusals,
     checked_agent,
     human_duration,
-    reason_of,
 )
 
 # That the model imports no framework is checked with every pure core: tests/test_architecture.py.
