@@ -12,7 +12,7 @@ import json
 import math
 import os
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,13 +20,16 @@ from typing import Any
 from bench._util import git_describe
 
 
-def machine() -> dict[str, Any]:
-    """What a figure was measured on."""
+def machine(**extra: Any) -> dict[str, Any]:
+    """What a figure was measured on; ``extra`` is what a benchmark's figures also depend
+    on (a library's version, the CPU it pinned itself to)."""
     return {
         "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "commit": git_describe(),
+        **extra,
     }
 
 
@@ -63,6 +66,7 @@ class Report:
     """Figures and goals of one benchmark run; `finish()` prints, writes and decides."""
 
     benchmark: str
+    machine: dict[str, Any] = field(default_factory=machine)
     figures: list[Figure] = field(default_factory=list)
     goals: list[tuple[str, bool]] = field(default_factory=list)
     load_start: tuple[float, float, float] = field(default_factory=os.getloadavg)
@@ -78,13 +82,17 @@ class Report:
         goal: str = "",
         met: bool | None = None,
     ) -> None:
-        self.figures.append(Figure(name, value, unit, anchor, anchor_name, goal, met))
+        """Add a figure; one judged against its goal (``met`` given) is also a goal of the
+        run, stated once, here: "name: value (ratio x anchor) (goal ...)"."""
+        figure = Figure(name, value, unit, anchor, anchor_name, goal, met)
+        self.figures.append(figure)
+        if met is not None:
+            ratio = "" if figure.ratio is None else f" = {figure.ratio:.2f} x {anchor_name}"
+            self.goals.append((f"{name}: {_number(value)} {unit}{ratio} (goal {goal})", met))
 
     def goal(self, text: str, met: bool) -> None:
+        """A goal no single figure states."""
         self.goals.append((text, met))
-
-    def extend_goals(self, verdicts: Sequence[tuple[str, bool]]) -> None:
-        self.goals.extend(verdicts)
 
     @property
     def all_met(self) -> bool:
@@ -126,20 +134,23 @@ class Report:
         *,
         print_goals: bool = True,
     ) -> int:
-        """Print the goals; write ``--json`` (machine, arguments, load, figures, goals and
-        the benchmark's `raw` results) and ``--markdown``; the exit code ``--check`` asks."""
+        """Print the goals; write ``--json`` and ``--markdown``; the exit code ``--check`` asks.
+
+        The JSON has one shape for every benchmark: benchmark, machine, args, load_average,
+        figures, goals, and the benchmark's own `raw` data under ``results``, where its keys
+        cannot overwrite the writer's."""
         if print_goals:
             self.print_goals()
         json_path: Path | None = getattr(args, "json", None)
         if json_path is not None:
             document = {
                 "benchmark": self.benchmark,
-                "machine": machine(),
+                "machine": self.machine,
                 "args": {k: str(v) for k, v in vars(args).items()},
                 "load_average": {"start": self.load_start, "end": os.getloadavg()},
                 "figures": [asdict(f) for f in self.figures],
                 "goals": [{"goal": text, "met": met} for text, met in self.goals],
-                **(raw or {}),
+                "results": dict(raw or {}),
             }
             json_path = Path(json_path)
             json_path.parent.mkdir(parents=True, exist_ok=True)

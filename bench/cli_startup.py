@@ -97,13 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "s",
                 anchor=anchor,
                 anchor_name=ANCHOR,
-                goal=f"< {GOAL_S} s" if is_help else "",
-                met=wall_med < GOAL_S if is_help else None,
+                goal=f"< {GOAL_S} s (median wall)" if is_help else "",
+                # a goal of this tree; another (``--tree``) is only a comparison
+                met=wall_med < GOAL_S if is_help and tree == trees[0] else None,
             )
-            if is_help and tree == trees[0]:
-                report.goal(
-                    f"{name} under {GOAL_S} s (median wall, {tree.name})", wall_med < GOAL_S
-                )
     print(f"\n{report.load_line()}")
     return report.finish(args, {"wall_s": _raw(walls), "cpu_s": _raw(cpus)})
 

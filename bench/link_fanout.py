@@ -1062,24 +1062,6 @@ def render(rows: list[dict[str, Any]], phases: list[Phase]) -> str:
     return "\n".join(lines)
 
 
-def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-    verdicts: list[tuple[str, bool]] = []
-    for row in rows:
-        if row["path"] == "bare":
-            continue
-        met = row["nodes"] >= GOAL_NODES and row["last_s"] < GOAL_FANOUT_S
-        size = "" if row["nodes"] >= GOAL_NODES else " (fewer nodes than the goal's)"
-        verdicts.append(
-            (
-                f"{row['transport']} {row['path']}: {row['nodes']} nodes in "
-                f"{row['last_s']:.2f} s (goal: {GOAL_NODES} nodes in < {GOAL_FANOUT_S:.0f} s)"
-                f"{size}",
-                met,
-            )
-        )
-    return verdicts
-
-
 # ----------------------------------------------------------------------------- main
 
 
@@ -1218,7 +1200,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             goal=f"{GOAL_NODES} nodes in < {GOAL_FANOUT_S:.0f} s",
             met=row["nodes"] >= GOAL_NODES and row["last_s"] < GOAL_FANOUT_S,
         )
-    report.extend_goals(goals(rows))
     return report.finish(
         args,
         {

@@ -838,17 +838,6 @@ def render(rows: list[dict[str, Any]], runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-    return [
-        (
-            f"{r['transport']}/{r['database']} batch {r['batch']}: {r['records_s']:.0f} records/s"
-            f" = {r['ratio']:.2f} x {r['anchor']} (goal >= {GOAL_RATIO})",
-            r["ratio"] >= GOAL_RATIO,
-        )
-        for r in rows
-    ]
-
-
 # ----------------------------------------------------------------------------- main
 
 
@@ -953,7 +942,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             goal=f"ratio >= {GOAL_RATIO}",
             met=row["ratio"] >= GOAL_RATIO,
         )
-    report.extend_goals(goals(rows))
     return report.finish(
         args,
         {

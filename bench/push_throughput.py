@@ -339,28 +339,6 @@ def summarise(runs: list[BackendRun]) -> list[dict[str, Any]]:
     return rows
 
 
-def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-    verdicts: list[tuple[str, bool]] = []
-    for row in rows:
-        where = f"{row['backend']} {row['size_mb']:.0f} MB"
-        if row["backend"] == "local":
-            verdicts.append(
-                (
-                    f"{where}: upload/(cp+fsync) = {row['ratio_cp_fsync']:.2f} "
-                    f"(goal >= {GOAL_LOCAL_RATIO})",
-                    row["ratio_cp_fsync"] >= GOAL_LOCAL_RATIO,
-                )
-            )
-        verdicts.append(
-            (
-                f"{where}: server RSS growth = {row['server_growth_mb']:.1f} MB "
-                f"(goal < {GOAL_SERVER_GROWTH_MB:.0f})",
-                row["server_growth_mb"] < GOAL_SERVER_GROWTH_MB,
-            )
-        )
-    return verdicts
-
-
 def render(rows: list[dict[str, Any]], repeat: int) -> str:
     header = (
         f"{'backend':<8}{'size MB':>8}{'cp':>7}{'cp+fsync':>9}{'sha256':>7}{'upload':>7}"
@@ -511,7 +489,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             goal=f"< {GOAL_SERVER_GROWTH_MB:.0f} MB",
             met=row["server_growth_mb"] < GOAL_SERVER_GROWTH_MB,
         )
-    report.extend_goals(goals(rows))
     return report.finish(
         args, {"repeat": args.repeat, "runs": [asdict(r) for r in runs], "summary": rows}
     )
