@@ -1,5 +1,6 @@
 """How long `edgefleet` takes to start: `--help`, a group's `--help` and one real command,
-each beside a bare `python -c pass` (and `import typer`) measured in the same run.
+each beside a bare `python -c pass` (and `import typer`) measured in the same run. Each
+starts by the console script's entry point, the launcher (`control_plane.cli.launch:run`).
 
 Wall time and CPU time (user + system, steadier on a busy machine) of fresh processes;
 what `--help` may import is a test (tests/control_plane/cli/test_startup.py), not this.
@@ -16,6 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench._harness import edgefleet_python_args
 from bench._report import Report, add_report_arguments
 from bench._util import REPO_ROOT, free_port, median
 
@@ -24,8 +26,8 @@ GOAL_S = 0.5
 ANCHOR = "python -c pass (anchor)"
 
 
-def cases(dead_server: str) -> dict[str, list[str]]:
-    cli = ["-m", "control_plane.cli.main"]
+def cases(dead_server: str, tree: Path) -> dict[str, list[str]]:
+    cli = edgefleet_python_args(tree)
     return {
         ANCHOR: ["-c", "pass"],
         "python -c 'import typer' (library floor)": ["-c", "import typer"],
@@ -70,12 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.rounds = 1
     trees: list[Path] = [t.resolve() for t in args.tree or [REPO_ROOT]]
-    named = cases(f"http://127.0.0.1:{free_port()}")
-    walls: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in named}
-    cpus: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in named}
+    dead_server = f"http://127.0.0.1:{free_port()}"
+    named = {tree: cases(dead_server, tree) for tree in trees}
+    names = list(named[trees[0]])
+    walls: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in names}
+    cpus: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in names}
     for _ in range(args.rounds):  # interleaved, so load on the machine hits every case alike
         for tree in trees:
-            for name, case in named.items():
+            for name, case in named[tree].items():
                 wall, cpu = time_once(case, tree)
                 walls[(tree, name)].append(wall)
                 cpus[(tree, name)].append(cpu)
@@ -84,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         anchor = median(walls[(tree, ANCHOR)])
         print(f"\n{tree} ({args.rounds} rounds; seconds)")
         print(f"{'case':42} {'wall med':>8} {'wall min':>8} {'- anchor':>8} {'CPU med':>8}")
-        for name in named:
+        for name in names:
             wall_med = median(walls[(tree, name)])
             print(
                 f"{name:42} {wall_med:8.3f} {min(walls[(tree, name)]):8.3f} "
