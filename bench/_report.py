@@ -12,7 +12,7 @@ import json
 import math
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,26 @@ def machine(**extra: Any) -> dict[str, Any]:
         "commit": git_describe(),
         **extra,
     }
+
+
+def parse_benchmark_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, quick: Mapping[str, Any]
+) -> argparse.Namespace:
+    """Parse `argv` with a benchmark's own options and those every benchmark takes:
+    ``--quick``, which sets the options in `quick` (whatever the command line said) for
+    the shortest run that still goes through every path, and `add_report_arguments`."""
+    shortest = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in quick.items())
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the shortest run, {shortest} (a smoke run: its figures mean nothing)",
+    )
+    add_report_arguments(parser)
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.quick:
+        for name, value in quick.items():
+            setattr(args, name, value)
+    return args
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:

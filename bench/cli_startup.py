@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench._harness import edgefleet_python_args
-from bench._report import Report, add_report_arguments
+from bench._report import Report, parse_benchmark_args
 from bench._util import REPO_ROOT, free_port, median
 
 GOAL_S = 0.5
@@ -66,11 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         help="a checkout to measure (repeatable, e.g. an older one to compare); default: this",
     )
-    parser.add_argument("--quick", action="store_true", help="one round: a smoke run")
-    add_report_arguments(parser)
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    if args.quick:
-        args.rounds = 1
+    args = parse_benchmark_args(parser, argv, quick={"rounds": 1})
     trees: list[Path] = [t.resolve() for t in args.tree or [REPO_ROOT]]
     dead_server = f"http://127.0.0.1:{free_port()}"
     named = {tree: cases(dead_server, tree) for tree in trees}

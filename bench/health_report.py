@@ -35,7 +35,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from bench._report import Report, add_report_arguments
+from bench._report import Report, parse_benchmark_args
 from bench._util import BENCH_DIR
 from control_plane.health.report import parse_report
 from edge_node.capture import CaptureStats
@@ -124,15 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9, help="rounds per call (best of)")
     parser.add_argument("--number", type=int, default=200, help="calls per round")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run: 2 rounds of 20 calls (its figures mean nothing)",
-    )
-    add_report_arguments(parser)
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    if args.quick:
-        args.rounds, args.number = 2, 20
+    args = parse_benchmark_args(parser, argv, quick={"rounds": 2, "number": 20})
     report = Report("health_report")
     health = busy_report()
     data = encode_report(health)

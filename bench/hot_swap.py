@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from bench._report import Report, add_report_arguments
+from bench._report import Report, parse_benchmark_args
 from bench._util import BENCH_DIR, can_pin, pct, pin_self
 from bench.runtime_overhead import build_mid_cnn, find_ppocr, frames_for, onnx_machine
 from edge_node.clock import SystemClock
@@ -498,16 +498,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=0, help="intra-op threads (0: CPUs we may use)"
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run: a 64-pixel input, 1 s warm-up, 3 s steady, 2 swaps 1 s apart "
-        "(its figures mean nothing)",
+    args = parse_benchmark_args(
+        parser, argv, quick={"size": 64, "warmup": 1.0, "steady": 3.0, "swaps": 2, "every": 1.0}
     )
-    add_report_arguments(parser)
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    if args.quick:
-        args.size, args.warmup, args.steady, args.swaps, args.every = 64, 1.0, 3.0, 2, 1.0
     if args.cpu == -2:
         args.cpu = max(os.sched_getaffinity(0))
     written = Report("hot_swap", machine=onnx_machine())

@@ -53,7 +53,7 @@ from bench._harness import (
     database,
     grpc_link,
 )
-from bench._report import Report, add_report_arguments
+from bench._report import Report, parse_benchmark_args
 from bench._util import (
     BENCH_DIR,
     MB,
@@ -1082,17 +1082,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql")
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "link_fanout")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run that still exercises every path: 20 nodes, one round and one "
-        "pin_many round per path, one node process, SQLite (its figures mean nothing)",
+    args = parse_benchmark_args(
+        parser,
+        argv,
+        quick={
+            "nodes": 20,
+            "rounds": 1,
+            "pin_rounds": 1,
+            "node_processes": 1,
+            "database": "sqlite",
+        },
     )
-    add_report_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.nodes, args.rounds, args.pin_rounds, args.node_processes = 20, 1, 1, 1
-        args.database = "sqlite"
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if not transports or set(transports) - {"grpc", "mqtt"}:
         parser.error("--transports takes grpc and/or mqtt")

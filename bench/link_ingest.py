@@ -53,7 +53,7 @@ from bench._harness import (
     spawned,
     stored_records,
 )
-from bench._report import Report, add_report_arguments
+from bench._report import Report, parse_benchmark_args
 from bench._util import (
     BENCH_DIR,
     MB,
@@ -856,17 +856,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "link_ingest")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run that still exercises every path: 4 nodes, batch 10, one "
-        "2 s window each, SQLite (overrides those options; its figures mean nothing)",
+    args = parse_benchmark_args(
+        parser,
+        argv,
+        quick={
+            "nodes": 4,
+            "batches": "10",
+            "seconds": 2.0,
+            "warmup": 1.0,
+            "repeat": 1,
+            "databases": "sqlite",
+        },
     )
-    add_report_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.nodes, args.batches, args.seconds, args.warmup, args.repeat = 4, "10", 2.0, 1.0, 1
-        args.databases = "sqlite"
     if args.broker_option is None:
         args.broker_option = list(DEFAULT_BROKER_OPTIONS)
     args.broker_option = [line for line in args.broker_option if line.strip()]

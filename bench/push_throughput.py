@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from bench._harness import ServerProcess, child_env, cli, edgefleet_command
-from bench._report import Report, add_report_arguments
+from bench._report import Report, parse_benchmark_args
 from bench._util import (
     BENCH_DIR,
     MB,
@@ -395,16 +395,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "push_throughput")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run: a 2 MB model, no second size, one repeat, the local store "
-        "only (its figures mean nothing)",
+    args = parse_benchmark_args(
+        parser, argv, quick={"size_mb": 2, "small_mb": 0, "repeat": 1, "backends": "local"}
     )
-    add_report_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.size_mb, args.small_mb, args.repeat, args.backends = 2, 0, 1, "local"
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends or set(backends) - {"local", "s3"}:
         parser.error("--backends takes local and/or s3")

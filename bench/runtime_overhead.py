@@ -44,7 +44,7 @@ import onnxruntime as ort
 import psutil
 from onnx import TensorProto, helper, numpy_helper
 
-from bench._report import Report, add_report_arguments, machine
+from bench._report import Report, machine, parse_benchmark_args
 from bench._util import BENCH_DIR, median, pct
 from edge_node.clock import SystemClock
 from edge_node.runtime import (
@@ -592,17 +592,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-frames", type=int, default=200)
     parser.add_argument("--spin", action="store_true", help="real model: allow_spinning=True")
     parser.add_argument("--camera", action="store_true", help="also 1280x720 frames, resized")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run: a 64-pixel input, 2 rounds of 2 frames, 200 tiny frames, 20 "
-        "latency frames (its figures mean nothing)",
+    args = parse_benchmark_args(
+        parser,
+        argv,
+        quick={
+            "size": 64,
+            "rounds": 2,
+            "frames": 2,
+            "tiny_frames": 200,
+            "latency_frames": 20,
+        },
     )
-    add_report_arguments(parser)
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    if args.quick:
-        args.size, args.rounds, args.frames, args.tiny_frames = 64, 2, 2, 200
-        args.latency_frames = 20
 
     report = Report("runtime_overhead", machine=onnx_machine())
     results = run(args)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from bench._report import Report, add_report_arguments
+from bench._report import Report, parse_benchmark_args
 from bench._util import BENCH_DIR
 from edge_node.clock import SystemClock
 from edge_node.telemetry import (
@@ -330,16 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fps", type=float, default=200.0, help="frames per second, paced")
     parser.add_argument("--report-interval", type=float, default=1.0, help="seconds, paced")
     parser.add_argument("--work-kb", type=int, default=2048, help="buffer swept between frames")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run: 2,000 calls x 2 rounds, 2 s paced with a report every 0.5 s "
-        "(its figures mean nothing)",
+    args = parse_benchmark_args(
+        parser, argv, quick={"samples": 2000, "rounds": 2, "seconds": 2.0, "report_interval": 0.5}
     )
-    add_report_arguments(parser)
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    if args.quick:
-        args.samples, args.rounds, args.seconds, args.report_interval = 2000, 2, 2.0, 0.5
     report = Report("telemetry_cost")
     result = run(args)
     add_figures(report, result)
