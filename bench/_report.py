@@ -38,14 +38,14 @@ def parse_benchmark_args(
 ) -> argparse.Namespace:
     """Parse `argv` with a benchmark's own options and those every benchmark takes:
     ``--quick``, which sets the options in `quick` (whatever the command line said) for
-    the shortest run that still goes through every path, and `add_report_arguments`."""
+    the shortest run that still goes through every path, and `_add_report_arguments`."""
     shortest = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in quick.items())
     parser.add_argument(
         "--quick",
         action="store_true",
         help=f"the shortest run, {shortest} (a smoke run: its figures mean nothing)",
     )
-    add_report_arguments(parser)
+    _add_report_arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.quick:
         for name, value in quick.items():
@@ -53,9 +53,11 @@ def parse_benchmark_args(
     return args
 
 
-def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json``, ``--markdown`` and ``--check``, the same for every benchmark."""
-    parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write the whole report as JSON here"
+    )
     parser.add_argument(
         "--markdown", type=Path, default=None, help="also write the figures as markdown rows"
     )
