@@ -16,10 +16,10 @@ import secrets
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,28 @@ AGENT_VERSION = "bench-0.1.0"
 # ----------------------------------------------------------------------------- processes
 
 
+LAUNCHER = (
+    "import sys; from control_plane.cli.launch import run; "
+    "sys.argv[0] = 'edgefleet'; sys.exit(run())"
+)
+"""What the ``edgefleet`` console script runs (pyproject.toml ``[project.scripts]``)."""
+
+
+def edgefleet_python_args(tree: Path = REPO_ROOT) -> list[str]:
+    """Interpreter arguments that start ``edgefleet`` from `tree` by its real entry point,
+    the launcher; a checkout older than the launcher starts at the CLI module it had."""
+    if (tree / "control_plane" / "cli" / "launch.py").exists():
+        return ["-c", LAUNCHER]
+    return ["-m", "control_plane.cli.main"]
+
+
 def edgefleet_command() -> list[str]:
-    """The ``edgefleet`` console script beside this Python, or the module when not installed."""
+    """The ``edgefleet`` console script beside this Python, or what it runs when not
+    installed: either way through the launcher, as an operator's shell starts it."""
     script = Path(sys.executable).with_name("edgefleet")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "control_plane.cli.main"]
+    return [sys.executable, *edgefleet_python_args()]
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -173,6 +189,65 @@ def mqtt_link(fleet: str, port: int, node: EnrolledNode, connect_timeout_s: floa
             connect_timeout_s=connect_timeout_s,
         )
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LoopbackTls:
+    """A server certificate of the fleet CA for 127.0.0.1/localhost and the CA's own:
+    what a raw anchor server needs for the nodes' mTLS (plain bytes, so it pickles into a
+    spawned process)."""
+
+    ca_pem: bytes
+    key_pem: bytes
+    cert_pem: bytes
+
+    @classmethod
+    def issued_by(cls, ca: Any) -> LoopbackTls:
+        """Issued now by `ca` (a `control_plane.identity.ca.CertificateAuthority`)."""
+        creds = ca.issue_server_certificate(["localhost"], ["127.0.0.1"], now=datetime.now(UTC))
+        return cls(bytes(ca.ca_pem), creds.private_key_pem, creds.certificate_pem)
+
+
+@contextlib.asynccontextmanager
+async def bare_grpc_link(
+    tls: LoopbackTls,
+    sync: Callable[[AsyncIterator[Any]], AsyncGenerator[Any]],
+    *,
+    node_id: str,
+    port: int = 0,
+) -> AsyncIterator[int]:
+    """A bare grpc.aio NodeLink server on 127.0.0.1:`port` (0: a free one), yielding the
+    port: the anchor the link benchmarks measure edgefleet against.
+
+    The same mTLS as the control plane (client certificates of the fleet CA required) and
+    the same messages. Its ``Sync`` reads the Hello and answers the initial metadata the
+    node link waits for (``edgefleet-node-id`` = `node_id`), then yields what `sync` makes
+    of the rest of the stream. No interceptor, no identity lookup, no database.
+    """
+    import grpc
+
+    from protos.edgefleet.fleet.v1 import link_pb2_grpc
+
+    class BareLink(link_pb2_grpc.NodeLinkServicer):
+        async def Sync(self, request_iterator: Any, context: Any) -> Any:
+            await anext(request_iterator, None)
+            await context.send_initial_metadata((("edgefleet-node-id", node_id),))
+            # aclosing: a stream that ends ends `sync` now (its cleanup runs), not at GC
+            async with contextlib.aclosing(sync(request_iterator)) as replies:
+                async for message in replies:
+                    yield message
+
+    server = grpc.aio.server()
+    link_pb2_grpc.add_NodeLinkServicer_to_server(BareLink(), server)  # type: ignore[abstract]  # Sync only
+    credentials = grpc.ssl_server_credentials(
+        [(tls.key_pem, tls.cert_pem)], root_certificates=tls.ca_pem, require_client_auth=True
+    )
+    bound = server.add_secure_port(f"127.0.0.1:{port}", credentials)
+    await server.start()
+    try:
+        yield bound
+    finally:
+        await server.stop(0)
 
 
 # ----------------------------------------------------------------------------- control planes
@@ -376,7 +451,7 @@ class InProcessPlane:
             key = generate_node_key()
             token, _info = nodes.tokens.create_bootstrap_token(self.admin, self.fleet, {}, ttl)
             enrolled = nodes.enrollment.enroll(
-                token, make_csr(key), agent_version="0.1.0", transport="mqtt"
+                token, make_csr(key), agent_version=AGENT_VERSION, transport="mqtt"
             )
             assert enrolled.mqtt_password
             return EnrolledNode(

@@ -20,19 +20,44 @@ from typing import Any
 from bench._util import git_describe
 
 
-def machine() -> dict[str, Any]:
-    """What a figure was measured on."""
+def machine(**extra: Any) -> dict[str, Any]:
+    """What a figure was measured on; ``extra`` is what a benchmark's figures also depend
+    on (a library's version, the CPU it pinned itself to)."""
     return {
         "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "commit": git_describe(),
+        **extra,
     }
 
 
-def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+def parse_benchmark_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, quick: Mapping[str, Any]
+) -> argparse.Namespace:
+    """Parse `argv` with a benchmark's own options and those every benchmark takes:
+    ``--quick``, which sets the options in `quick` (whatever the command line said) for
+    the shortest run that still goes through every path, and `_add_report_arguments`."""
+    shortest = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in quick.items())
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the shortest run, {shortest} (a smoke run: its figures mean nothing)",
+    )
+    _add_report_arguments(parser)
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.quick:
+        for name, value in quick.items():
+            setattr(args, name, value)
+    return args
+
+
+def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json``, ``--markdown`` and ``--check``, the same for every benchmark."""
-    parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write the whole report as JSON here"
+    )
     parser.add_argument(
         "--markdown", type=Path, default=None, help="also write the figures as markdown rows"
     )
@@ -63,6 +88,7 @@ class Report:
     """Figures and goals of one benchmark run; `finish()` prints, writes and decides."""
 
     benchmark: str
+    machine: dict[str, Any] = field(default_factory=machine)
     figures: list[Figure] = field(default_factory=list)
     goals: list[tuple[str, bool]] = field(default_factory=list)
     load_start: tuple[float, float, float] = field(default_factory=os.getloadavg)
@@ -78,13 +104,17 @@ class Report:
         goal: str = "",
         met: bool | None = None,
     ) -> None:
-        self.figures.append(Figure(name, value, unit, anchor, anchor_name, goal, met))
+        """Add a figure; one judged against its goal (``met`` given) is also a goal of the
+        run, stated once, here: "name: value (ratio x anchor) (goal ...)"."""
+        figure = Figure(name, value, unit, anchor, anchor_name, goal, met)
+        self.figures.append(figure)
+        if met is not None:
+            ratio = "" if figure.ratio is None else f" = {figure.ratio:.2f} x {anchor_name}"
+            self.goals.append((f"{name}: {_number(value)} {unit}{ratio} (goal {goal})", met))
 
     def goal(self, text: str, met: bool) -> None:
+        """A goal no single figure states."""
         self.goals.append((text, met))
-
-    def extend_goals(self, verdicts: Sequence[tuple[str, bool]]) -> None:
-        self.goals.extend(verdicts)
 
     @property
     def all_met(self) -> bool:
@@ -126,20 +156,23 @@ class Report:
         *,
         print_goals: bool = True,
     ) -> int:
-        """Print the goals; write ``--json`` (machine, arguments, load, figures, goals and
-        the benchmark's `raw` results) and ``--markdown``; the exit code ``--check`` asks."""
+        """Print the goals; write ``--json`` and ``--markdown``; the exit code ``--check`` asks.
+
+        The JSON has one shape for every benchmark: benchmark, machine, args, load_average,
+        figures, goals, and the benchmark's own `raw` data under ``results``, where its keys
+        cannot overwrite the writer's."""
         if print_goals:
             self.print_goals()
         json_path: Path | None = getattr(args, "json", None)
         if json_path is not None:
             document = {
                 "benchmark": self.benchmark,
-                "machine": machine(),
+                "machine": self.machine,
                 "args": {k: str(v) for k, v in vars(args).items()},
                 "load_average": {"start": self.load_start, "end": os.getloadavg()},
                 "figures": [asdict(f) for f in self.figures],
                 "goals": [{"goal": text, "met": met} for text, met in self.goals],
-                **(raw or {}),
+                "results": dict(raw or {}),
             }
             json_path = Path(json_path)
             json_path.parent.mkdir(parents=True, exist_ok=True)

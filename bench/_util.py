@@ -41,6 +41,18 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+def pct(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile, interpolated linearly between the two nearest values (as
+    ``numpy.percentile`` does by default); NaN when there are none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return float(ordered[low] + (rank - low) * (ordered[high] - ordered[low]))
+
+
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     """Poll ``url`` until it answers 2xx; fail early if ``proc`` exits, late after the timeout."""
     deadline = time.monotonic() + timeout_s

@@ -1,5 +1,6 @@
 """How long `edgefleet` takes to start: `--help`, a group's `--help` and one real command,
-each beside a bare `python -c pass` (and `import typer`) measured in the same run.
+each beside a bare `python -c pass` (and `import typer`) measured in the same run. Each
+starts by the console script's entry point, the launcher (`control_plane.cli.launch:run`).
 
 Wall time and CPU time (user + system, steadier on a busy machine) of fresh processes;
 what `--help` may import is a test (tests/control_plane/cli/test_startup.py), not this.
@@ -16,7 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench._report import Report, add_report_arguments
+from bench._harness import edgefleet_python_args
+from bench._report import Report, parse_benchmark_args
 from bench._util import REPO_ROOT, free_port, median
 
 GOAL_S = 0.5
@@ -24,8 +26,8 @@ GOAL_S = 0.5
 ANCHOR = "python -c pass (anchor)"
 
 
-def cases(dead_server: str) -> dict[str, list[str]]:
-    cli = ["-m", "control_plane.cli.main"]
+def cases(dead_server: str, tree: Path) -> dict[str, list[str]]:
+    cli = edgefleet_python_args(tree)
     return {
         ANCHOR: ["-c", "pass"],
         "python -c 'import typer' (library floor)": ["-c", "import typer"],
@@ -64,18 +66,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         help="a checkout to measure (repeatable, e.g. an older one to compare); default: this",
     )
-    parser.add_argument("--quick", action="store_true", help="one round: a smoke run")
-    add_report_arguments(parser)
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    if args.quick:
-        args.rounds = 1
+    args = parse_benchmark_args(parser, argv, quick={"rounds": 1})
     trees: list[Path] = [t.resolve() for t in args.tree or [REPO_ROOT]]
-    named = cases(f"http://127.0.0.1:{free_port()}")
-    walls: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in named}
-    cpus: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in named}
+    dead_server = f"http://127.0.0.1:{free_port()}"
+    named = {tree: cases(dead_server, tree) for tree in trees}
+    names = list(named[trees[0]])
+    walls: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in names}
+    cpus: dict[tuple[Path, str], list[float]] = {(t, n): [] for t in trees for n in names}
     for _ in range(args.rounds):  # interleaved, so load on the machine hits every case alike
         for tree in trees:
-            for name, case in named.items():
+            for name, case in named[tree].items():
                 wall, cpu = time_once(case, tree)
                 walls[(tree, name)].append(wall)
                 cpus[(tree, name)].append(cpu)
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         anchor = median(walls[(tree, ANCHOR)])
         print(f"\n{tree} ({args.rounds} rounds; seconds)")
         print(f"{'case':42} {'wall med':>8} {'wall min':>8} {'- anchor':>8} {'CPU med':>8}")
-        for name in named:
+        for name in names:
             wall_med = median(walls[(tree, name)])
             print(
                 f"{name:42} {wall_med:8.3f} {min(walls[(tree, name)]):8.3f} "
@@ -97,13 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "s",
                 anchor=anchor,
                 anchor_name=ANCHOR,
-                goal=f"< {GOAL_S} s" if is_help else "",
-                met=wall_med < GOAL_S if is_help else None,
+                goal=f"< {GOAL_S} s (median wall)" if is_help else "",
+                # a goal of this tree; another (``--tree``) is only a comparison
+                met=wall_med < GOAL_S if is_help and tree == trees[0] else None,
             )
-            if is_help and tree == trees[0]:
-                report.goal(
-                    f"{name} under {GOAL_S} s (median wall, {tree.name})", wall_med < GOAL_S
-                )
     print(f"\n{report.load_line()}")
     return report.finish(args, {"wall_s": _raw(walls), "cpu_s": _raw(cpus)})
 

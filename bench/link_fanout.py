@@ -38,14 +38,22 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench._harness import AGENT_VERSION, EnrolledNode, InProcessPlane, database, grpc_link
-from bench._report import Report, add_report_arguments
+from bench._harness import (
+    AGENT_VERSION,
+    EnrolledNode,
+    InProcessPlane,
+    LoopbackTls,
+    bare_grpc_link,
+    database,
+    grpc_link,
+)
+from bench._report import Report, parse_benchmark_args
 from bench._util import (
     BENCH_DIR,
     MB,
@@ -518,53 +526,38 @@ class Plane(InProcessPlane):
 # ----------------------------------------------------------------------------- gRPC
 
 
-def bare_grpc_server(ca_pem: bytes, key_pem: bytes, cert_pem: bytes, conn: Any) -> None:
-    """A bare grpc.aio NodeLink server (spawned, pinned like the control plane).
-
-    Same mTLS, same stub and method; on Sync it reads the Hello, answers the initial
-    metadata the node link waits for, and keeps a queue per stream. On "push" it puts one
-    message on every queue. No interceptor, no identity, no database.
-    """
+def bare_grpc_server(tls: LoopbackTls, conn: Any) -> None:
+    """The raw gRPC anchor (spawned, pinned like the control plane): a bare NodeLink
+    (`bench._harness.bare_grpc_link`) that keeps a queue per stream; on "push" it puts one
+    message on every queue."""
     pin_self(CP_CPU)
-    asyncio.run(_bare_grpc(ca_pem, key_pem, cert_pem, conn))
+    asyncio.run(_bare_grpc(tls, conn))
 
 
-async def _bare_grpc(ca_pem: bytes, key_pem: bytes, cert_pem: bytes, conn: Any) -> None:
-    import grpc
-
-    from protos.edgefleet.fleet.v1 import link_pb2, link_pb2_grpc
+async def _bare_grpc(tls: LoopbackTls, conn: Any) -> None:
+    from protos.edgefleet.fleet.v1 import link_pb2
 
     streams: list[asyncio.Queue[Any]] = []
 
-    class BareLink(link_pb2_grpc.NodeLinkServicer):
-        async def Sync(self, request_iterator: Any, context: Any) -> Any:
-            await anext(request_iterator, None)
-            await context.send_initial_metadata((("edgefleet-node-id", "bare"),))
-            inbox: asyncio.Queue[Any] = asyncio.Queue(64)
-            streams.append(inbox)
+    async def pushed(messages: AsyncIterator[Any]) -> AsyncGenerator[Any]:
+        inbox: asyncio.Queue[Any] = asyncio.Queue(64)
+        streams.append(inbox)
 
-            async def drain() -> None:
-                async for _ in request_iterator:
-                    pass
+        async def drain() -> None:
+            async for _ in messages:
+                pass
 
-            reader = asyncio.create_task(drain())
-            try:
-                while True:
-                    yield await inbox.get()
-            finally:
-                reader.cancel()
-                streams.remove(inbox)
+        reader = asyncio.create_task(drain())
+        try:
+            while True:
+                yield await inbox.get()
+        finally:
+            reader.cancel()
+            streams.remove(inbox)
 
-    server = grpc.aio.server()
-    link_pb2_grpc.add_NodeLinkServicer_to_server(BareLink(), server)  # type: ignore[abstract]  # Sync only
-    credentials = grpc.ssl_server_credentials(
-        [(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=True
-    )
-    port = server.add_secure_port("127.0.0.1:0", credentials)
-    await server.start()
-    conn.send(("port", port, os.getpid()))
-    loop = asyncio.get_running_loop()
-    try:
+    async with bare_grpc_link(tls, pushed, node_id="bare") as port:
+        conn.send(("port", port, os.getpid()))
+        loop = asyncio.get_running_loop()
         while True:
             command = await loop.run_in_executor(None, conn.recv)
             if command[0] == "push":
@@ -577,8 +570,6 @@ async def _bare_grpc(ca_pem: bytes, key_pem: bytes, cert_pem: bytes, conn: Any) 
                 conn.send(("count", len(streams)))
             else:
                 break
-    finally:
-        await server.stop(0)
 
 
 @dataclass(frozen=True)
@@ -602,13 +593,10 @@ async def grpc_bare_phase(
     plane: Plane, nodes: list[EnrolledNode], rounds: int, processes: int
 ) -> Phase:
     ca = plane.services.ca
-    creds = ca.issue_server_certificate(["localhost"], ["127.0.0.1"], now=datetime.now(UTC))
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
     server = context.Process(
-        target=bare_grpc_server,
-        args=(ca.ca_pem, creds.private_key_pem, creds.certificate_pem, child),
-        daemon=True,
+        target=bare_grpc_server, args=(LoopbackTls.issued_by(ca), child), daemon=True
     )
     server.start()
     phase = Phase("grpc", "bare grpc.aio", len(nodes))
@@ -1062,24 +1050,6 @@ def render(rows: list[dict[str, Any]], phases: list[Phase]) -> str:
     return "\n".join(lines)
 
 
-def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-    verdicts: list[tuple[str, bool]] = []
-    for row in rows:
-        if row["path"] == "bare":
-            continue
-        met = row["nodes"] >= GOAL_NODES and row["last_s"] < GOAL_FANOUT_S
-        size = "" if row["nodes"] >= GOAL_NODES else " (fewer nodes than the goal's)"
-        verdicts.append(
-            (
-                f"{row['transport']} {row['path']}: {row['nodes']} nodes in "
-                f"{row['last_s']:.2f} s (goal: {GOAL_NODES} nodes in < {GOAL_FANOUT_S:.0f} s)"
-                f"{size}",
-                met,
-            )
-        )
-    return verdicts
-
-
 # ----------------------------------------------------------------------------- main
 
 
@@ -1112,17 +1082,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql")
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "link_fanout")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run that still exercises every path: 20 nodes, one round and one "
-        "pin_many round per path, one node process, SQLite (its figures mean nothing)",
+    args = parse_benchmark_args(
+        parser,
+        argv,
+        quick={
+            "nodes": 20,
+            "rounds": 1,
+            "pin_rounds": 1,
+            "node_processes": 1,
+            "database": "sqlite",
+        },
     )
-    add_report_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.nodes, args.rounds, args.pin_rounds, args.node_processes = 20, 1, 1, 1
-        args.database = "sqlite"
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if not transports or set(transports) - {"grpc", "mqtt"}:
         parser.error("--transports takes grpc and/or mqtt")
@@ -1218,7 +1188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             goal=f"{GOAL_NODES} nodes in < {GOAL_FANOUT_S:.0f} s",
             met=row["nodes"] >= GOAL_NODES and row["last_s"] < GOAL_FANOUT_S,
         )
-    report.extend_goals(goals(rows))
     return report.finish(
         args,
         {

@@ -33,7 +33,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,14 +44,16 @@ import psutil
 from bench._harness import (
     AGENT_VERSION,
     EnrolledNode,
+    LoopbackTls,
     ServerProcess,
+    bare_grpc_link,
     database,
     grpc_link,
     mqtt_link,
     spawned,
     stored_records,
 )
-from bench._report import Report, add_report_arguments
+from bench._report import Report, parse_benchmark_args
 from bench._util import (
     BENCH_DIR,
     MB,
@@ -283,42 +285,27 @@ def run_window(spec: LoadSpec, server: str, database: str) -> Window:
 # ----------------------------------------------------------------------------- raw anchors
 
 
-def grpc_echo_server(ca_pem: bytes, key_pem: bytes, cert_pem: bytes, port: int) -> None:
-    """The raw gRPC anchor (spawned, pinned like the control plane): a bare grpc.aio
-    NodeLink whose ``Sync`` answers each RecordBatch with an Ack of its ids. Same mTLS
-    (client certificates of the fleet CA required), same messages; no interceptor, no
-    identity lookup, no database."""
+def grpc_echo_server(tls: LoopbackTls, port: int) -> None:
+    """The raw gRPC anchor (spawned, pinned like the control plane): a bare NodeLink
+    (`bench._harness.bare_grpc_link`) whose ``Sync`` answers each RecordBatch with an Ack
+    of its ids."""
     pin_self(CP_CPU)
-    asyncio.run(_grpc_echo(ca_pem, key_pem, cert_pem, port))
+    asyncio.run(_grpc_echo(tls, port))
 
 
-async def _grpc_echo(ca_pem: bytes, key_pem: bytes, cert_pem: bytes, port: int) -> None:
-    import grpc
+async def _grpc_echo(tls: LoopbackTls, port: int) -> None:
+    from protos.edgefleet.fleet.v1 import link_pb2
 
-    from protos.edgefleet.fleet.v1 import link_pb2, link_pb2_grpc
+    async def acks(messages: AsyncIterator[Any]) -> AsyncGenerator[Any]:
+        async for message in messages:
+            if message.WhichOneof("body") == "records":
+                ids = [r.id for r in message.records.records]
+                yield link_pb2.ControlMessage(protocol_version=1, ack=link_pb2.Ack(record_ids=ids))
 
-    class EchoLink(link_pb2_grpc.NodeLinkServicer):
-        async def Sync(self, request_iterator: Any, context: Any) -> Any:
-            await anext(request_iterator, None)
-            await context.send_initial_metadata((("edgefleet-node-id", "echo"),))
-            async for message in request_iterator:
-                if message.WhichOneof("body") == "records":
-                    ids = [r.id for r in message.records.records]
-                    yield link_pb2.ControlMessage(
-                        protocol_version=1, ack=link_pb2.Ack(record_ids=ids)
-                    )
-
-    server = grpc.aio.server()
-    link_pb2_grpc.add_NodeLinkServicer_to_server(EchoLink(), server)  # type: ignore[abstract]  # Sync only
-    credentials = grpc.ssl_server_credentials(
-        [(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=True
-    )
-    server.add_secure_port(f"127.0.0.1:{port}", credentials)
-    await server.start()
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    await server.stop(0)
+    async with bare_grpc_link(tls, acks, node_id="echo", port=port):
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
 
 
 def mqtt_echo_server(port: int, username: str, password: str, subscribed: Any) -> None:
@@ -611,11 +598,8 @@ def run_grpc(args: argparse.Namespace, kind: str, work: Path) -> Run:
             plane.make_fleet(FLEET)
             nodes, ca_pem = plane.enroll_grpc(FLEET, args.nodes, work), plane.ca_pem
             ca = CertificateAuthority.load_or_create(plane.data_dir / "ca", now=datetime.now(UTC))
-            creds = ca.issue_server_certificate(["localhost"], ["127.0.0.1"], now=datetime.now(UTC))
             echo_port = free_port()
-            with spawned(
-                grpc_echo_server, ca_pem, creds.private_key_pem, creds.certificate_pem, echo_port
-            ) as echo:
+            with spawned(grpc_echo_server, LoopbackTls.issued_by(ca), echo_port) as echo:
                 wait_port(echo_port, START_TIMEOUT_S)
                 run.server_rss_start = rss_bytes(plane.pid)
                 for batch in args.batches:
@@ -838,17 +822,6 @@ def render(rows: list[dict[str, Any]], runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-    return [
-        (
-            f"{r['transport']}/{r['database']} batch {r['batch']}: {r['records_s']:.0f} records/s"
-            f" = {r['ratio']:.2f} x {r['anchor']} (goal >= {GOAL_RATIO})",
-            r["ratio"] >= GOAL_RATIO,
-        )
-        for r in rows
-    ]
-
-
 # ----------------------------------------------------------------------------- main
 
 
@@ -883,17 +856,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "link_ingest")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run that still exercises every path: 4 nodes, batch 10, one "
-        "2 s window each, SQLite (overrides those options; its figures mean nothing)",
+    args = parse_benchmark_args(
+        parser,
+        argv,
+        quick={
+            "nodes": 4,
+            "batches": "10",
+            "seconds": 2.0,
+            "warmup": 1.0,
+            "repeat": 1,
+            "databases": "sqlite",
+        },
     )
-    add_report_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.nodes, args.batches, args.seconds, args.warmup, args.repeat = 4, "10", 2.0, 1.0, 1
-        args.databases = "sqlite"
     if args.broker_option is None:
         args.broker_option = list(DEFAULT_BROKER_OPTIONS)
     args.broker_option = [line for line in args.broker_option if line.strip()]
@@ -953,7 +927,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             goal=f"ratio >= {GOAL_RATIO}",
             met=row["ratio"] >= GOAL_RATIO,
         )
-    report.extend_goals(goals(rows))
     return report.finish(
         args,
         {

@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from bench._harness import ServerProcess, child_env, cli, edgefleet_command
-from bench._report import Report, add_report_arguments
+from bench._report import Report, parse_benchmark_args
 from bench._util import (
     BENCH_DIR,
     MB,
@@ -339,28 +339,6 @@ def summarise(runs: list[BackendRun]) -> list[dict[str, Any]]:
     return rows
 
 
-def goals(rows: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-    verdicts: list[tuple[str, bool]] = []
-    for row in rows:
-        where = f"{row['backend']} {row['size_mb']:.0f} MB"
-        if row["backend"] == "local":
-            verdicts.append(
-                (
-                    f"{where}: upload/(cp+fsync) = {row['ratio_cp_fsync']:.2f} "
-                    f"(goal >= {GOAL_LOCAL_RATIO})",
-                    row["ratio_cp_fsync"] >= GOAL_LOCAL_RATIO,
-                )
-            )
-        verdicts.append(
-            (
-                f"{where}: server RSS growth = {row['server_growth_mb']:.1f} MB "
-                f"(goal < {GOAL_SERVER_GROWTH_MB:.0f})",
-                row["server_growth_mb"] < GOAL_SERVER_GROWTH_MB,
-            )
-        )
-    return verdicts
-
-
 def render(rows: list[dict[str, Any]], repeat: int) -> str:
     header = (
         f"{'backend':<8}{'size MB':>8}{'cp':>7}{'cp+fsync':>9}{'sha256':>7}{'upload':>7}"
@@ -417,16 +395,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "push_throughput")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="the shortest run: a 2 MB model, no second size, one repeat, the local store "
-        "only (its figures mean nothing)",
+    args = parse_benchmark_args(
+        parser, argv, quick={"size_mb": 2, "small_mb": 0, "repeat": 1, "backends": "local"}
     )
-    add_report_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.size_mb, args.small_mb, args.repeat, args.backends = 2, 0, 1, "local"
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends or set(backends) - {"local", "s3"}:
         parser.error("--backends takes local and/or s3")
@@ -511,7 +482,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             goal=f"< {GOAL_SERVER_GROWTH_MB:.0f} MB",
             met=row["server_growth_mb"] < GOAL_SERVER_GROWTH_MB,
         )
-    report.extend_goals(goals(rows))
     return report.finish(
         args, {"repeat": args.repeat, "runs": [asdict(r) for r in runs], "summary": rows}
     )
