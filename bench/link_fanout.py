@@ -653,7 +653,7 @@ async def grpc_edgefleet_phase(
     plane: Plane, nodes: list[EnrolledNode], rounds: int, pins: PinRounds, processes: int
 ) -> Phase:
     from control_plane.link.grpc_server import GrpcLinkConfig
-    from control_plane.server import grpc_link_server
+    from control_plane.services import grpc_link_server
 
     services = plane.services
     server = grpc_link_server(
@@ -833,12 +833,9 @@ async def mqtt_phases(
         render_password_file,
         write_broker_files,
     )
-    from control_plane.link.mqtt_bridge import (
-        MqttBridgeConfig,
-        control_plane_account,
-        mqtt_bridge,
-    )
+    from control_plane.link.mqtt_bridge import MqttBridgeConfig, control_plane_account
     from control_plane.link.mqtt_topics import Leaf, node_topic
+    from control_plane.services import mqtt_bridge
 
     services = plane.services
     password = "bench-" + os.urandom(16).hex()

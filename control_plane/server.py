@@ -21,10 +21,9 @@ from sqlalchemy.exc import DBAPIError
 from control_plane.api.app import create_app
 from control_plane.api.routes.metrics import LinkCounts
 from control_plane.errors import UnavailableError
-from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
-from control_plane.link.hub import LinkHub
+from control_plane.link.grpc_server import GrpcLinkConfig
 from control_plane.logs import configure_logging
-from control_plane.services import ServiceConfig, Services, build_services
+from control_plane.services import ServiceConfig, Services, build_services, grpc_link_server
 from control_plane.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -62,22 +61,6 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         mqtt=settings.mqtt_bridge_config(),
         health=settings.health_config(),
         health_processor=settings.health_processor,
-    )
-
-
-def grpc_link_server(
-    services: Services, config: GrpcLinkConfig, *, hub: LinkHub | None = None
-) -> GrpcLinkServer:
-    """The gRPC link server, handed the services it uses (never the whole `Services`)."""
-    return GrpcLinkServer(
-        services.node_inbox("grpc", auth_cache_s=config.auth_recheck_s),
-        config,
-        registry=services.registry,
-        store=services.store,
-        ca=services.ca,
-        delivery=services.delivery,
-        clock=services.clock,
-        hub=hub,
     )
 
 

@@ -5,10 +5,14 @@ Called by `server.main()` and by tests; nothing here runs at import time.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -25,8 +29,11 @@ from control_plane.health.processor import HealthProcessor
 from control_plane.health.queries import HealthQueries
 from control_plane.health.retention import HealthRetention
 from control_plane.identity.ca import CertificateAuthority
+from control_plane.link.desired import MqttDelivery
+from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
+from control_plane.link.hub import LinkHub
 from control_plane.link.ingest import RecordIngest
-from control_plane.link.mqtt_bridge import MqttBridgeConfig
+from control_plane.link.mqtt_bridge import MqttBridge, MqttBridgeConfig
 from control_plane.link.node_inbox import NodeInbox
 from control_plane.nodes.model import NodeConfig
 from control_plane.nodes.wiring import NodeServices, build_node_services
@@ -181,3 +188,52 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         ),
         delivery=delivery,
     )
+
+
+# The transports' adapters, each handed what it uses (never the whole `Services`).
+
+
+def grpc_link_server(
+    services: Services, config: GrpcLinkConfig, *, hub: LinkHub | None = None
+) -> GrpcLinkServer:
+    """The gRPC link server over this replica's gRPC node inbox; not started."""
+    return GrpcLinkServer(
+        services.node_inbox("grpc", auth_cache_s=config.auth_recheck_s),
+        config,
+        registry=services.registry,
+        store=services.store,
+        ca=services.ca,
+        delivery=services.delivery,
+        clock=services.clock,
+        hub=hub,
+    )
+
+
+def mqtt_bridge(
+    services: Services, config: MqttBridgeConfig, *, clock: Clock | None = None
+) -> MqttBridge:
+    """The MQTT bridge over this replica's MQTT node inbox; not started.
+
+    `clock` times the inbox's authorization cache (default: the services' clock).
+    """
+    inbox = services.node_inbox("mqtt", auth_cache_s=config.auth_cache_s, clock=clock)
+    return MqttBridge(inbox, config, data_dir=services.config.data_dir)
+
+
+@contextlib.asynccontextmanager
+async def bridge_running(services: Services) -> AsyncIterator[MqttBridge | None]:
+    """Run the bridge while the block runs when `services.config.mqtt` is set (else None)."""
+    if services.config.mqtt is None:
+        yield None
+        return
+    bridge = mqtt_bridge(services, services.config.mqtt)
+    bridge.start()
+    delivery = MqttDelivery(bridge)
+    services.delivery.attach(delivery)  # pins ring the doorbell from now on
+    try:
+        yield bridge
+    finally:
+        services.delivery.detach(delivery)
+        # Shielded: the lifespan's task group is usually cancelled by the time we get here.
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(bridge.stop)

@@ -30,10 +30,9 @@ from control_plane.api.routes import (
     tuf,
 )
 from control_plane.health.processor import HealthProcessor
-from control_plane.link.mqtt_bridge import bridge_running
 from control_plane.nodes.presence import NodePresence
 from control_plane.registry.service import RegistryService
-from control_plane.services import Services
+from control_plane.services import Services, bridge_running
 
 log = logging.getLogger(__name__)
 

@@ -55,14 +55,12 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
-import anyio
-import anyio.to_thread
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
@@ -71,10 +69,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from sqlalchemy.exc import DBAPIError
 
-from control_plane.clock import Clock
 from control_plane.errors import EdgefleetError, InvalidInputError, UnavailableError
 from control_plane.link import wire
-from control_plane.link.desired import MqttDelivery
 from control_plane.link.mqtt_acl import (
     CONTROL_PLANE_MQTT_USER,
     MqttAccount,
@@ -98,9 +94,6 @@ from control_plane.link.mqtt_uplink import (
 from control_plane.link.node_inbox import NodeInbox
 from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 
-if TYPE_CHECKING:
-    from control_plane.services import Services
-
 __all__ = [
     "CONTROL_PLANE_PASSWORD_FILE",
     "OFFLINE",
@@ -109,10 +102,8 @@ __all__ = [
     "Counters",
     "MqttBridge",
     "MqttBridgeConfig",
-    "bridge_running",
     "control_plane_account",
     "control_plane_password",
-    "mqtt_bridge",
 ]
 
 log = logging.getLogger(__name__)
@@ -620,36 +611,6 @@ def _drain(inbox: queue.Queue[_Inbound | None]) -> None:
             inbox.get_nowait()
         except queue.Empty:
             return
-
-
-def mqtt_bridge(
-    services: Services, config: MqttBridgeConfig, *, clock: Clock | None = None
-) -> MqttBridge:
-    """A bridge handed the node inbox it uses (never the whole `Services`); not started.
-
-    `clock` times the inbox's authorization cache (default: the services' clock).
-    """
-    inbox = services.node_inbox("mqtt", auth_cache_s=config.auth_cache_s, clock=clock)
-    return MqttBridge(inbox, config, data_dir=services.config.data_dir)
-
-
-@contextlib.asynccontextmanager
-async def bridge_running(services: Services) -> AsyncIterator[MqttBridge | None]:
-    """Run the bridge while the block runs when `services.config.mqtt` is set (else None)."""
-    if services.config.mqtt is None:
-        yield None
-        return
-    bridge = mqtt_bridge(services, services.config.mqtt)
-    bridge.start()
-    delivery = MqttDelivery(bridge)
-    services.delivery.attach(delivery)  # pins ring the doorbell from now on
-    try:
-        yield bridge
-    finally:
-        services.delivery.detach(delivery)
-        # Shielded: the lifespan's task group is usually cancelled by the time we get here.
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(bridge.stop)
 
 
 def _no_delay(client: mqtt.Client, userdata: Any, sock: Any) -> None:

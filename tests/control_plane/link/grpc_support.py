@@ -21,8 +21,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from control_plane.access.roles import Principal, Role
 from control_plane.access.service import RequestContext
 from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
-from control_plane.server import grpc_link_server
-from control_plane.services import Services
+from control_plane.services import Services, grpc_link_server
 from edge_node.enroll import EnrollmentFiles, enroll_over_grpc
 from edge_node.link.base import node_message
 from edge_node.link.grpc_link import GrpcLinkSettings, GrpcNodeLink

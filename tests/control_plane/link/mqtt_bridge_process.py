@@ -15,8 +15,8 @@ import sys
 import threading
 from pathlib import Path
 
-from control_plane.link.mqtt_bridge import MqttBridgeConfig, mqtt_bridge
-from control_plane.services import ServiceConfig, build_services
+from control_plane.link.mqtt_bridge import MqttBridgeConfig
+from control_plane.services import ServiceConfig, build_services, mqtt_bridge
 
 
 def main(args: argparse.Namespace) -> int:

@@ -16,9 +16,8 @@ from control_plane.link.mqtt_bridge import (
     MqttBridge,
     MqttBridgeConfig,
     control_plane_account,
-    mqtt_bridge,
 )
-from control_plane.services import Services
+from control_plane.services import Services, mqtt_bridge
 from control_plane.storage import FleetRow, session_factory
 from edge_node.link.mqtt_link import MqttLinkConfig
 from tests.control_plane.identity.helpers import make_csr

@@ -15,8 +15,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from control_plane.errors import UnavailableError
 from control_plane.link.desired import MqttDelivery
-from control_plane.link.mqtt_bridge import mqtt_bridge
-from control_plane.services import Services
+from control_plane.services import Services, mqtt_bridge
 from protos.edgefleet.fleet.v1 import director_pb2, link_pb2
 from tests.control_plane.link.mqtt_helpers import bridge_config, start_bridge, wait_until
 from tests.mqtt_support import Broker, BrokerFactory, broker_factory  # noqa: F401

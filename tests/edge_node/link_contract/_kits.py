@@ -239,7 +239,7 @@ class GrpcKit(LinkKit):
         await server.stop(0)
 
     async def come_back(self) -> None:
-        from control_plane.server import grpc_link_server
+        from control_plane.services import grpc_link_server
 
         # A stopped server does not start again: a restart is a new one on the same ports.
         self._server = grpc_link_server(self.services, self._config)
