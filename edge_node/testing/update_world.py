@@ -17,12 +17,10 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import (
     Metadata,
@@ -54,6 +52,9 @@ from edge_node.updater.store import DiskUsage, ModelStore
 from edge_node.updater.tuf_fetch import TufClient, floor_target_path
 from edge_node.updater.watchdog import ModelHealth, WatchdogConfig
 from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "FLEET",
@@ -90,7 +91,11 @@ def _reference_target_path(model: str, version: str) -> str:
 
 
 def echo_model_bytes(add: float, shape: tuple[int, ...] = SHAPE) -> bytes:
-    """An ONNX model `y = images + add` (float32); distinct `add`, distinct bytes."""
+    """An ONNX model `y = images + add` (float32); distinct `add`, distinct bytes.
+
+    Needs `onnx` (the `dev` and `cli` extras have it; a box's `node` extra does not)."""
+    from onnx import TensorProto, helper, numpy_helper
+
     graph = helper.make_graph(
         [helper.make_node("Add", ["images", "c"], ["y"])],
         "echo",
@@ -105,7 +110,11 @@ def fragile_model_bytes(shape: tuple[int, ...] = SHAPE) -> bytes:
     """An ONNX model fine on its reference input (values in [0, 1)) and on dark frames,
     which fails on a frame with a white pixel (1.0 after scaling): it indexes past the
     end of a table, which ONNX Runtime refuses. A model that passes its self-test and
-    then fails on the cameras (the watchdog's case)."""
+    then fails on the cameras (the watchdog's case).
+
+    Needs `onnx` (the `dev` and `cli` extras have it; a box's `node` extra does not)."""
+    from onnx import TensorProto, helper, numpy_helper
+
     images = helper.make_tensor_value_info("images", TensorProto.FLOAT, list(shape))
     graph = helper.make_graph(
         [
@@ -123,6 +132,9 @@ def fragile_model_bytes(shape: tuple[int, ...] = SHAPE) -> bytes:
 
 
 def _serialized(graph: onnx.GraphProto) -> bytes:
+    import onnx
+    from onnx import helper
+
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
