@@ -64,7 +64,6 @@ from edge_node.telemetry import (
     ErrorLogHandler,
     SystemProbe,
     Telemetry,
-    encode_report,
 )
 from edge_node.updater.host import ModelHost
 from protos.edgefleet.fleet.v1 import link_pb2
@@ -460,7 +459,7 @@ class Agent:
 
     def _health_payload(self, outbox: Outbox, uplink: Uplink, files: EnrollmentFiles) -> bytes:
         pipeline = self._host.pipeline
-        report = self.telemetry.report(
+        payload = self.telemetry.report_payload(
             self._clock.now(),
             node_id=files.node_id,
             agent_version=self._config.agent_version,
@@ -472,7 +471,7 @@ class Agent:
             uplink=uplink.stats,
         )
         self._save_baselines()
-        return encode_report(report)
+        return payload
 
     def _baselines_path(self) -> Path:
         return self._config.data_dir / BASELINES_FILE
