@@ -457,7 +457,7 @@ class UpdateWorld:
     ) -> UpdateTask:
         """The node's update task over `link` (default: a fresh `MemoryNodeLink` to
         `peer`), enrolled in `tmp/node` (see `write_trust_anchors`); `settings` go to
-        `UpdateTaskSettings` (e.g. `initial_model`, `retry`, `hello_on_change`)."""
+        `UpdateTaskSettings` (e.g. `initial_model`, `retry`)."""
         updater = UpdaterConfig(
             watchdog=watchdog or WatchdogConfig(), selftest_latency_budget_s=5.0
         )
