@@ -93,10 +93,12 @@ async def until(
     step_s: float = 0.0,
 ) -> None:
     """Poll `condition` (the update steps run in worker threads), bounded; with `clock`,
-    move it by `step_s` before each poll: the time the condition needs passes."""
+    move it by `step_s` before a poll that finds the task asleep on it: the time the
+    condition needs passes, and none passes while a step runs (however slow the machine,
+    a step is never pushed past a watch window or a backoff)."""
     with anyio.fail_after(timeout):
         while not condition():
-            if clock is not None:
+            if clock is not None and clock.sleepers > 0:
                 clock.advance(timedelta(seconds=step_s))
             await anyio.sleep(0.01)
 
