@@ -79,6 +79,8 @@ ROOT, TARGETS, SNAPSHOT, TIMESTAMP = "root", "targets", "snapshot", "timestamp" 
 _YEAR: Final = timedelta(days=365)
 _MONTH: Final = timedelta(days=30)
 _FORMAT: Final = 1  # the `edgefleet` format version of custom fields and assignments
+_OPSET: Final = 17  # of the default ONNX domain, in every model the world builds
+_ARCH: Final = ("x86_64", "aarch64")  # a release's `compat.arch`, as `model push` signs it
 
 
 def model_target_path(model: str, version: str) -> str:
@@ -135,7 +137,7 @@ def _serialized(graph: onnx.GraphProto) -> bytes:
     import onnx
     from onnx import helper
 
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return bytes(model.SerializeToString())
@@ -273,13 +275,20 @@ class UpdateWorld:
         reference = reference_pair_bytes(add if reference_add is None else reference_add)
         path = model_target_path(MODEL, version)
         ref_path = _reference_target_path(MODEL, version)
+        # What `edgefleet model push` signs (tests/edge_node/updater/
+        # test_world_matches_control_plane.py holds the two equal); `io` and `opset` are
+        # the echo model's, whatever `content` is.
+        tensor = {"dtype": "float32", "shape": list(SHAPE)}
         custom = {
             "edgefleet": _FORMAT,
             "kind": "model",
             "model": MODEL,
             "version": version,
             "release_counter": counter,
+            "io": {"inputs": [{"name": "images", **tensor}], "outputs": [{"name": "y", **tensor}]},
+            "opset": {"": _OPSET},
             "min_agent_version": "0.1.0",
+            "compat": {"execution_providers": ["CPUExecutionProvider"], "arch": list(_ARCH)},
             "reference": {
                 "path": ref_path,
                 "sha256": hashlib.sha256(reference).hexdigest(),
