@@ -58,6 +58,47 @@ def _no_progress(label: str, advance: int, total: int) -> None:
     return None
 
 
+def model_custom(
+    info: onnx_inspect.ModelInfo,
+    *,
+    name: str,
+    version: str,
+    release_counter: int,
+    reference_sha256: str,
+    reference_length: int,
+    min_agent_version: str,
+    execution_providers: tuple[str, ...],
+    atol: float,
+    rtol: float,
+) -> tufcustom.ModelCustom:
+    """The custom field `push_model` signs into the model's target (checked by
+    `parse_model_custom`); its reference pair is `reference_target_path(name, version)`."""
+    return tufcustom.parse_model_custom(
+        {
+            "edgefleet": tufcustom.FORMAT_VERSION,
+            "kind": tufcustom.KIND_MODEL,
+            "model": name,
+            "version": version,
+            "release_counter": release_counter,
+            "io": info.to_custom_io(),
+            "opset": dict(info.opset),
+            "min_agent_version": min_agent_version,
+            "compat": {
+                "execution_providers": list(execution_providers),
+                "arch": ["x86_64", "aarch64"],
+            },
+            # Canonical JSON has no floats: tolerances travel as decimal strings.
+            "reference": {
+                "path": tufcustom.reference_target_path(name, version),
+                "sha256": reference_sha256,
+                "length": reference_length,
+                "atol": repr(float(atol)),
+                "rtol": repr(float(rtol)),
+            },
+        }
+    )
+
+
 class ReleaseClient:
     def __init__(
         self, api: ApiClient, keyset: OperatorKeyset, *, clock: Clock | None = None
@@ -266,29 +307,17 @@ class ReleaseClient:
             counter = tufrepo.next_release_counter(current, name)
             model_target = tufcustom.model_target_path(name, version)
             reference_target = tufcustom.reference_target_path(name, version)
-            custom = tufcustom.parse_model_custom(
-                {
-                    "edgefleet": tufcustom.FORMAT_VERSION,
-                    "kind": tufcustom.KIND_MODEL,
-                    "model": name,
-                    "version": version,
-                    "release_counter": counter,
-                    "io": info.to_custom_io(),
-                    "opset": dict(info.opset),
-                    "min_agent_version": min_agent_version,
-                    "compat": {
-                        "execution_providers": list(execution_providers),
-                        "arch": ["x86_64", "aarch64"],
-                    },
-                    # Canonical JSON has no floats: tolerances travel as decimal strings.
-                    "reference": {
-                        "path": reference_target,
-                        "sha256": ref_sha,
-                        "length": ref_len,
-                        "atol": repr(float(atol)),
-                        "rtol": repr(float(rtol)),
-                    },
-                }
+            custom = model_custom(
+                info,
+                name=name,
+                version=version,
+                release_counter=counter,
+                reference_sha256=ref_sha,
+                reference_length=ref_len,
+                min_agent_version=min_agent_version,
+                execution_providers=execution_providers,
+                atol=atol,
+                rtol=rtol,
             )
             _refuse_republishing(current, model_target, info.sha256, name, version)
             new = tufrepo.add_model_to_targets(

@@ -64,7 +64,6 @@ from edge_node.telemetry import (
     ErrorLogHandler,
     SystemProbe,
     Telemetry,
-    encode_report,
 )
 from edge_node.updater.host import ModelHost
 from protos.edgefleet.fleet.v1 import link_pb2
@@ -123,10 +122,7 @@ class Agent:
         self._failure: AgentError | None = None
         self._started_at: datetime | None = None
         self._fault_point = fault_point
-        # Looked up at each frame, not bound here: a test may wrap `_count_result`.
-        self._host = RuntimeHost(
-            config, clock, on_result=lambda result: self._count_result(result), stopping=self._stop
-        )
+        self._host = RuntimeHost(config, clock, on_result=self._count_result, stopping=self._stop)
         self.ready = anyio.Event()  # set once enrolled, the outbox open and tasks started
         self.files: EnrollmentFiles | None = None
         self.uplink: Uplink | None = None
@@ -149,6 +145,12 @@ class Agent:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def host(self) -> RuntimeHost:
+        """What serves models (`serve(path)` starts the runtime or hot-swaps it); the
+        update task and components hold it too."""
+        return self._host
 
     @property
     def pipeline(self) -> InferencePipeline | None:
@@ -193,11 +195,6 @@ class Agent:
             if self._scope is not None:
                 self._scope.cancel()
             await self._done.wait()
-
-    async def on_model_ready(self, path: Path) -> None:
-        """Serve the model at `path` (start the runtime, or hot-swap): `RuntimeHost.serve`,
-        for components and tests; the update task holds the host itself."""
-        await self._host.serve(path)
 
     # ------------------------------------------------------------------ internals
 
@@ -460,7 +457,7 @@ class Agent:
 
     def _health_payload(self, outbox: Outbox, uplink: Uplink, files: EnrollmentFiles) -> bytes:
         pipeline = self._host.pipeline
-        report = self.telemetry.report(
+        payload = self.telemetry.report_payload(
             self._clock.now(),
             node_id=files.node_id,
             agent_version=self._config.agent_version,
@@ -472,7 +469,7 @@ class Agent:
             uplink=uplink.stats,
         )
         self._save_baselines()
-        return encode_report(report)
+        return payload
 
     def _baselines_path(self) -> Path:
         return self._config.data_dir / BASELINES_FILE
@@ -500,7 +497,7 @@ class Agent:
     async def _run_runtime(self) -> None:
         # With the updater, it serves the journal's model (or model_path) at its start.
         if self._config.model_path is not None and self.updater is None:
-            await self.on_model_ready(self._config.model_path)
+            await self._host.serve(self._config.model_path)
         await self._stop.wait()
 
     def _count_result(self, result: FrameResult) -> None:

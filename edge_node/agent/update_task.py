@@ -139,9 +139,6 @@ class UpdateTaskSettings:
     """`runtime.model_path`: served while the journal names no active model."""
     retry: Backoff = field(default_factory=lambda: METADATA_RETRY)
     """Backoff of a refused assignment tried again by itself (`RETRIED_REFUSALS`)."""
-    hello_on_change: bool = True
-    """Send a fresh Hello when what the node runs changed (the agent does; a test of the
-    status sequence alone may turn it off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,7 +540,7 @@ class UpdateTask:
     async def _announce(self, before: RunningState) -> None:
         """What the node runs changed: a Hello says so, then the last status again (the
         Hello resets it upstream)."""
-        if not self._settings.hello_on_change or self.running() == before:
+        if self.running() == before:
             return
         await self._send(node_message(hello=self.hello()))
         if self._last_status is not None:

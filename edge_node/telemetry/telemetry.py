@@ -7,9 +7,10 @@ health loop calls ``report(now, …)`` from a worker thread once per interval: i
 pending frames into the latency sketches (under a lock the recorders never wait on, except
 when ``pending_frames_limit`` frames piled up because no report came, when the recording
 thread folds them itself and it is counted), samples the system, and returns the
-``edgefleet.agent.health/2`` document. No lock is held across I/O.
+``edgefleet.agent.health/2`` document (``report``) or its encoding (``report_payload``,
+checked and encoded once: the agent's path). No lock is held across I/O.
 
-What it is not for: sending (the agent appends ``encode_report(report)`` to its outbox) or
+What it is not for: sending (the agent appends ``report_payload``'s bytes to its outbox) or
 reaching into the pipeline, the outbox or the uplink: their numbers are passed in.
 """
 
@@ -37,9 +38,9 @@ from edge_node.telemetry.report import (
     StreamCounts,
     StreamTotals,
     UplinkCounts,
-    bound_size,
     cpu_section,
     errors_section,
+    fit_checked,
     latency_section,
     memory_section,
     outbox_section,
@@ -48,6 +49,7 @@ from edge_node.telemetry.report import (
     uplink_section,
 )
 from edge_node.telemetry.thermal import ThermalReading, throttling
+from protos.health_schema import check_report
 
 __all__ = ["ErrorLogHandler", "FrameTiming", "Probe", "Telemetry"]
 
@@ -190,6 +192,61 @@ class Telemetry:
         Its encoding (``encode_report``) fits ``max_report_bytes``. Blocking I/O (the
         probe): call it from a worker thread, one at a time.
         """
+        report, _ = self._report(
+            now,
+            node_id=node_id,
+            agent_version=agent_version,
+            active_model=active_model,
+            streams=streams,
+            capture=capture,
+            queue_depth_frames=queue_depth_frames,
+            outbox=outbox,
+            uplink=uplink,
+        )
+        return report
+
+    def report_payload(
+        self,
+        now: datetime,
+        *,
+        node_id: str,
+        agent_version: str,
+        active_model: str | None = None,
+        streams: Mapping[str, StreamCounts] | None = None,
+        capture: Mapping[str, CaptureCounts] | None = None,
+        queue_depth_frames: int | None = None,
+        outbox: OutboxCounts | None = None,
+        uplink: UplinkCounts | None = None,
+    ) -> bytes:
+        """``report``, encoded as the outbox stores it (``encode_report``'s bytes): the
+        agent's path, which checks and encodes the document once. Same rules as ``report``.
+        """
+        _, data = self._report(
+            now,
+            node_id=node_id,
+            agent_version=agent_version,
+            active_model=active_model,
+            streams=streams,
+            capture=capture,
+            queue_depth_frames=queue_depth_frames,
+            outbox=outbox,
+            uplink=uplink,
+        )
+        return data
+
+    def _report(
+        self,
+        now: datetime,
+        *,
+        node_id: str,
+        agent_version: str,
+        active_model: str | None,
+        streams: Mapping[str, StreamCounts] | None,
+        capture: Mapping[str, CaptureCounts] | None,
+        queue_depth_frames: int | None,
+        outbox: OutboxCounts | None,
+        uplink: UplinkCounts | None,
+    ) -> tuple[dict[str, Any], bytes]:
         cpu_started = time.thread_time()
         self._fold()
         with self._fold_lock:
@@ -256,13 +313,19 @@ class Telemetry:
             self._report_sample = sample
             self._window_started_s = end_s
             self._window_started_at = now
-            report["telemetry"] = {
-                "report_cpu_ms": round((time.thread_time() - cpu_started) * 1000.0, 3),
+            telemetry: dict[str, Any] = {
+                "report_cpu_ms": 0.0,
                 "inline_folds": inline_folds,
                 "sketches_dropped": False,
             }
-            bound_size(report, self.config.max_report_bytes)
-        return report
+            report["telemetry"] = telemetry
+            # The schema check is the costliest step, so it is inside the CPU time; the
+            # placeholder has the final value's type, so the check holds for both. Only
+            # the encoding (it must include the figure) is left out.
+            check_report(report)
+            telemetry["report_cpu_ms"] = round((time.thread_time() - cpu_started) * 1000.0, 3)
+            data = fit_checked(report, self.config.max_report_bytes)
+        return report, data
 
 
 class ErrorLogHandler(logging.Handler):

@@ -17,12 +17,10 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import (
     Metadata,
@@ -55,6 +53,9 @@ from edge_node.updater.tuf_fetch import TufClient, floor_target_path
 from edge_node.updater.watchdog import ModelHealth, WatchdogConfig
 from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
 
+if TYPE_CHECKING:
+    import onnx
+
 __all__ = [
     "FLEET",
     "MODEL",
@@ -78,6 +79,8 @@ ROOT, TARGETS, SNAPSHOT, TIMESTAMP = "root", "targets", "snapshot", "timestamp" 
 _YEAR: Final = timedelta(days=365)
 _MONTH: Final = timedelta(days=30)
 _FORMAT: Final = 1  # the `edgefleet` format version of custom fields and assignments
+_OPSET: Final = 17  # of the default ONNX domain, in every model the world builds
+_ARCH: Final = ("x86_64", "aarch64")  # a release's `compat.arch`, as `model push` signs it
 
 
 def model_target_path(model: str, version: str) -> str:
@@ -90,7 +93,11 @@ def _reference_target_path(model: str, version: str) -> str:
 
 
 def echo_model_bytes(add: float, shape: tuple[int, ...] = SHAPE) -> bytes:
-    """An ONNX model `y = images + add` (float32); distinct `add`, distinct bytes."""
+    """An ONNX model `y = images + add` (float32); distinct `add`, distinct bytes.
+
+    Needs `onnx` (the `dev` and `cli` extras have it; a box's `node` extra does not)."""
+    from onnx import TensorProto, helper, numpy_helper
+
     graph = helper.make_graph(
         [helper.make_node("Add", ["images", "c"], ["y"])],
         "echo",
@@ -105,7 +112,11 @@ def fragile_model_bytes(shape: tuple[int, ...] = SHAPE) -> bytes:
     """An ONNX model fine on its reference input (values in [0, 1)) and on dark frames,
     which fails on a frame with a white pixel (1.0 after scaling): it indexes past the
     end of a table, which ONNX Runtime refuses. A model that passes its self-test and
-    then fails on the cameras (the watchdog's case)."""
+    then fails on the cameras (the watchdog's case).
+
+    Needs `onnx` (the `dev` and `cli` extras have it; a box's `node` extra does not)."""
+    from onnx import TensorProto, helper, numpy_helper
+
     images = helper.make_tensor_value_info("images", TensorProto.FLOAT, list(shape))
     graph = helper.make_graph(
         [
@@ -123,7 +134,10 @@ def fragile_model_bytes(shape: tuple[int, ...] = SHAPE) -> bytes:
 
 
 def _serialized(graph: onnx.GraphProto) -> bytes:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return bytes(model.SerializeToString())
@@ -261,13 +275,20 @@ class UpdateWorld:
         reference = reference_pair_bytes(add if reference_add is None else reference_add)
         path = model_target_path(MODEL, version)
         ref_path = _reference_target_path(MODEL, version)
+        # What `edgefleet model push` signs (tests/edge_node/updater/
+        # test_world_matches_control_plane.py holds the two equal); `io` and `opset` are
+        # the echo model's, whatever `content` is.
+        tensor = {"dtype": "float32", "shape": list(SHAPE)}
         custom = {
             "edgefleet": _FORMAT,
             "kind": "model",
             "model": MODEL,
             "version": version,
             "release_counter": counter,
+            "io": {"inputs": [{"name": "images", **tensor}], "outputs": [{"name": "y", **tensor}]},
+            "opset": {"": _OPSET},
             "min_agent_version": "0.1.0",
+            "compat": {"execution_providers": ["CPUExecutionProvider"], "arch": list(_ARCH)},
             "reference": {
                 "path": ref_path,
                 "sha256": hashlib.sha256(reference).hexdigest(),
@@ -445,7 +466,7 @@ class UpdateWorld:
     ) -> UpdateTask:
         """The node's update task over `link` (default: a fresh `MemoryNodeLink` to
         `peer`), enrolled in `tmp/node` (see `write_trust_anchors`); `settings` go to
-        `UpdateTaskSettings` (e.g. `initial_model`, `retry`, `hello_on_change`)."""
+        `UpdateTaskSettings` (e.g. `initial_model`, `retry`)."""
         updater = UpdaterConfig(
             watchdog=watchdog or WatchdogConfig(), selftest_latency_budget_s=5.0
         )

@@ -248,14 +248,14 @@ async def test_a_configured_model_is_served_and_the_updater_seam_swaps_it(
             await until(lambda: agent.pipeline is not None)
             assert agent.pipeline is not None
             agent.pipeline.submit("cam", np.zeros((8, 8, 3), dtype=np.uint8))
-            await agent.on_model_ready(second)
+            await agent.host.serve(second)
             assert agent.pipeline.session.path == second
             await agent.shutdown()
     assert agent.pipeline is None
 
 
 async def test_a_stream_with_an_http_source_is_served_across_a_swap_and_a_dead_camera_is_not_fatal(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = echo_model(tmp_path / "v1.onnx", (1, 3, 8, 8))
     second = echo_model(tmp_path / "v2.onnx", (1, 3, 8, 8), add=1.0)
@@ -276,14 +276,15 @@ async def test_a_stream_with_an_http_source_is_served_across_a_swap_and_a_dead_c
             config = agent_config(
                 plane, tmp_path / "node", model_path=first, runtime=runtime, camera_sources=sources
             )
-            agent = Agent(config, SystemClock())
-            count = agent._count_result
+            count = Agent._count_result
 
-            def record(result: FrameResult) -> None:
+            def record(self: Agent, result: FrameResult) -> None:
                 results.append(result)
-                count(result)
+                count(self, result)
 
-            agent._count_result = record  # type: ignore[method-assign]
+            # On the class, before the agent binds it as its runtime's `on_result`.
+            monkeypatch.setattr(Agent, "_count_result", record)
+            agent = Agent(config, SystemClock())
             async with anyio.create_task_group() as group:
                 group.start_soon(agent.run)
                 with anyio.fail_after(15):
@@ -291,7 +292,7 @@ async def test_a_stream_with_an_http_source_is_served_across_a_swap_and_a_dead_c
                 await until(lambda: len(results) >= 5)
                 assert {r.stream for r in results} == {"door"}
                 assert float(results[-1].outputs["y"].mean()) == pytest.approx(128, abs=3)
-                await agent.on_model_ready(second)  # the same pipeline, a new session
+                await agent.host.serve(second)  # the same pipeline, a new session
                 await until(lambda: results[-1].model != results[0].model)
                 await until(lambda: agent.capture_stats()["dead"].failures.get("connect", 0) >= 3)
                 assert not agent.stopping

@@ -356,6 +356,25 @@ def test_a_report_over_its_byte_bound_drops_sketches_then_stream_detail() -> Non
     assert report["streams"] == {} and report["streams_omitted"] == 200
 
 
+def test_the_agents_payload_is_the_bounded_report_encoded_once() -> None:
+    config = TelemetryConfig(max_report_bytes=6000, max_model_versions=4)
+    rig = Rig(config)
+    for model in ("a", "b", "c", "d"):
+        for i in range(2000):
+            rig.telemetry.record_frame(model, 0.0001 * (1 + i), 0.0002 * (1 + i))
+    streams = {f"cam-{n:03d}": stream(f"cam-{n:03d}", submitted=n) for n in range(200)}
+    payload = rig.telemetry.report_payload(
+        rig.clock.now(), node_id="n-1", agent_version="0.1.0", streams=streams
+    )
+    assert len(payload) <= 6000
+    report = json.loads(payload)
+    assert encode_report(report) == payload  # the outbox's encoding, checked
+    assert report["seq"] == 1 and report["node_id"] == "n-1"
+    assert report["telemetry"]["sketches_dropped"] is True
+    assert report["streams"] == {} and report["streams_omitted"] == 200
+    assert report["telemetry"]["report_cpu_ms"] > 0.0  # the check's time is in it
+
+
 def test_stream_count_is_bounded_and_what_is_left_out_is_counted() -> None:
     rig = Rig(TelemetryConfig(max_streams=3))
     report = rig.report(streams={f"s{n}": stream(f"s{n}", submitted=1) for n in range(5)})
