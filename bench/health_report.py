@@ -138,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (name, call, the anchor's name or "" for a figure read alone); an anchor comes first
     calls: list[tuple[str, Callable[[], object], str]] = [
         ("dump alone (json.dumps)", dump, ""),
-        # Times encode_report as the agent's health loop called it when this was written.
+        # What the agent's Telemetry.report_payload adds to building the report: one schema
+        # check and one dump.
         ("node encode (check + dump)", lambda: encode_report(health), "dump alone (json.dumps)"),
         ("check_report alone", lambda: check_report(health), ""),
         ("json.loads alone", lambda: json.loads(data), ""),
