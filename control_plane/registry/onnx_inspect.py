@@ -339,7 +339,8 @@ def _tensor_spec(value: onnx.ValueInfoProto, role: str, where: str) -> TensorSpe
 
 def _dim(dim: onnx.TensorShapeProto.Dimension) -> Dim:
     which = dim.WhichOneof("value")
-    if which == "dim_value":
+    # Some exporters (PaddlePaddle's, e.g. PP-OCR) write a dynamic dimension as -1.
+    if which == "dim_value" and dim.dim_value >= 0:
         return int(dim.dim_value)
     if which == "dim_param" and dim.dim_param:
         return str(dim.dim_param)

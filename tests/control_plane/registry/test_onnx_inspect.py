@@ -111,6 +111,20 @@ def test_symbolic_and_unknown_dims(tmp_path: Path) -> None:
     }
 
 
+def test_a_negative_dim_value_is_a_dynamic_dim_and_gets_a_reference(tmp_path: Path) -> None:
+    """PaddlePaddle's exporter (PP-OCR's models) writes a dynamic batch as dim_value -1;
+    a push used to crash making the reference input ("negative dimensions")."""
+    model = _model(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3])],
+    )
+    path = _save(model, tmp_path / "m.onnx")
+    info = inspect_model(path)
+    assert info.inputs == (TensorSpec("x", "float32", ("?", 3)),)
+    assert make_reference(path, info).inputs["x"].shape == (1, 3)
+
+
 def test_scalar_tensors_have_an_empty_shape(tmp_path: Path) -> None:
     path = sample_models.identity_model(tmp_path / "scalar.onnx", shape=())
     info = inspect_model(path)
