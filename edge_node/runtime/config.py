@@ -20,6 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar, get_args
 
 from edge_node.runtime.errors import RuntimeConfigError
+from protos.bundle.spec import (
+    BundleError,
+    ChannelOrder,
+    ElementType,
+    Layout,
+    PreprocessConfig,
+    ResizeMode,
+)
+from protos.bundle.spec import parse_preprocess_config as _parse_preprocess
 
 __all__ = [
     "ChannelOrder",
@@ -43,10 +52,6 @@ __all__ = [
 
 GraphOptimization = Literal["disable", "basic", "extended", "all"]
 ExecutionMode = Literal["sequential", "parallel"]
-Layout = Literal["NCHW", "NHWC"]
-ResizeMode = Literal["bilinear", "nearest"]
-ElementType = Literal["float32", "float16", "uint8"]
-ChannelOrder = Literal["RGB", "BGR"]
 
 MAX_THREADS: Final = 256
 MAX_SIDE: Final = 8192
@@ -123,64 +128,6 @@ class SessionConfig:
             )
         if not isinstance(self.allow_spinning, bool):
             raise _fail("session.allow_spinning", "must be true or false", self.allow_spinning)
-
-
-@dataclass(frozen=True, slots=True)
-class PreprocessConfig:
-    """How a decoded HxWx3 uint8 RGB frame becomes the model's input tensor.
-
-    Per channel, in the model's ``channel_order``: ``(pixel * scale - mean) / std``, then cast
-    to ``dtype`` and laid out as ``layout`` with a batch of one. ``mean`` and ``std`` hold one
-    value (applied to every channel) or one per channel. A ``uint8`` input takes raw pixels,
-    so it must say ``scale 1, mean 0, std 1``: a normalisation cannot be silently dropped.
-    ``size`` is ``(height, width)``; ``None`` takes the model's fixed spatial size at load.
-    """
-
-    layout: Layout = "NCHW"
-    size: tuple[int, int] | None = None
-    resize: ResizeMode = "bilinear"
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
-    std: tuple[float, ...] = (1.0, 1.0, 1.0)
-    scale: float = 1.0 / 255.0
-    dtype: ElementType = "float32"
-    channel_order: ChannelOrder = "RGB"
-
-    def __post_init__(self) -> None:
-        _check_choice("preprocess.layout", self.layout, get_args(Layout))
-        _check_choice("preprocess.resize", self.resize, get_args(ResizeMode))
-        _check_choice("preprocess.dtype", self.dtype, get_args(ElementType))
-        _check_choice("preprocess.channel_order", self.channel_order, get_args(ChannelOrder))
-        if self.size is not None:
-            if not isinstance(self.size, tuple) or len(self.size) != 2:
-                raise _fail("preprocess.size", "must be [height, width] or null", self.size)
-            for side in self.size:
-                _check_int("preprocess.size", side, 1, MAX_SIDE)
-        _check_positive("preprocess.scale", self.scale)
-        for name, values in (("preprocess.mean", self.mean), ("preprocess.std", self.std)):
-            if (
-                not isinstance(values, tuple)
-                or len(values) not in (1, 3)
-                or not all(
-                    isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                    for v in values
-                )
-            ):
-                raise _fail(name, "must be 1 or 3 finite numbers (one per channel)", values)
-        if any(v <= 0 for v in self.std):
-            raise _fail("preprocess.std", "every value must be > 0", self.std)
-        if self.dtype == "uint8" and (
-            self.scale != 1 or any(v != 0 for v in self.mean) or any(v != 1 for v in self.std)
-        ):
-            raise _fail(
-                "preprocess.dtype",
-                "a uint8 input takes raw pixels: set scale 1, mean [0], std [1]",
-                {"scale": self.scale, "mean": self.mean, "std": self.std},
-            )
-
-    @property
-    def channels_in_config(self) -> int:
-        """How many channels mean/std describe (1 means: the same for every channel)."""
-        return max(len(self.mean), len(self.std))
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,20 +317,12 @@ def parse_session_config(raw: object) -> SessionConfig:
 
 
 def parse_preprocess_config(raw: object) -> PreprocessConfig:
-    reader = _Reader("preprocess", raw)
-    default = PreprocessConfig()
-    config = PreprocessConfig(
-        layout=reader.take("layout", _choice(Layout), default.layout),
-        size=reader.take("size", _size, default.size),
-        resize=reader.take("resize", _choice(ResizeMode), default.resize),
-        mean=reader.take("mean", _numbers, default.mean),
-        std=reader.take("std", _numbers, default.std),
-        scale=reader.take("scale", _number, default.scale),
-        dtype=reader.take("dtype", _choice(ElementType), default.dtype),
-        channel_order=reader.take("channel_order", _choice(ChannelOrder), default.channel_order),
-    )
-    reader.finish()
-    return config
+    """A node's own preprocess section: used only for a model signed without a runtime
+    spec (before model bundles) or served from a local ``model_path``."""
+    try:
+        return _parse_preprocess(raw)
+    except BundleError as exc:
+        raise RuntimeConfigError(exc.message, field=exc.field) from exc
 
 
 def parse_stream_config(raw: object) -> StreamConfig:

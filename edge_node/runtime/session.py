@@ -21,7 +21,6 @@ import logging
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -32,6 +31,7 @@ from edge_node.errors import ClosedError
 from edge_node.runtime.config import ElementType, PreprocessConfig, SessionConfig
 from edge_node.runtime.errors import InferenceError, ModelLoadError, ModelSignatureError
 from edge_node.runtime.preprocess import Preprocessor
+from protos.bundle.spec import BundleError, TensorSig, resolve_input
 
 __all__ = ["CPU_PROVIDER", "PREPROCESS_METADATA_KEY", "ModelSession", "choose_providers"]
 
@@ -242,78 +242,21 @@ def resolve_preprocess(
 ) -> tuple[PreprocessConfig, int]:
     """Check ``config`` against the model's one image input; return it with ``size`` set.
 
-    Also returns the model's channel count (1 or 3).
+    Also returns the model's channel count (1 or 3). The check is the model bundle's
+    (:func:`protos.bundle.spec.resolve_input`), the same one ``model push`` runs.
     """
-    inputs = session.get_inputs()
-    if len(inputs) != 1:
-        names = [i.name for i in inputs]
-        raise _mismatch(path, "number of inputs", f"{len(inputs)} inputs {names}", "one image")
-    model_input = inputs[0]
-    shape: list[int | str | None] = list(model_input.shape)
-    where = f"input {model_input.name!r} {shape}"
-
-    if len(shape) != 4:
-        raise _mismatch(path, f"{where}: rank", f"rank {len(shape)}", f"{config.layout} (rank 4)")
-
-    batch = shape[0]
-    if isinstance(batch, int) and batch != 1:
-        raise _mismatch(path, f"{where}: batch dimension", batch, "1 frame per run")
-
-    channel_axis, spatial_axes = (1, (2, 3)) if config.layout == "NCHW" else (3, (1, 2))
-    channels = shape[channel_axis]
-    if channels not in (1, 3):
-        other_layout, other_axis = ("NHWC", 3) if config.layout == "NCHW" else ("NCHW", 1)
-        hint = (
-            f" (it looks {other_layout}: {shape[other_axis]} on axis {other_axis})"
-            if shape[other_axis] in (1, 3)
-            else ""
-        )
-        raise _mismatch(
-            path,
-            f"{where}: channel axis",
-            f"{channels!r} on axis {channel_axis}{hint}",
-            f"layout {config.layout} (1 or 3 channels on axis {channel_axis})",
-        )
-    assert isinstance(channels, int)
-    if config.channels_in_config not in (1, channels):
-        raise _mismatch(
-            path,
-            f"{where}: channel count",
-            f"{channels} channel(s)",
-            f"mean {list(config.mean)} / std {list(config.std)}",
-        )
-
-    dims = [shape[a] for a in spatial_axes]
-    fixed = [d if isinstance(d, int) and d > 0 else None for d in dims]
-    if config.size is None:
-        height, width = fixed
-        if height is None or width is None:
-            raise _mismatch(
-                path,
-                f"{where}: spatial size",
-                f"dynamic height/width {dims}",
-                "no size (set preprocess.size for a model with a dynamic input)",
-            )
-        size = (height, width)
-    else:
-        for d, want, side in zip(fixed, config.size, ("height", "width"), strict=True):
-            if d is not None and d != want:
-                raise _mismatch(path, f"{where}: {side}", d, f"size {list(config.size)}")
-        size = config.size
-
-    element = _ELEMENT_TYPES.get(model_input.type)
-    if element is None:
-        raise _mismatch(path, f"{where}: element type", model_input.type, f"dtype {config.dtype}")
-    if element != config.dtype:
-        raise _mismatch(
-            path,
-            f"{where}: element type",
-            f"{model_input.type} ({element})",
-            f"dtype {config.dtype}",
-        )
-
-    _check_metadata(session, config, path)
-    return replace(config, size=size), channels
+    inputs = [
+        TensorSig.of(i.name, _ELEMENT_TYPES.get(i.type, i.type), i.shape)
+        for i in session.get_inputs()
+    ]
+    try:
+        resolved, channels = resolve_input(config, inputs)
+    except BundleError as exc:
+        raise ModelSignatureError(
+            f"{path.name}: {exc.message}", path=str(path), model=exc.model, config=exc.config
+        ) from exc
+    _check_metadata(session, resolved, path)
+    return resolved, channels
 
 
 def _check_metadata(session: Any, config: PreprocessConfig, path: Path) -> None:

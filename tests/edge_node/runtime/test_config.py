@@ -88,7 +88,7 @@ def test_a_single_number_is_one_value_for_every_channel() -> None:
         ({"size": [0, 224]}, "preprocess.size"),
         ({"size": "224x224"}, "preprocess.size"),
         ({"mean": [0.5, 0.5]}, "preprocess.mean"),
-        ({"mean": "0.5"}, "preprocess.mean"),
+        ({"mean": "half"}, "preprocess.mean"),
         ({"std": [0.2, 0.0, 0.2]}, "preprocess.std"),
         ({"std": [0.2, float("nan"), 0.2]}, "preprocess.std"),
         ({"scale": 0}, "preprocess.scale"),

@@ -18,6 +18,7 @@ from edge_node.runtime.preprocess import (
     decode_frame,
     resize_image,
 )
+from protos.bundle.preprocess import ImageError
 
 
 def frame(h: int = 2, w: int = 3) -> npt.NDArray[np.uint8]:
@@ -171,7 +172,7 @@ def test_oversized_frames_are_refused_before_any_work() -> None:
 
 def test_preprocessor_rejects_bad_frames_too() -> None:
     pre = Preprocessor(PreprocessConfig(size=(4, 4)), channels=3)
-    with pytest.raises(BadFrameError):
+    with pytest.raises(ImageError):
         pre(np.zeros((4, 4, 3), dtype=np.int16))
 
 

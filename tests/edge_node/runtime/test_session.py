@@ -100,7 +100,7 @@ def test_fallback_with_the_real_provider_list(tmp_path: Path) -> None:
         ((1, 3, 8, 8), "float32", PreprocessConfig(layout="NHWC"), "it looks NCHW"),
         ((1, 3, 8, 8), "float32", PreprocessConfig(size=(16, 16)), "height: the model has 8"),
         ((1, 3, 8, 16), "float32", PreprocessConfig(size=(8, 8)), "width: the model has 16"),
-        ((1, 3, 8, 8), "float16", PreprocessConfig(), "tensor(float16) (float16)"),
+        ((1, 3, 8, 8), "float16", PreprocessConfig(), "the model has float16"),
         ((1, 3, 8, 8), "uint8", PreprocessConfig(), "dtype float32"),
         ((1, 4, 8, 8), "float32", PreprocessConfig(), "4 on axis 1"),
         ((1, 1, 8, 8), "float32", PreprocessConfig(), "channel count"),  # 3 means for 1 channel
@@ -124,7 +124,7 @@ def test_signature_mismatches_name_both_sides(
     message = str(caught.value)
     assert expected in message
     assert "the model has" in message
-    assert "the preprocess config says" in message
+    assert "the runtime config says" in message
     assert {"model", "config", "path"} <= caught.value.fields.keys()
 
 
