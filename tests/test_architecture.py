@@ -3,7 +3,9 @@
 - device_sdk imports nothing from control_plane or edge_node;
 - edge_node and control_plane never import each other (they share only protos/);
 - a pure core never imports a framework, a database, a broker or a runtime, neither
-  itself (AST) nor through anything it imports (a fresh interpreter that refuses them).
+  itself (AST) nor through anything it imports (a fresh interpreter that refuses them);
+- the server installs without numpy (ADR 0022): numpy is for the node and the operator's
+  CLI, so the server's modules never import numpy, nor the numpy half of protos.bundle.
 """
 
 from __future__ import annotations
@@ -72,7 +74,31 @@ PURE_CORES = (
     "edge_node/telemetry/report.py",
     "edge_node/capture/config.py",
     "edge_node/capture/schedule.py",
+    "protos/bundle/spec.py",
+    "protos/bundle/results.py",
+    "protos/bundle/geometry.py",
+    "protos/bundle/preprocess.py",
+    "protos/bundle/decoders.py",
 )
+
+# Modules that need numpy (the node's and the CLI's, never the server's). The rest of
+# protos.bundle (spec, results) is what the server reads, and imports without numpy.
+NUMPY_MODULES = (
+    "protos.bundle.geometry",
+    "protos.bundle.preprocess",
+    "protos.bundle.decoders",
+)
+NUMPY_FREE_BUNDLE = ("protos.bundle", "protos.bundle.spec", "protos.bundle.results")
+
+# The operator's modules that check or run ONNX models: `edgefleet[cli]`, not the server
+# (tests/test_packaging.py imports everything else on a server install).
+CLI_ONLY = (
+    "control_plane.registry.onnx_inspect",
+    "control_plane.registry.sample_models",
+    "control_plane.cli.release",
+    "control_plane.demo",
+)
+NUMPY_PACKAGES = frozenset({"numpy", "onnx", "onnxruntime", "PIL"})
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -175,14 +201,14 @@ def module_name(core: str) -> str:
     return core.removesuffix(".py").replace("/", ".")
 
 
-def probe_import(module: str) -> Probe:
+def probe_import(module: str, refused: tuple[str, ...] = FRAMEWORKS) -> Probe:
     """Import `module` in a fresh interpreter that refuses every framework import."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, module, ",".join(FRAMEWORKS)],
+        [sys.executable, "-c", PROBE, module, ",".join(refused)],
         capture_output=True,
         text=True,
         check=True,
@@ -253,3 +279,63 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "bad.py"
     module.write_text("import sqlalchemy\nfrom control_plane.errors import X\n")
     assert imported_modules(module) == ["sqlalchemy", "control_plane.errors"]
+
+
+@pytest.mark.parametrize("module", NUMPY_FREE_BUNDLE)
+def test_what_the_server_reads_of_the_bundle_needs_no_numpy(module: str) -> None:
+    assert faults(probe_import(module, (*FRAMEWORKS, "numpy"))) == []
+
+
+def test_the_numpy_half_of_the_bundle_is_seen_by_the_probe() -> None:
+    probe = probe_import("protos.bundle.decoders", (*FRAMEWORKS, "numpy"))
+    assert "protos.bundle.decoders imports numpy" in faults(probe)
+
+
+def import_time_modules(path: Path) -> list[str]:
+    """What importing ``path`` imports (not the imports inside its functions), with
+    ``from a import b`` counted as both ``a`` and ``a.b``."""
+    names: list[str] = []
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                names.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.append(node.module)
+                names.extend(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    visit(getattr(node, field, []))
+
+    visit(ast.parse(path.read_text(), filename=str(path)).body)
+    return names
+
+
+def test_the_server_side_imports_no_numpy() -> None:
+    """Only the CLI's modules may need numpy when imported; one that imports a CLI module
+    is a CLI module too (list it in CLI_ONLY)."""
+    needs_numpy = (*NUMPY_MODULES, *CLI_ONLY)
+    found = []
+    for package in ("control_plane", "protos"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            module = module_name(str(path.relative_to(ROOT))).removesuffix(".__init__")
+            if module in needs_numpy or "migrations" in module:
+                continue
+            found += [
+                f"{module}: {name}"
+                for name in import_time_modules(path)
+                if name.partition(".")[0] in NUMPY_PACKAGES or name in needs_numpy
+            ]
+    assert found == []
+
+
+def test_the_import_time_reader_skips_function_bodies(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from protos.bundle import decoders\n"
+        "try:\n    import numpy\nexcept ImportError:\n    pass\n"
+        "def f():\n    import onnx\n"
+    )
+    assert import_time_modules(module) == ["protos.bundle", "protos.bundle.decoders", "numpy"]

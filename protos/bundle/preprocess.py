@@ -10,6 +10,10 @@ model's input signature first (:func:`~protos.bundle.spec.resolve_input`); here 
 as valid. An image that is not HxWx3 uint8 raises :class:`ImageError` (the node checks
 frames before they get here).
 
+``fit: letterbox`` resizes by one scale for both axes (``min(H/h, W/w)``), centres the image
+and fills the rest with ``pad_value`` normalised like a pixel; :meth:`Preprocessor.geometry`
+says where the frame went, for the decoders to map boxes back.
+
 Resizing follows the half-pixel convention (OpenCV ``INTER_LINEAR``, ONNX ``Resize`` with
 ``half_pixel``); it does not antialias when shrinking, as OpenCV does not. Index tables are
 cached per input size: a camera sends one size, so each frame only gathers and blends.
@@ -24,6 +28,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from protos.bundle.geometry import Geometry
 from protos.bundle.spec import PreprocessConfig
 
 __all__ = ["ImageError", "Preprocessor", "check_image", "resize_image"]
@@ -145,8 +150,14 @@ def _blend_rows(
     flat: npt.NDArray[Any], plan: _Plan, ws: _Workspace, key: str
 ) -> npt.NDArray[np.float32]:
     shape = (len(plan.rows0), flat.shape[1])
-    top = np.take(flat, plan.rows0, axis=0, out=ws.get(f"{key}.top", shape, flat.dtype.type))
-    bottom = np.take(flat, plan.rows1, axis=0, out=ws.get(f"{key}.bottom", shape, flat.dtype.type))
+    # mode="clip" (the indices are in range anyway): with the default "raise" np.take
+    # gathers into a fresh buffer first and copies it into out.
+    top = np.take(
+        flat, plan.rows0, axis=0, mode="clip", out=ws.get(f"{key}.top", shape, flat.dtype.type)
+    )
+    bottom = np.take(
+        flat, plan.rows1, axis=0, mode="clip", out=ws.get(f"{key}.bottom", shape, flat.dtype.type)
+    )
     out: npt.NDArray[np.float32] = ws.get(f"{key}.rows", shape, np.float32)
     np.subtract(bottom, top, out=out, dtype=np.float32)
     out *= plan.row_weight
@@ -158,7 +169,6 @@ def _blend_cols(
     flat: npt.NDArray[Any], plan: _Plan, ws: _Workspace, key: str
 ) -> npt.NDArray[np.float32]:
     shape = (flat.shape[0], len(plan.flat0))
-    # mode="clip" (the indices are in range anyway) lets np.take write straight into out.
     left = np.take(
         flat, plan.flat0, axis=1, mode="clip", out=ws.get(f"{key}.left", shape, flat.dtype.type)
     )
@@ -180,6 +190,7 @@ def _apply(image: npt.NDArray[Any], plan: _Plan, ws: _Workspace) -> npt.NDArray[
             flat,
             plan.rows0,
             axis=0,
+            mode="clip",
             out=ws.get("nearest.rows", (len(plan.rows0), flat.shape[1]), flat.dtype.type),
         )
         out = ws.get("nearest.out", (len(plan.rows0), len(plan.flat0)), flat.dtype.type)
@@ -208,6 +219,8 @@ class Preprocessor:
     ``channels`` is the model's channel count: 3 (reordered to ``channel_order``) or 1 (BT.601
     luma of the RGB frame). Each calling thread keeps its own scratch arrays, so steady-state
     preprocessing allocates nothing but the output — and not even that with ``reuse=True``.
+    A letterboxed output's border is written on every call (a reused buffer may have held a
+    frame of another size).
     """
 
     def __init__(self, config: PreprocessConfig, channels: int) -> None:
@@ -229,6 +242,9 @@ class Preprocessor:
         self._gain = (config.scale / std).astype(np.float32).reshape(shape)
         self._offset = (-mean / std).astype(np.float32).reshape(shape)
         self._identity = bool(np.all(self._gain == 1) and np.all(self._offset == 0))
+        self._letterbox = config.fit == "letterbox"
+        # The border, per channel, as the model sees it (uint8 configs have gain 1, offset 0).
+        self._pad = (config.pad_value * self._gain + self._offset).astype(self._dtype)
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self._plans_lock = threading.Lock()
         self._workspaces = _ThreadWorkspaces()
@@ -255,17 +271,63 @@ class Preprocessor:
             if reuse
             else np.empty(shape, dtype=self._dtype)
         )
-        self._normalise(view, out, workspaces.scratch)
+        window = self._border(out, pixels.shape[0], pixels.shape[1]) if self._letterbox else out
+        self._normalise(view, window, workspaces.scratch)
         return out[None]
+
+    def geometry(self, frame_h: int, frame_w: int) -> Geometry:
+        """Where a ``frame_h`` x ``frame_w`` frame lands in the model's input (what the
+        decoders need to map boxes back to the frame)."""
+        if frame_h < 1 or frame_w < 1:
+            raise ImageError(f"a frame has pixels, got {frame_h}x{frame_w}")
+        height, width = self.size
+        if not self._letterbox:
+            return Geometry.stretch(frame_h, frame_w, height, width)
+        fitted_h, fitted_w = self._fitted(frame_h, frame_w)
+        return Geometry(
+            frame_h,
+            frame_w,
+            height,
+            width,
+            scale_x=fitted_w / frame_w,
+            scale_y=fitted_h / frame_h,
+            pad_x=float((width - fitted_w) // 2),
+            pad_y=float((height - fitted_h) // 2),
+        )
+
+    def _fitted(self, frame_h: int, frame_w: int) -> tuple[int, int]:
+        """The letterboxed image's size inside the input: one scale for both axes."""
+        height, width = self.size
+        scale = min(height / frame_h, width / frame_w)
+        return (
+            min(height, max(1, round(frame_h * scale))),
+            min(width, max(1, round(frame_w * scale))),
+        )
+
+    def _border(self, out: npt.NDArray[Any], fitted_h: int, fitted_w: int) -> npt.NDArray[Any]:
+        """Fill the letterbox border of ``out`` (C,H,W or H,W,C) with the pad value; return
+        the centred window the image goes into."""
+        height, width = self.size
+        top, left = (height - fitted_h) // 2, (width - fitted_w) // 2
+        bottom, right = top + fitted_h, left + fitted_w
+        planes = out if self.config.layout == "NHWC" else out.transpose(1, 2, 0)  # H, W, C view
+        pad = self._pad.reshape(-1)
+        planes[:top] = pad
+        planes[bottom:] = pad
+        planes[top:bottom, :left] = pad
+        planes[top:bottom, right:] = pad
+        window = planes[top:bottom, left:right]
+        return window if self.config.layout == "NHWC" else window.transpose(2, 0, 1)
 
     def _resize(self, image: npt.NDArray[np.uint8], ws: _Workspace) -> npt.NDArray[Any]:
         shape_in: tuple[int, int, int] = image.shape  # HxWx3, checked
-        if shape_in[:2] == self.size:
+        size = self._fitted(shape_in[0], shape_in[1]) if self._letterbox else self.size
+        if shape_in[:2] == size:
             return image
         image = np.ascontiguousarray(image)  # a cropped view must not change the flat indexing
         plan = self._plans.get(shape_in)
         if plan is None:
-            plan = _plan(shape_in, self.size, self.config.resize)
+            plan = _plan(shape_in, size, self.config.resize)
             with self._plans_lock:
                 if len(self._plans) >= _PLAN_CACHE_SIZE:
                     self._plans.clear()  # a camera that keeps changing size: rebuild, stay bounded
@@ -276,7 +338,9 @@ class Preprocessor:
         """``view`` (laid out, uint8 or float32) into ``out`` of the model's dtype."""
         if self._dtype is np.uint8:
             if view.dtype != np.uint8:
-                view = np.clip(np.rint(view), 0, 255)
+                rounded = ws.get("rounded", view.shape, np.float32)
+                np.rint(view, out=rounded)
+                view = np.clip(rounded, 0, 255, out=rounded)
             np.copyto(out, view, casting="unsafe")
             return
         target = out if self._dtype is np.float32 else ws.get("normalised", out.shape, np.float32)

@@ -40,12 +40,14 @@ __all__ = [
     "ResizeMode",
     "RuntimeSpec",
     "TensorSig",
+    "box_layout",
     "check_outputs",
     "parse_output_spec",
     "parse_preprocess_config",
     "parse_runtime_spec",
     "resolve_input",
     "runtime_of_custom",
+    "yolox_candidates",
 ]
 
 RUNTIME_FORMAT: Final = 1
@@ -212,11 +214,13 @@ class OutputSpec:
       with ``score >= score_threshold``; ``softmax`` first when the model emits logits.
     - ``yolo``: one ``[1, N, K]`` or ``[1, K, N]`` tensor of candidate boxes,
       ``K = 4 + objectness + classes`` (``box_format`` cxcywh or xyxy, in input pixels);
-      score = class score (times objectness); ``score_threshold``, class-wise NMS at
-      ``iou_threshold``, at most ``max_detections``. YOLOv8 exports: objectness false;
-      YOLOv5: true.
-    - ``yolox``: as yolo with objectness, but the boxes are raw grid offsets decoded with
-      ``strides`` (YOLOX's exports without ``decode_in_inference``).
+      the axis that is K is found by :func:`box_layout` (from the labels, else the smaller
+      one). Score = best class score (times objectness); ``score_threshold``, class-wise
+      NMS at ``iou_threshold``, at most ``max_detections``, best first. YOLOv8 exports:
+      objectness false; YOLOv5: true.
+    - ``yolox``: as yolo with objectness and cxcywh, but the boxes are raw grid offsets
+      decoded with ``strides`` over the input size (YOLOX's exports without
+      ``decode_in_inference``); N must be :func:`yolox_candidates` of the input size.
     - ``raw``: a summary per output tensor (shape, min, max, mean; with ``threshold``, the
       fraction of values above it — e.g. text pixels of a segmentation map).
     ``output`` names the tensor read (``None``: the model's first output).
@@ -464,21 +468,42 @@ def _choice(literal: Any) -> Callable[[str, Any], Any]:
     return inner
 
 
+def _placed(where: str, own: str, build: Callable[[], T]) -> T:
+    """``build()``, with a dataclass's own field names (``preprocess.size``) rewritten to
+    where the mapping sits (``custom.runtime.preprocess.size``): one spelling per field."""
+    try:
+        return build()
+    except BundleError as exc:
+        if where == own or not exc.field.startswith(own):
+            raise
+        placed = where + exc.field[len(own) :]
+        message = exc.message
+        if message.startswith(exc.field):
+            message = placed + message[len(exc.field) :]
+        raise BundleError(message, field=placed, model=exc.model, config=exc.config) from None
+
+
 def parse_preprocess_config(raw: object, *, where: str = "preprocess") -> PreprocessConfig:
     """A preprocess mapping (an operator's YAML, or the signed form) to a config."""
     reader = _Reader(where, raw)
     default = PreprocessConfig()
-    config = PreprocessConfig(
-        layout=reader.take("layout", _choice(Layout), default.layout),
-        size=reader.take("size", _size, default.size),
-        resize=reader.take("resize", _choice(ResizeMode), default.resize),
-        mean=reader.take("mean", _numbers, default.mean),
-        std=reader.take("std", _numbers, default.std),
-        scale=reader.take("scale", _number, default.scale),
-        dtype=reader.take("dtype", _choice(ElementType), default.dtype),
-        channel_order=reader.take("channel_order", _choice(ChannelOrder), default.channel_order),
-        fit=reader.take("fit", _choice(Fit), default.fit),
-        pad_value=reader.take("pad_value", _int, default.pad_value),
+    config = _placed(
+        where,
+        "preprocess",
+        lambda: PreprocessConfig(
+            layout=reader.take("layout", _choice(Layout), default.layout),
+            size=reader.take("size", _size, default.size),
+            resize=reader.take("resize", _choice(ResizeMode), default.resize),
+            mean=reader.take("mean", _numbers, default.mean),
+            std=reader.take("std", _numbers, default.std),
+            scale=reader.take("scale", _number, default.scale),
+            dtype=reader.take("dtype", _choice(ElementType), default.dtype),
+            channel_order=reader.take(
+                "channel_order", _choice(ChannelOrder), default.channel_order
+            ),
+            fit=reader.take("fit", _choice(Fit), default.fit),
+            pad_value=reader.take("pad_value", _int, default.pad_value),
+        ),
     )
     reader.finish()
     return config
@@ -508,7 +533,7 @@ def parse_output_spec(raw: object, *, where: str = "output") -> OutputSpec:
     }
     output = reader.take("output", _optional(_str), None)
     reader.finish(allowed=("decoder", "output", *params))
-    return replace(default, output=output, **values)
+    return _placed(where, "output", lambda: replace(default, output=output, **values))
 
 
 def parse_runtime_spec(raw: object, *, where: str = "runtime") -> RuntimeSpec:
@@ -527,19 +552,15 @@ def parse_runtime_spec(raw: object, *, where: str = "runtime") -> RuntimeSpec:
         )
     if not reader.has("output"):
         raise _fail(f"{where}.output", "is required (the output decoder)", None)
-    spec = RuntimeSpec(
-        preprocess=reader.take(
-            "preprocess",
-            lambda n, v: parse_preprocess_config(v, where=n),
-            PreprocessConfig(),
-        ),
-        output=reader.take("output", lambda n, v: parse_output_spec(v, where=n), OutputSpec()),
-        labels=reader.take(
-            "labels",
-            lambda n, v: tuple(_str(n, item) for item in _list(n, v, MAX_LABELS)),
-            (),
-        ),
+    preprocess = reader.take(
+        "preprocess", lambda n, v: parse_preprocess_config(v, where=n), PreprocessConfig()
     )
+    output = reader.take("output", lambda n, v: parse_output_spec(v, where=n), OutputSpec())
+    no_labels: tuple[str, ...] = ()
+    labels = reader.take(
+        "labels", lambda n, v: tuple(_str(n, item) for item in _list(n, v, MAX_LABELS)), no_labels
+    )
+    spec = _placed(f"{where}.labels", "labels", lambda: RuntimeSpec(preprocess, output, labels))
     reader.finish()
     return spec
 
@@ -661,8 +682,9 @@ def _pick_output(spec: OutputSpec, outputs: Sequence[TensorSig]) -> TensorSig:
 
 def check_outputs(spec: RuntimeSpec, outputs: Sequence[TensorSig]) -> None:
     """Refuse a decoder the model's outputs cannot feed: a missing tensor, a non-float
-    one, a rank or class count the decoder cannot read. Dynamic dims are taken on trust
-    here and checked again on the first run."""
+    one, a rank or class count the decoder cannot read (:func:`box_layout` for boxes), and
+    for yolox with a known input size a grid that does not fit it. Dynamic dims are taken
+    on trust here; the decoder checks the real tensor on every run."""
     output = spec.output
     if output.decoder == "raw":
         if output.output is not None:
@@ -697,22 +719,74 @@ def check_outputs(spec: RuntimeSpec, outputs: Sequence[TensorSig]) -> None:
     if dims[0] not in (None, 1):
         raise _mismatch(f"{where}: batch dimension", dims[0], "1 frame per run", "output")
     objectness = output.decoder == "yolox" or output.objectness
-    extra = 5 if objectness else 4
-    candidates = [d for d in dims[1:] if d is not None]
-    if not labels:
-        if candidates and all(d <= extra for d in candidates):
+    first, second = dims[1], dims[2]
+    if first is not None and second is not None:
+        transposed, _ = box_layout(
+            (first, second), objectness=objectness, labels=labels, where=where
+        )
+        candidates = second if transposed else first
+        size = spec.preprocess.size
+        if output.decoder == "yolox" and size is not None:
+            want = yolox_candidates(size, output.strides)
+            if candidates != want:
+                raise _mismatch(
+                    f"{where}: grid cells",
+                    f"{candidates} candidate boxes",
+                    f"{want} (input {list(size)} at strides {list(output.strides)})",
+                    "output.strides",
+                )
+    elif not labels:
+        # The smaller dim is K, so a fixed dim too small for K leaves no class scores
+        # whatever the dynamic one turns out to be.
+        extra = 5 if objectness else 4
+        fixed = first if first is not None else second
+        if fixed is not None and fixed <= extra:
             raise _mismatch(
                 f"{where}: box width",
-                f"{candidates}",
-                f"{extra} box values plus at least one class score",
+                f"{fixed} on a fixed axis",
+                f"more than {extra} values per box ({extra} box values + class scores)",
                 "output",
             )
-        return
-    want = extra + labels
-    if candidates and want not in candidates and None not in dims[1:]:
+
+
+def box_layout(
+    dims: tuple[int, int], *, objectness: bool, labels: int, where: str = "output"
+) -> tuple[bool, int]:
+    """How a ``[1, A, B]`` box tensor is laid out: ``(transposed, K)``, ``transposed`` when
+    it is ``[1, K, N]``, with ``K = 4 + objectness + classes`` values per candidate box.
+
+    With labels, K is known and picks the axis (``[1, N, K]`` when both match). Without,
+    the smaller axis is K (a detector proposes more boxes than it has classes; ``[1, N, K]``
+    on a tie), and it must leave at least one class score. :func:`check_outputs` and the
+    decoders both use this rule.
+    """
+    extra = 5 if objectness else 4
+    first, second = dims
+    if labels:
+        want = extra + labels
+        if second == want:
+            return False, want
+        if first == want:
+            return True, want
         raise _mismatch(
             f"{where}: box width",
-            f"{dims[1]} or {dims[2]} values per box",
+            f"{first} or {second} values per box",
             f"{want} ({extra} box values + {labels} labels)",
             "labels",
         )
+    k = min(first, second)
+    if k <= extra:
+        raise _mismatch(
+            f"{where}: box width",
+            f"{k} values per box (the smaller of {first}, {second})",
+            f"more than {extra} ({extra} box values + class scores)",
+            "output",
+        )
+    return first < second, k
+
+
+def yolox_candidates(size: tuple[int, int], strides: Sequence[int]) -> int:
+    """The number of grid cells a YOLOX head predicts for an input of ``size`` (h, w):
+    ``ceil(h/s) * ceil(w/s)`` summed over the strides (a stride-2 conv rounds up)."""
+    height, width = size
+    return sum(-(-height // s) * -(-width // s) for s in strides)
