@@ -445,7 +445,7 @@ def measure_setting(
     case: ModelCase, frames: Sequence[bytes], cores: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One model on ``cores`` CPUs: every variant, ABC rounds, ratios to the bare serial loop."""
-    session = SessionConfig(intra_op_threads=1, inter_op_threads=1)
+    session = SessionConfig(intra_op_threads=1, inter_op_threads=1, allow_spinning=args.spin)
     with on_cpus(cores) as cpus:
         same = BareLoop(case, session, reduced=True)
         full = BareLoop(case, session, reduced=False)
@@ -494,6 +494,7 @@ def measure_setting(
                 "cores": cores,
                 "cpus": sorted(cpus),
                 "intra_op_threads": 1,
+                "allow_spinning": args.spin,
                 "frames_per_block": n,
                 "rounds": args.rounds,
                 "fps": {k: median(v) for k, v in fps.items()},
@@ -754,6 +755,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[1, 2],
         help="core counts to measure (1: the serial goal, 2: the pipelined one)",
     )
+    parser.add_argument("--spin", action="store_true", help="allow_spinning=True (ADR 0011)")
     parser.add_argument("--rounds", type=int, default=9, help="ABC rounds per setting")
     parser.add_argument("--block-s", type=float, default=0.6, help="seconds per block")
     parser.add_argument("--min-frames", type=int, default=5, help="frames per block at least")

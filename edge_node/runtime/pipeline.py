@@ -127,7 +127,8 @@ class SessionRetirement:
 @dataclass(frozen=True, slots=True)
 class StopReport:
     """``drained``: every queued frame was served before the deadline; else ``discarded``
-    were dropped (``dropped{shutdown}``) and ``workers_running`` still finish one frame each."""
+    (queued, or prepared and waiting) were dropped (``dropped{shutdown}``) and
+    ``workers_running`` threads (preprocess or inference) still finish one frame each."""
 
     drained: bool
     discarded: int
