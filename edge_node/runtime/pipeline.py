@@ -152,11 +152,15 @@ class _Lease:
 
 @dataclass(slots=True)
 class _Prepared:
-    """One frame, preprocessed for ``lease``'s session (which it holds), with its times."""
+    """One frame, preprocessed for ``lease``'s session (which it holds), with its times.
+
+    ``image_size`` is the decoded image's (height, width): the camera's, or less when a
+    JPEG was decoded at reduced size (the same picture, so normalised coordinates hold)."""
 
     frame: Frame
     lease: _Lease
     batch: npt.NDArray[Any]
+    image_size: tuple[int, int]
     picked: float
     prepared: float
 
@@ -519,7 +523,8 @@ class InferencePipeline:
         except BaseException:
             self._release(lease)
             raise
-        return _Prepared(frame, lease, batch, picked, ticker.monotonic())
+        height, width = image.shape[:2]
+        return _Prepared(frame, lease, batch, (height, width), picked, ticker.monotonic())
 
     def _infer(self, item: _Prepared) -> None:
         """Run ``item`` on the session it was prepared for, release it, report the result."""
