@@ -1,11 +1,16 @@
 """Hot swap under a camera: per-frame latency in steady state and around model swaps.
 
-One process, one CPU (pinned, like the other benches), the agent's real pipeline
-(``InferencePipeline``, one stream with the default queue of 2, latest frame wins) fed by a
-camera thread at a steady frame rate. After a warm-up, a steady block with no swap (the
+One process on ``--cores`` CPUs (one by default, pinned, like the other benches), the
+agent's real pipeline (``InferencePipeline``, one stream with the default queue of 2, latest
+frame wins, the agent's default ``preprocess_threads`` for that many cores) fed by a camera
+thread with JPEG frames at a steady rate. After a warm-up, a steady block with no swap (the
 anchor), then ``--swaps`` hot swaps every ``--every`` seconds between two versions of the
-model, each done as the agent does it: load the new ``ModelSession`` in another thread while
-the old one serves, then ``swap_session``. Reports:
+model, each done as the agent does it, in another thread while the old version serves, on
+the same cores: the **self-test** of the new version on its reference pair (the updater's
+``self_test``, which loads its own session and runs it six times), then the new
+``ModelSession`` is loaded, then ``swap_session``. ``--priority`` runs that work at normal
+priority (what the agent does today) or at background priority
+(``edge_node.runtime.priority.run_in_background``: nice 19, or ``SCHED_IDLE``). Reports:
 
 - P50/P95/P99 of submit → result latency in the steady block;
 - the same for the frames of the *swap windows* — a window runs from the swap request (the
@@ -15,15 +20,20 @@ the old one serves, then ``swap_session``. Reports:
   an older frame) or failed — the issue wants none; drops elsewhere are counted apart;
 - the verdict: P99 in the windows at most 1.5 x the steady P99 (issue 4 §5).
 
-``--warm-up on|alternate`` prepares the new session before the swap (runs it on a frame,
-in its loading thread, optionally at ``--loader-nice``), to compare with the plain swap.
+``--warm-up on|alternate`` also runs the new session on a frame before the swap (in the
+same thread), to compare with the plain swap; ``--self-test off`` leaves the self-test out.
 
 The model is PP-OCRv4's text detector from the ``rapidocr-onnxruntime`` wheel (the ``bench``
-extra) found as in ``bench.runtime_overhead``, else its stand-in CNN. The two "versions"
-are two copies of the same file: a retrained model costs the same to load and warm up.
-Not a test: it asserts nothing unless ``--check`` is given. See docs/benchmarks.md.
+extra) at a fixed ``--size`` (416x416: the cost of a 416-pixel detector), found as in
+``bench.runtime_overhead``, else its stand-in CNN. The two "versions" are two copies of the
+same file with one reference pair (made here the way ``model push`` makes one: the
+preprocessed tensor of a camera frame and ONNX Runtime's output on it): a retrained model
+costs the same to test, load and warm up. Not a test: it asserts nothing unless ``--check``
+is given. See docs/benchmarks.md.
 
-    python -m bench.hot_swap [--model PATH | --wheel PATH] [--fps 8] [--swaps 12] [--every 3]
+    python -m bench.hot_swap [--model PATH | --wheel PATH] [--busy 0.4 | --fps N]
+        [--swaps 12] [--every 3] [--priority normal|nice|idle|alternate]
+        [--self-test on|off] [--cores 1]
 """
 
 from __future__ import annotations
@@ -41,10 +51,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
 from bench._report import Report, parse_benchmark_args
-from bench._util import BENCH_DIR, can_pin, pct, pin_self
-from bench.runtime_overhead import build_mid_cnn, find_ppocr, frames_for, onnx_machine
+from bench._util import BENCH_DIR, can_pin, pct
+from bench.runtime_overhead import (
+    build_mid_cnn,
+    camera_frames,
+    find_ppocr,
+    on_cpus,
+    onnx_machine,
+    parse_hw,
+    ppocr_preprocess,
+)
 from edge_node.clock import SystemClock
 from edge_node.runtime import (
     FrameResult,
@@ -55,9 +74,18 @@ from edge_node.runtime import (
     SessionConfig,
     StreamConfig,
 )
+from edge_node.runtime.config import preprocess_threads_for
+from edge_node.runtime.preprocess import DecodeTarget, PillowDecoder
+from edge_node.runtime.priority import Background, background_safe, run_in_background
+from edge_node.runtime.session import session_options
+from edge_node.updater.selftest import SelfTestResult, self_test
 
 GOAL_FACTOR = 1.5
 """Issue goal: P99 during a hot swap at most 1.5 x the steady P99."""
+
+
+SELF_TEST_TOLERANCE = 1e-3
+"""atol and rtol of the self-test (a copy of the same file reproduces its outputs exactly)."""
 
 
 @dataclass
@@ -65,9 +93,12 @@ class Swap:
     label: str
     requested: float
     warmed: bool = False
+    priority: str = "normal"
+    tested: float = 0.0
     loaded: float = 0.0
     swapped: float = 0.0
     closed_old: bool = False
+    self_test: str = ""
 
 
 @dataclass
@@ -128,6 +159,7 @@ class Results:
     steady: dict[str, float] = field(default_factory=dict)
     windows: dict[str, float] = field(default_factory=dict)
     windows_by_warm_up: dict[str, dict[str, float]] = field(default_factory=dict)
+    windows_by_priority: dict[str, dict[str, float]] = field(default_factory=dict)
     outside_windows: dict[str, float] = field(default_factory=dict)
     swap_phase: dict[str, float] = field(default_factory=dict)
     swaps: dict[str, Any] = field(default_factory=dict)
@@ -143,40 +175,98 @@ def _major_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
-def load_session(
+def write_reference_pair(
+    model: Path, preprocess: PreprocessConfig, frame: bytes, out: Path
+) -> Path:
+    """The self-test's reference pair, as ``model push`` makes one: the model's input tensor
+    made from a camera frame with the version's preprocessing, and ONNX Runtime's outputs on
+    it (``input/<name>``, ``output/<name>``: the format ``self_test`` reads today)."""
+    session = ModelSession.load(model, SessionConfig(), preprocess)
+    try:
+        tensor = session.preprocessor(
+            PillowDecoder().decode(frame, DecodeTarget.of(session.preprocessor))
+        )
+        bare = ort.InferenceSession(
+            str(model), session_options(SessionConfig()), providers=["CPUExecutionProvider"]
+        )
+        names = [o.name for o in bare.get_outputs()]
+        outputs = bare.run(names, {session.input_name: tensor})
+        arrays = {f"input/{session.input_name}": tensor}
+        arrays |= {f"output/{n}": np.asarray(v) for n, v in zip(names, outputs, strict=True)}
+    finally:
+        session.close()
+    np.savez(out, **arrays)  # type: ignore[arg-type]
+    return out
+
+
+def run_self_test(model: Path, reference: Path) -> SelfTestResult:
+    """The updater's self-test as the agent calls it today (its public function): one small
+    piece, to be replaced when the self-test runs on the serving session."""
+    return self_test(
+        model,
+        reference,
+        atol=SELF_TEST_TOLERANCE,
+        rtol=SELF_TEST_TOLERANCE,
+        latency_budget_s=10.0,  # judged here: the latency of the frames, not of the test
+        memory_budget_bytes=8 << 30,
+    )
+
+
+def prepare_version(
     path: Path,
     session_config: SessionConfig,
     preprocess: PreprocessConfig,
     *,
     label: str,
+    reference: Path | None,
     warm_input: Any,
     warm_runs: int,
-    nice: int,
+    priority: Background,
     swap: Swap,
 ) -> ModelSession:
-    """Load (and optionally warm up) the next version in a thread of its own, as the agent
-    loads in a worker thread; with `nice`, that thread runs at a lower priority (Linux
-    applies a thread's nice value to that thread alone), so the load takes the CPU the
-    serving frames leave idle."""
-    out: list[ModelSession] = []
+    """Self-test and load the next version in a thread of its own, as the agent's update task
+    does in a worker thread while the old one serves; at ``priority`` when it is not
+    ``normal`` (the serving session too, when that is safe: ``background_safe``)."""
 
-    def work() -> None:
-        if nice:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    def test() -> None:
+        if reference is not None:
+            result = run_self_test(path, reference)
+            swap.self_test = "ok" if result.ok else f"{result.reason}: {result.detail}"
+            if not result.ok:
+                raise RuntimeError(f"self-test of {label} failed: {swap.self_test}")
+        swap.tested = time.perf_counter()
+
+    def load() -> ModelSession:
         session = ModelSession.load(path, session_config, preprocess, label=label)
         swap.loaded = time.perf_counter()
         if warm_input is not None:  # before it takes frames, while the old session serves
             batch = session.preprocessor(warm_input)
             for _ in range(warm_runs):
                 session.run(batch)
-        out.append(session)
+        return session
 
-    thread = threading.Thread(target=work, name=f"load-{label}")
-    thread.start()
-    thread.join()
-    if not out:
-        raise RuntimeError(f"loading {label} failed")
-    return out[0]
+    def both() -> ModelSession:
+        test()
+        return load()
+
+    if priority == "normal":
+        return run_in_background(both, name=f"swap-{label}", mode="normal")
+    if background_safe(session_config):
+        return run_in_background(both, name=f"swap-{label}", mode=priority)
+    run_in_background(test, name=f"selftest-{label}", mode=priority)
+    return run_in_background(load, name=f"load-{label}", mode="normal")
+
+
+def frame_cost_s(session: ModelSession, frames: Sequence[bytes], runs: int = 10) -> float:
+    """What one frame costs on this machine now: decode, preprocess and run, median of
+    ``runs`` after a warm-up (the camera's rate is set from it)."""
+    decoder, target = PillowDecoder(), DecodeTarget.of(session.preprocessor)
+    times = []
+    for i in range(runs + 2):
+        started = time.perf_counter()
+        session.run(session.preprocessor(decoder.decode(frames[i % len(frames)], target)))
+        times.append(time.perf_counter() - started)
+    return float(np.median(times[2:]))
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -185,29 +275,37 @@ def summary(values: Sequence[float]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> Results:
-    cpu = None if args.cpu < 0 or not can_pin() else args.cpu
-    if cpu is None and args.cpu >= 0:
-        print("cannot pin to one CPU here; running unpinned")
-    pin_self(cpu)
+    if args.cores > len(os.sched_getaffinity(0)) or not can_pin():
+        raise SystemExit(f"cannot run on {args.cores} pinned CPU(s) here")
+    with on_cpus(args.cores) as cpus:
+        return _run(args, sorted(cpus))
+
+
+def _run(args: argparse.Namespace, cpus: list[int]) -> Results:
     report = Results()
-    threads = args.threads or len(os.sched_getaffinity(0))
+    threads = args.threads
     scratch = BENCH_DIR / "hot_swap"
     scratch.mkdir(parents=True, exist_ok=True)
     session_config = SessionConfig(intra_op_threads=threads, inter_op_threads=1)
     path, why = find_ppocr(args.model, args.wheel)
     if path is not None:
         name, source = "PP-OCRv4 det", why
-        preprocess = PreprocessConfig(
-            size=(args.size, args.size), mean=(0.5,), std=(0.5,), channel_order="BGR"
-        )
+        preprocess = ppocr_preprocess(args.size)
     else:
         print(f"PP-OCR model not used: {why}; using a mid-size onnx.helper CNN instead")
         name, source = "mid-size CNN (stand-in)", f"built with onnx.helper ({why})"
-        path = build_mid_cnn(scratch / "mid_cnn.onnx")
-        preprocess = PreprocessConfig(mean=(0.5,), std=(0.5,))
+        path = build_mid_cnn(scratch / "mid_cnn.onnx", size=args.size[0])
+        preprocess = ppocr_preprocess((args.size[0], args.size[0]))
     versions = [scratch / "v1.onnx", scratch / "v2.onnx"]
     for version in versions:
         shutil.copyfile(path, version)
+    width, height = args.camera
+    frames = camera_frames(width, height)
+    reference = (
+        write_reference_pair(versions[0], preprocess, frames[0], scratch / "ref.npz")
+        if args.self_test == "on"
+        else None
+    )
     report.model = {"name": name, "source": source}
 
     results: list[Served] = []
@@ -227,31 +325,51 @@ def run(args: argparse.Namespace) -> Results:
     first = ModelSession.load(versions[0], session_config, preprocess, label="v1#0")
     size = first.preprocess.size
     assert size is not None
-    frames = frames_for(*size)
+    warm_frame = PillowDecoder().decode(frames[0], DecodeTarget.of(first.preprocessor))
+    frame_s = frame_cost_s(first, frames)
+    fps = args.fps or args.busy / frame_s
+    preprocess_threads = (
+        preprocess_threads_for(len(cpus))
+        if args.preprocess_threads < 0
+        else args.preprocess_threads
+    )
     stream = StreamConfig("cam", queue_size=args.queue)
     pipeline = InferencePipeline(
-        first, [stream], SystemClock(), on_result, scheduler_config=SchedulerConfig()
+        first,
+        [stream],
+        SystemClock(),
+        on_result,
+        scheduler_config=SchedulerConfig(),
+        preprocess_threads=preprocess_threads,
     )
     pipeline.start()
-    camera = Camera(pipeline, frames, args.fps)
+    camera = Camera(pipeline, frames, fps)
     report.settings = {
-        "fps": args.fps,
+        "fps": fps,
+        "frame_cost_ms": frame_s * 1000,
+        "busy": fps * frame_s,
         "queue_size": args.queue,
         "intra_op_threads": threads,
+        "preprocess_threads": preprocess_threads,
         "warmup_s": args.warmup,
         "steady_s": args.steady,
         "swaps": args.swaps,
         "every_s": args.every,
         "window_first_k": args.k,
+        "self_test": args.self_test,
+        "priority": args.priority,
         "warm_up": args.warm_up,
         "warm_runs": args.warm_runs,
-        "loader_nice": args.loader_nice,
         "input": list(size),
-        "pinned_cpu": cpu,
+        "camera": [width, height],
+        "cpus": cpus,
     }
     print(
-        f"{name}: {source}; input {list(size)}, {args.fps:g} fps, queue {args.queue}, "
-        f"intra_op_threads={threads}, pinned to CPU {cpu}"
+        f"{name}: {source}; input {list(size)}, {width}x{height} JPEG at {fps:.2f} fps "
+        f"(a frame costs {frame_s * 1000:.1f} ms: {fps * frame_s:.0%} busy), "
+        f"queue {args.queue}, intra_op_threads={threads}, preprocess_threads="
+        f"{preprocess_threads}, CPUs {cpus}; self-test {args.self_test}, swap work at "
+        f"{args.priority} priority"
     )
     swaps: list[Swap] = []
     retirements = []
@@ -267,15 +385,24 @@ def run(args: argparse.Namespace) -> Results:
         steady_faults = _major_faults() - faults_before
         for k in range(1, args.swaps + 1):
             prepared = args.warm_up == "on" or (args.warm_up == "alternate" and k % 2 == 0)
-            swap = Swap(label=f"v{k % 2 + 1}#{k}", requested=time.perf_counter(), warmed=prepared)
-            session = load_session(
+            priority: Background = (
+                ("normal" if k % 2 else "nice") if args.priority == "alternate" else args.priority
+            )
+            swap = Swap(
+                label=f"v{k % 2 + 1}#{k}",
+                requested=time.perf_counter(),
+                warmed=prepared,
+                priority=priority,
+            )
+            session = prepare_version(
                 versions[k % 2],
                 session_config,
                 preprocess,
                 label=swap.label,
-                warm_input=frames[0] if prepared else None,
+                reference=reference,
+                warm_input=warm_frame if prepared else None,
                 warm_runs=args.warm_runs,
-                nice=args.loader_nice if prepared else 0,
+                priority=priority,
                 swap=swap,
             )
             retirements.append(pipeline.swap_session(session))
@@ -305,6 +432,7 @@ def run(args: argparse.Namespace) -> Results:
     window_frames: set[int] = set()
     warm_frames: set[int] = set()
     cold_frames: set[int] = set()
+    by_priority: dict[str, set[int]] = {}
     window_info = []
     for index, swap in enumerate(swaps):
         next_request = swaps[index + 1].requested if index + 1 < len(swaps) else swap_phase_to
@@ -317,17 +445,21 @@ def run(args: argparse.Namespace) -> Results:
         ids = frames_between(swap.requested, end)
         window_frames.update(ids)
         (warm_frames if swap.warmed else cold_frames).update(ids)
+        by_priority.setdefault(swap.priority, set()).update(ids)
         first_new = served[by_new[0]] if by_new else None
         window_info.append(
             {
                 "label": swap.label,
-                "load_ms": (swap.loaded - swap.requested) * 1000,
+                "self_test_ms": (swap.tested - swap.requested) * 1000,
+                "self_test": swap.self_test,
+                "load_ms": (swap.loaded - swap.tested) * 1000,
                 "warm_up_and_swap_call_ms": (swap.swapped - swap.loaded) * 1000,
                 "window_frames": len(ids),
                 "window_p_max_ms": max((latency[f] for f in ids if f in latency), default=0) * 1000,
                 "first_new_inference_ms": first_new.inference_s * 1000 if first_new else None,
                 "old_session_closed": swap.closed_old,
                 "warmed_up": swap.warmed,
+                "priority": swap.priority,
             }
         )
     steady_ids = frames_between(steady_from, steady_to)
@@ -335,6 +467,11 @@ def run(args: argparse.Namespace) -> Results:
     outside = [f for f in phase_ids if f not in window_frames]
     report.steady = summary([latency[f] for f in steady_ids if f in latency])
     report.windows = summary([latency[f] for f in sorted(window_frames) if f in latency])
+    if len(by_priority) > 1:
+        report.windows_by_priority = {
+            name: summary([latency[f] for f in sorted(ids) if f in latency])
+            for name, ids in sorted(by_priority.items())
+        }
     if warm_frames and cold_frames:
         report.windows_by_warm_up = {
             "cold": summary([latency[f] for f in sorted(cold_frames) if f in latency]),
@@ -347,6 +484,9 @@ def run(args: argparse.Namespace) -> Results:
     report.swaps = {
         "done": len(swaps),
         "load_ms_median": float(np.median([w["load_ms"] for w in window_info]))
+        if window_info
+        else float("nan"),
+        "self_test_ms_median": float(np.median([w["self_test_ms"] for w in window_info]))
         if window_info
         else float("nan"),
         "each": window_info,
@@ -383,8 +523,7 @@ def run(args: argparse.Namespace) -> Results:
     lost_to_swaps = len(unanswered_in_windows) + sum(stats.failed.values()) + len(camera.refused)
     report.losses["lost_to_swaps"] = lost_to_swaps
     report.losses["unanswered_steady"] = len([f for f in steady_ids if f not in served])
-    with_leftovers = scratch.glob("*.onnx")
-    for leftover in with_leftovers:
+    for leftover in [*scratch.glob("*.onnx"), *scratch.glob("*.npz")]:
         leftover.unlink(missing_ok=True)
     return report
 
@@ -393,13 +532,15 @@ def print_results(report: Results, written: Report) -> None:
     m, s = written.machine, report.settings
     print()
     print(
-        f"machine: {m['cpus']} CPUs ({m['processor']}), pinned to CPU {s['pinned_cpu']}, "
+        f"machine: {m['cpus']} CPUs ({m['processor']}), pinned to CPUs {s['cpus']}, "
         f"onnxruntime {m['onnxruntime']}; {written.load_line()}"
     )
     print(
-        f"model: {report.model['name']} ({report.model['source']}), {s['fps']:g} fps, "
-        f"{report.swaps['done']} swaps every {s['every_s']:g} s, window = swap request -> "
-        f"frame {s['window_first_k']} of the new session"
+        f"model: {report.model['name']} ({report.model['source']}), {s['fps']:.2f} fps "
+        f"({s['busy']:.0%} busy), "
+        f"{report.swaps['done']} swaps every {s['every_s']:g} s (self-test {s['self_test']}, "
+        f"{s['priority']} priority), window = swap request -> frame {s['window_first_k']} "
+        f"of the new session"
     )
     rows = [("frames", "n", "P50 ms", "P95 ms", "P99 ms", "max ms")]
     for label, block in (
@@ -410,11 +551,15 @@ def print_results(report: Results, written: Report) -> None:
             for kind, block in (
                 ("cold (no warm-up)", report.windows_by_warm_up.get("cold")),
                 (
-                    f"warmed up ({s['warm_runs']} runs, loader nice {s['loader_nice']})",
+                    f"warmed up ({s['warm_runs']} runs)",
                     report.windows_by_warm_up.get("warmed"),
                 ),
             )
             if block
+        ),
+        *(
+            (f"  of them at {name} priority", block)
+            for name, block in report.windows_by_priority.items()
         ),
         ("swap phase, outside windows", report.outside_windows),
         ("swap phase, all frames", report.swap_phase),
@@ -439,7 +584,8 @@ def print_results(report: Results, written: Report) -> None:
         w["first_new_inference_ms"] for w in report.swaps["each"] if w["first_new_inference_ms"]
     ]
     print(
-        f"    session load ms: median {report.swaps['load_ms_median']:.0f} "
+        f"    self-test ms: median {report.swaps['self_test_ms_median']:.0f}; "
+        f"session load ms: median {report.swaps['load_ms_median']:.0f} "
         f"(min {min(loads, default=0):.0f}, max {max(loads, default=0):.0f}); first inference "
         f"on the new session ms: median {float(np.median(firsts)) if firsts else float('nan'):.1f} "
         f"vs steady inference P50 {report.steady['inference_p50_ms']:.1f}"
@@ -469,8 +615,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", help="path of the PP-OCR detection model (or any image model)")
     parser.add_argument("--wheel", help="a downloaded rapidocr_onnxruntime wheel to read it from")
-    parser.add_argument("--size", type=int, default=640, help="input side for a dynamic model")
-    parser.add_argument("--fps", type=float, default=8.0, help="camera frame rate")
+    parser.add_argument(
+        "--size", type=parse_hw, default=(416, 416), help="model input HxW (a dynamic model's)"
+    )
+    parser.add_argument(
+        "--camera",
+        type=lambda v: parse_hw(v, order="WxH"),
+        default=(640, 480),
+        help="camera frame WxH (JPEG)",
+    )
+    parser.add_argument("--fps", type=float, default=0.0, help="camera frame rate (0: from --busy)")
+    parser.add_argument(
+        "--busy",
+        type=float,
+        default=0.4,
+        help="with --fps 0: the rate that keeps the model this busy (a frame's cost measured "
+        "at start)",
+    )
     parser.add_argument("--queue", type=int, default=2, help="the stream's queue size")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     parser.add_argument("--steady", type=float, default=30.0, help="seconds of steady anchor")
@@ -487,22 +648,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warm-runs", type=int, default=2, help="runs per warm-up")
     parser.add_argument(
-        "--loader-nice",
+        "--self-test",
+        choices=("on", "off"),
+        default="on",
+        help="self-test each new version before the swap (as the agent does)",
+    )
+    parser.add_argument(
+        "--priority",
+        choices=("normal", "nice", "idle", "alternate"),
+        default="normal",
+        help="self-test and load at normal priority (the agent today), nice 19 or SCHED_IDLE;"
+        " alternate: normal and nice 19 in turn, compared in the same minutes",
+    )
+    parser.add_argument(
+        "--cores", type=int, default=1, help="pin the process to the last N CPUs (default 1)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads")
+    parser.add_argument(
+        "--preprocess-threads",
         type=int,
-        default=0,
-        help="nice value of the loading thread when warming up",
-    )
-    parser.add_argument(
-        "--cpu", type=int, default=-2, help="pin to this CPU (-1: no pin; default: the last)"
-    )
-    parser.add_argument(
-        "--threads", type=int, default=0, help="intra-op threads (0: CPUs we may use)"
+        default=-1,
+        help="the pipeline's preprocess threads (-1: the agent's default for --cores)",
     )
     args = parse_benchmark_args(
-        parser, argv, quick={"size": 64, "warmup": 1.0, "steady": 3.0, "swaps": 2, "every": 1.0}
+        parser,
+        argv,
+        quick={"size": "64x64", "warmup": 1.0, "steady": 3.0, "swaps": 2, "every": 1.0},
     )
-    if args.cpu == -2:
-        args.cpu = max(os.sched_getaffinity(0))
+    if isinstance(args.size, str):  # --quick sets the text
+        args.size = parse_hw(args.size)
     written = Report("hot_swap", machine=onnx_machine())
     report = run(args)
     written.figure(

@@ -10,6 +10,7 @@ Not here: what the agent does with them (``edge_node.agent``).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,7 @@ from edge_node.runtime.config import (
     parse_scheduler_config,
     parse_session_config,
     parse_streams,
+    preprocess_threads_for,
 )
 from edge_node.runtime.errors import RuntimeConfigError
 from edge_node.telemetry.config import TelemetryConfig, parse_telemetry_config
@@ -93,6 +95,8 @@ class RuntimeSettings(BaseModel):
 
     model_path: Path | None = None
     workers: int = Field(default=1, ge=1, le=64)
+    # None: one when the agent may use two or more CPUs, else none (ADR 0027)
+    preprocess_threads: int | None = Field(default=None, ge=0, le=64)
     session: dict[str, Any] = Field(default_factory=dict)
     preprocess: dict[str, Any] = Field(default_factory=dict)
     scheduler: dict[str, Any] = Field(default_factory=dict)
@@ -210,6 +214,7 @@ class AgentConfig:
     shutdown_deadline_s: float = 10.0
     model_path: Path | None = None
     runtime_workers: int = 1
+    runtime_preprocess_threads: int = 0
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     # Streams fed by a camera source (edge_node.capture); the others are fed by callers.
     camera_sources: tuple[StreamSource, ...] = ()
@@ -329,6 +334,11 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
         shutdown_deadline_s=settings.shutdown_deadline_s,
         model_path=runtime.model_path,
         runtime_workers=runtime.workers,
+        runtime_preprocess_threads=(
+            runtime.preprocess_threads
+            if runtime.preprocess_threads is not None
+            else preprocess_threads_for(_usable_cpus())
+        ),
         runtime=runtime_config,
         camera_sources=camera_sources,
         updater=UpdaterConfig(
@@ -348,6 +358,13 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
         telemetry=telemetry,
         uplink=UplinkConfig(backoff=Backoff(initial_s=0.5, cap_s=30.0)),
     )
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _split_sources(

@@ -89,6 +89,7 @@ class RuntimeHost:
                     self._on_result,
                     scheduler_config=config.runtime.scheduler,
                     workers=config.runtime_workers,
+                    preprocess_threads=config.runtime_preprocess_threads,
                 )
                 pipeline.start()
                 self._pipeline = pipeline

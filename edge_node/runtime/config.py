@@ -48,6 +48,7 @@ __all__ = [
     "parse_session_config",
     "parse_stream_config",
     "parse_streams",
+    "preprocess_threads_for",
 ]
 
 GraphOptimization = Literal["disable", "basic", "extended", "all"]
@@ -191,6 +192,13 @@ class RuntimeConfig:
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     streams: tuple[StreamConfig, ...] = ()
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+def preprocess_threads_for(cpus: int) -> int:
+    """The default number of preprocess threads for a process that may use ``cpus`` CPUs:
+    one (decode and preprocessing overlap with inference) when there are two or more, none
+    on a single core, where a hand-off between threads only adds work (ADR 0027)."""
+    return 1 if cpus >= 2 else 0
 
 
 # ----------------------------------------------------------------------------- parsing

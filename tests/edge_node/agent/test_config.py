@@ -40,6 +40,16 @@ def test_the_file_alone(node_yaml: Path) -> None:
     assert config.runtime.streams[0].target_fps == 5
 
 
+@pytest.mark.parametrize(("cpus", "expected"), [(1, 0), (2, 1), (16, 1)])
+def test_preprocess_threads_default_to_one_on_a_multi_core_box(
+    node_yaml: Path, monkeypatch: pytest.MonkeyPatch, cpus: int, expected: int
+) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)))
+    assert load_agent_config(node_yaml).runtime_preprocess_threads == expected
+    node_yaml.write_text(BASE.replace("  workers: 2\n", "  workers: 2\n  preprocess_threads: 3\n"))
+    assert load_agent_config(node_yaml).runtime_preprocess_threads == 3  # said, whatever the box
+
+
 def test_env_overrides_the_file_and_flags_override_env(
     node_yaml: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,6 +85,7 @@ def test_everything_from_env_and_flags_without_a_file(monkeypatch: pytest.Monkey
         ("runtime:\n  streams: [{name: cam, target_fps: -3}]\n", "target_fps"),
         ("runtime:\n  model_path: /m.onnx\n", "runtime.streams is empty"),
         ("runtime:\n  session: {threads: 4}\n", "threads"),
+        ("runtime:\n  preprocess_threads: -1\n", "preprocess_threads"),
         ("updater:\n  watchdog: {window_s: -1}\n", "window_s"),
         ("updater:\n  watchdog: {max_error_ratio: 2}\n", "max_error_ratio"),
         ("updater:\n  max_attempts: 0\n", "max_attempts"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ from edge_node.clock import ManualClock
 from edge_node.errors import ClosedError
 from edge_node.runtime.config import PreprocessConfig, SchedulerConfig, SessionConfig, StreamConfig
 from edge_node.runtime.pipeline import FrameResult, InferencePipeline
+from edge_node.runtime.preprocess import DecodeTarget
 from edge_node.runtime.session import ModelSession
 from edge_node.runtime.timing import ManualTicker
 from tests.edge_node.runtime._models import echo_model, failing_model
@@ -24,9 +25,18 @@ CPU = SessionConfig()
 SIZE = 8
 
 
-def load(tmp_path: Path, add: float = 0.0, label: str | None = None) -> ModelSession:
-    path = echo_model(tmp_path / f"echo-{add}.onnx", (1, 3, SIZE, SIZE), add=add)
+def load(
+    tmp_path: Path, add: float = 0.0, label: str | None = None, size: int = SIZE
+) -> ModelSession:
+    path = echo_model(tmp_path / f"echo-{add}-{size}.onnx", (1, 3, size, size), add=add)
     return ModelSession.load(path, CPU, RAW, label=label or f"v{add:g}")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.001)
 
 
 def pixels(value: int) -> npt.NDArray[np.uint8]:
@@ -54,13 +64,25 @@ def collector() -> Iterator[Collector]:
     yield Collector()
 
 
+@pytest.fixture(params=[0, 1, 2], ids=["inline", "staged-1", "staged-2"])
+def threads(request: pytest.FixtureRequest) -> int:
+    """Every pipeline test runs inline (workers preprocess) and staged (preprocess threads)."""
+    value: int = request.param
+    return value
+
+
 def test_frames_flow_to_results_with_the_latency_split(
-    tmp_path: Path, collector: Collector
+    tmp_path: Path, collector: Collector, threads: int
 ) -> None:
     ticker = ManualTicker()
     streams = [StreamConfig("a", queue_size=4), StreamConfig("b", queue_size=4)]
     pipeline = InferencePipeline(
-        load(tmp_path, add=1.0), streams, ManualClock(), collector, ticker=ticker
+        load(tmp_path, add=1.0),
+        streams,
+        ManualClock(),
+        collector,
+        ticker=ticker,
+        preprocess_threads=threads,
     )
     pipeline.submit("a", pixels(10))
     pipeline.submit("b", pixels(20))
@@ -79,9 +101,9 @@ def test_frames_flow_to_results_with_the_latency_split(
     assert {s: st.processed for s, st in pipeline.stats().items()} == {"a": 1, "b": 1}
 
 
-def test_real_timings_are_positive(tmp_path: Path, collector: Collector) -> None:
+def test_real_timings_are_positive(tmp_path: Path, collector: Collector, threads: int) -> None:
     with InferencePipeline(
-        load(tmp_path), [StreamConfig("cam")], ManualClock(), collector
+        load(tmp_path), [StreamConfig("cam")], ManualClock(), collector, preprocess_threads=threads
     ) as pipeline:
         pipeline.submit("cam", pixels(1))
         collector.wait_for(1)
@@ -94,14 +116,14 @@ def test_real_timings_are_positive(tmp_path: Path, collector: Collector) -> None
 class JpegLikeDecoder:
     """Accepts bytes starting with the JPEG marker; raises on anything else."""
 
-    def decode(self, data: bytes) -> npt.NDArray[np.uint8]:
+    def decode(self, data: bytes, target: DecodeTarget | None = None) -> npt.NDArray[np.uint8]:
         if not data.startswith(b"\xff\xd8"):
             raise ValueError("not a JPEG")
         return pixels(data[2])
 
 
 def test_bad_frames_are_counted_and_skipped_never_raised(
-    tmp_path: Path, collector: Collector
+    tmp_path: Path, collector: Collector, threads: int
 ) -> None:
     pipeline = InferencePipeline(
         load(tmp_path),
@@ -109,6 +131,7 @@ def test_bad_frames_are_counted_and_skipped_never_raised(
         ManualClock(),
         collector,
         decoder=JpegLikeDecoder(),
+        preprocess_threads=threads,
     )
     bad = [
         np.zeros((8, 8), dtype=np.uint8),
@@ -133,9 +156,16 @@ def test_bad_frames_are_counted_and_skipped_never_raised(
     assert sorted(float(r.outputs["y"].flat[0]) for r in collector.results) == [3.0, 7.0]
 
 
-def test_encoded_frames_without_a_decoder_are_counted(tmp_path: Path, collector: Collector) -> None:
+def test_encoded_frames_without_a_decoder_are_counted(
+    tmp_path: Path, collector: Collector, threads: int
+) -> None:
     with InferencePipeline(
-        load(tmp_path), [StreamConfig("cam")], ManualClock(), collector, decoder=None
+        load(tmp_path),
+        [StreamConfig("cam")],
+        ManualClock(),
+        collector,
+        decoder=None,
+        preprocess_threads=threads,
     ) as pipeline:
         pipeline.submit("cam", b"\xff\xd8\xff\xe0")
         pipeline.submit("cam", pixels(1))
@@ -143,12 +173,16 @@ def test_encoded_frames_without_a_decoder_are_counted(tmp_path: Path, collector:
     assert pipeline.stats()["cam"].bad == {"unsupported_encoding": 1}
 
 
-def test_inference_failures_are_counted(tmp_path: Path, collector: Collector) -> None:
+def test_inference_failures_are_counted(tmp_path: Path, collector: Collector, threads: int) -> None:
     session = ModelSession.load(
         failing_model(tmp_path / "f.onnx"), CPU, PreprocessConfig(size=(4, 4))
     )
     pipeline = InferencePipeline(
-        session, [StreamConfig("cam", queue_size=4)], ManualClock(), collector
+        session,
+        [StreamConfig("cam", queue_size=4)],
+        ManualClock(),
+        collector,
+        preprocess_threads=threads,
     )
     with pipeline:
         for _ in range(3):
@@ -158,7 +192,7 @@ def test_inference_failures_are_counted(tmp_path: Path, collector: Collector) ->
     assert collector.results == []
 
 
-def test_a_failing_result_callback_does_not_stop_the_worker(tmp_path: Path) -> None:
+def test_a_failing_result_callback_does_not_stop_the_worker(tmp_path: Path, threads: int) -> None:
     seen: list[int] = []
     done = threading.Event()
 
@@ -169,7 +203,11 @@ def test_a_failing_result_callback_does_not_stop_the_worker(tmp_path: Path) -> N
         done.set()
 
     with InferencePipeline(
-        load(tmp_path), [StreamConfig("cam", queue_size=4)], ManualClock(), on_result
+        load(tmp_path),
+        [StreamConfig("cam", queue_size=4)],
+        ManualClock(),
+        on_result,
+        preprocess_threads=threads,
     ) as pipeline:
         pipeline.submit("cam", pixels(1))
         pipeline.submit("cam", pixels(2))
@@ -178,12 +216,20 @@ def test_a_failing_result_callback_does_not_stop_the_worker(tmp_path: Path) -> N
     assert pipeline.callback_errors == 1
 
 
-def test_hot_swap_under_load_loses_nothing(tmp_path: Path, collector: Collector) -> None:
+def test_hot_swap_under_load_loses_nothing(
+    tmp_path: Path, collector: Collector, threads: int
+) -> None:
     """Two producers feed frames while the model is swapped 20 times: every accepted frame
-    yields exactly one result, computed by the session its result names."""
-    sessions = [load(tmp_path, add=float(k), label=f"v{k}") for k in range(21)]
+    yields exactly one result, computed by the session its result names. Versions alternate
+    between 8x8 and 4x4 inputs: a tensor run on a session it was not prepared for fails."""
+    sessions = [
+        load(tmp_path, add=float(k), label=f"v{k}", size=SIZE if k % 2 else SIZE // 2)
+        for k in range(21)
+    ]
     streams = [StreamConfig("a", queue_size=1024), StreamConfig("b", queue_size=1024)]
-    pipeline = InferencePipeline(sessions[0], streams, ManualClock(), collector, workers=2)
+    pipeline = InferencePipeline(
+        sessions[0], streams, ManualClock(), collector, workers=2, preprocess_threads=threads
+    )
     accepted: dict[str, list[int]] = {"a": [], "b": []}
     swaps_done = threading.Event()
     start = threading.Barrier(3)
@@ -235,17 +281,24 @@ class BlockingDecoder:
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def decode(self, data: bytes) -> npt.NDArray[np.uint8]:
+    def decode(self, data: bytes, target: DecodeTarget | None = None) -> npt.NDArray[np.uint8]:
         self.entered.set()
         assert self.release.wait(10)
         return pixels(data[0])
 
 
-def test_in_flight_frames_finish_on_the_old_session(tmp_path: Path, collector: Collector) -> None:
+def test_in_flight_frames_finish_on_the_old_session(
+    tmp_path: Path, collector: Collector, threads: int
+) -> None:
     old, new = load(tmp_path, add=100.0, label="old"), load(tmp_path, add=200.0, label="new")
     decoder = BlockingDecoder()
     with InferencePipeline(
-        old, [StreamConfig("cam", queue_size=4)], ManualClock(), collector, decoder=decoder
+        old,
+        [StreamConfig("cam", queue_size=4)],
+        ManualClock(),
+        collector,
+        decoder=decoder,
+        preprocess_threads=threads,
     ) as pipeline:
         pipeline.submit("cam", bytes([5]))
         assert decoder.entered.wait(10)
@@ -264,9 +317,11 @@ def test_in_flight_frames_finish_on_the_old_session(tmp_path: Path, collector: C
     ]
 
 
-def test_swap_rules(tmp_path: Path, collector: Collector) -> None:
+def test_swap_rules(tmp_path: Path, collector: Collector, threads: int) -> None:
     first, second = load(tmp_path, add=1.0), load(tmp_path, add=2.0)
-    pipeline = InferencePipeline(first, [StreamConfig("cam")], ManualClock(), collector)
+    pipeline = InferencePipeline(
+        first, [StreamConfig("cam")], ManualClock(), collector, preprocess_threads=threads
+    )
     with pytest.raises(Exception, match="already active"):
         pipeline.swap_session(first)
     retirement = pipeline.swap_session(second)
@@ -280,10 +335,14 @@ def test_swap_rules(tmp_path: Path, collector: Collector) -> None:
         pipeline.start()
 
 
-def test_stop_drains_queued_frames(tmp_path: Path, collector: Collector) -> None:
+def test_stop_drains_queued_frames(tmp_path: Path, collector: Collector, threads: int) -> None:
     session = load(tmp_path)
     pipeline = InferencePipeline(
-        session, [StreamConfig("cam", queue_size=64)], ManualClock(), collector
+        session,
+        [StreamConfig("cam", queue_size=64)],
+        ManualClock(),
+        collector,
+        preprocess_threads=threads,
     )
     for i in range(50):
         pipeline.submit("cam", pixels(i))
@@ -298,7 +357,7 @@ def test_stop_drains_queued_frames(tmp_path: Path, collector: Collector) -> None
     assert (outcome.status, outcome.reason) == ("dropped", "stopped")
 
 
-def test_stop_past_its_deadline_drops_what_is_left(tmp_path: Path) -> None:
+def test_stop_past_its_deadline_drops_what_is_left(tmp_path: Path, threads: int) -> None:
     gate = threading.Event()
     entered = threading.Event()
 
@@ -313,6 +372,7 @@ def test_stop_past_its_deadline_drops_what_is_left(tmp_path: Path) -> None:
         ManualClock(),
         slow,
         scheduler_config=SchedulerConfig(shed_after_s=None),
+        preprocess_threads=threads,
     )
     pipeline.start()
     for i in range(10):
@@ -325,3 +385,162 @@ def test_stop_past_its_deadline_drops_what_is_left(tmp_path: Path) -> None:
     assert report.discarded == 9
     assert pipeline.stats()["cam"].dropped == {"shutdown": 9}
     assert session.closed  # its in-flight frame had finished; the callback ran after release
+
+
+# -- the staged pipeline (preprocess threads in front of the inference workers) ------------
+
+
+class RecordingDecoder:
+    """Bytes ``[v]`` decode to a frame of pixels ``v``; records each call's target size."""
+
+    def __init__(self, ticker: ManualTicker | None = None, step_s: float = 0.0) -> None:
+        self.targets: list[tuple[int, int] | None] = []
+        self.hold: dict[int, threading.Event] = {}  # value -> released before decoding it
+        self._ticker, self._step_s = ticker, step_s
+
+    def decode(self, data: bytes, target: DecodeTarget | None = None) -> npt.NDArray[np.uint8]:
+        gate = self.hold.get(data[0])
+        if gate is not None:
+            assert gate.wait(10)
+        self.targets.append(target.size if target is not None else None)
+        if self._ticker is not None:
+            self._ticker.advance(self._step_s)
+        return pixels(data[0])
+
+
+def test_a_tensor_prepared_for_the_old_session_runs_on_the_old_session(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """Frame 0 runs, frame 1 is prepared (8x8, raw pixels) and waits in the hand-off, frame 2
+    is queued; then a 4x4 model with another normalisation is swapped in. Frame 1 must run on
+    the old session (on the new one it would fail: wrong size), frame 2 on the new one."""
+    old = ModelSession.load(
+        echo_model(tmp_path / "old.onnx", (1, 3, 8, 8), add=100.0), CPU, RAW, label="old"
+    )
+    new = ModelSession.load(
+        echo_model(tmp_path / "new.onnx", (1, 3, 4, 4), add=200.0),
+        CPU,
+        PreprocessConfig(scale=2.0, mean=(0.0,), std=(1.0,)),
+        label="new",
+    )
+    decoder = RecordingDecoder()
+    first_done, release = threading.Event(), threading.Event()
+
+    def on_result(result: FrameResult) -> None:
+        collector(result)
+        if result.frame_id == 0:
+            first_done.set()
+            assert release.wait(10)  # hold the only worker: frame 1 waits in the hand-off
+
+    pipeline = InferencePipeline(
+        old,
+        [StreamConfig("cam", queue_size=8)],
+        ManualClock(),
+        on_result,
+        preprocess_threads=1,
+        decoder=decoder,
+    )
+    with pipeline:
+        pipeline.submit("cam", bytes([1]))
+        assert first_done.wait(10)
+        pipeline.submit("cam", bytes([2]))
+        wait_until(lambda: pipeline.prepared_frames() == 1)
+        retirement = pipeline.swap_session(new)
+        pipeline.submit("cam", bytes([3]))
+        assert pipeline.backlog() == 1  # the hand-off is full: frame 2 stays in the scheduler
+        assert not retirement.done and not old.closed  # frame 1 still holds the old session
+        release.set()
+        collector.wait_for(2)
+        assert retirement.wait(10) and old.closed
+
+    results = sorted(collector.results, key=lambda r: r.frame_id)
+    assert [(r.model, r.outputs["y"].shape, float(r.outputs["y"].flat[0])) for r in results] == [
+        ("old", (1, 3, 8, 8), 101.0),
+        ("old", (1, 3, 8, 8), 102.0),
+        ("new", (1, 3, 4, 4), 206.0),  # 3 * scale 2 + 200
+    ]
+    assert decoder.targets == [(8, 8), (8, 8), (4, 4)]  # decoded for the session it ran on
+    stats = pipeline.stats()["cam"]
+    assert (stats.processed, stats.failed, stats.dropped) == (3, {}, {})
+
+
+def test_staged_latency_split_counts_the_hand_off_wait_as_queue(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """Preprocessing takes 0.1 s a frame; frame 1 is ready while the worker is still busy
+    with frame 0 for 0.5 s more: those 0.5 s are queue time, not preprocessing."""
+    ticker = ManualTicker()
+    decoder = RecordingDecoder(ticker, step_s=0.1)
+    callback_entered = threading.Event()
+    decoder.hold[2] = callback_entered  # frame 1 is decoded once frame 0's timings are taken
+    pipeline: InferencePipeline
+
+    def on_result(result: FrameResult) -> None:
+        collector(result)
+        if result.frame_id == 0:
+            callback_entered.set()
+            wait_until(lambda: pipeline.prepared_frames() == 1)
+            ticker.advance(0.5)
+
+    pipeline = InferencePipeline(
+        load(tmp_path),
+        [StreamConfig("cam", queue_size=4)],
+        ManualClock(),
+        on_result,
+        ticker=ticker,
+        preprocess_threads=1,
+        decoder=decoder,
+    )
+    pipeline.submit("cam", bytes([1]))
+    pipeline.submit("cam", bytes([2]))
+    with pipeline:
+        collector.wait_for(2)
+
+    first, second = sorted(collector.results, key=lambda r: r.frame_id)
+    assert (first.queue_s, first.preprocess_s, first.inference_s) == pytest.approx((0, 0.1, 0))
+    # picked at +0.1 (after frame 0's decode), ready at +0.2, run at +0.7
+    assert (second.queue_s, second.preprocess_s, second.inference_s) == pytest.approx(
+        (0.1 + 0.5, 0.1, 0)
+    )
+    assert pipeline.stats()["cam"].processed == 2
+
+
+def test_staged_stop_drops_prepared_frames_past_the_deadline_and_closes_the_session(
+    tmp_path: Path,
+) -> None:
+    gate, entered = threading.Event(), threading.Event()
+
+    def slow(result: FrameResult) -> None:
+        entered.set()
+        gate.wait(10)
+
+    session = load(tmp_path)
+    pipeline = InferencePipeline(
+        session,
+        [StreamConfig("cam", queue_size=16)],
+        ManualClock(),
+        slow,
+        scheduler_config=SchedulerConfig(shed_after_s=None),
+        preprocess_threads=1,
+    )
+    pipeline.start()
+    for i in range(10):
+        pipeline.submit("cam", pixels(i))
+    assert entered.wait(10)
+    wait_until(lambda: pipeline.prepared_frames() == 1)
+    assert pipeline.backlog() == 8
+    report = pipeline.stop(timeout_s=0.2)
+    gate.set()
+
+    assert report.discarded == 9  # 8 queued + 1 prepared
+    assert pipeline.prepared_frames() == 0
+    stats = pipeline.stats()["cam"]
+    assert stats.dropped == {"shutdown": 9} and stats.processed == 1
+    wait_until(lambda: session.closed)  # the dropped tensor's hold on it was released too
+
+
+def test_preprocess_threads_are_bounded(tmp_path: Path, collector: Collector) -> None:
+    with pytest.raises(Exception, match="preprocess_threads"):
+        InferencePipeline(
+            load(tmp_path), [StreamConfig("cam")], ManualClock(), collector, preprocess_threads=-1
+        )

@@ -177,7 +177,7 @@ def test_preprocessor_rejects_bad_frames_too() -> None:
 
 
 class _FakeDecoder:
-    def decode(self, data: bytes) -> npt.NDArray[np.uint8]:
+    def decode(self, data: bytes, target: object = None) -> npt.NDArray[np.uint8]:
         if not data.startswith(b"\xff\xd8"):
             raise OSError("cannot identify image file")
         return np.zeros((2, 2, 3), dtype=np.uint8)
