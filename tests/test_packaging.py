@@ -61,8 +61,10 @@ print(json.dumps({"failed": failed}))
 # The operator's modules that check or run ONNX models: `edgefleet[cli]`, not the server.
 CLI_ONLY = (
     "control_plane.registry.onnx_inspect",
+    "control_plane.registry.reference_frame",
     "control_plane.registry.sample_models",
     "control_plane.cli.release",
+    "control_plane.cli.runtime_file",
     "control_plane.demo",
 )
 
