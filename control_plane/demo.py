@@ -1,13 +1,15 @@
 """`make demo`: the whole loop on embedded defaults, driven through the real CLI.
 
 Starts `edgefleet server` as a process (SQLite, local artifact store, the gRPC node
-link), creates offline keys and a fleet, pushes a generated ONNX model and verifies it
+link), creates offline keys and a fleet, pushes a generated ONNX model with its runtime
+spec (preprocessing, output decoder, labels: signed with the version) and verifies it
 with an unmodified TUF client that knows only the fleet's first root. Then an edge node
 runs as its own process (`edgefleet node run`) with a camera drop directory: it enrolls
 with a bootstrap token, is pinned to 1.0.0 and then, with every node of the fleet, to
-1.1.0 (each time: signed assignment, download, self-test, hot swap while frames flow),
-and reports health that `edgefleet nodes list` shows. Everything lives under `.demo/` and
-is made fresh on each run; nothing is left running.
+1.1.0, whose input size and normalisation differ and are signed with it (each time:
+signed assignment, download, self-test, hot swap while frames flow), and reports health
+that `edgefleet nodes list` shows. Everything lives under `.demo/` and is made fresh on
+each run; nothing is left running.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import TypeVar
 import httpx
 from tuf.ngclient import Updater
 
-from control_plane.registry.sample_models import tiny_detector
+from control_plane.registry.sample_models import TINY_DETECTOR_LABELS, tiny_detector
 
 DEMO_DIR = Path(".demo")
 FLEET = "demo-parks"
@@ -63,6 +65,27 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
             pass
         time.sleep(0.1)
     raise SystemExit(f"the server did not become ready within {STARTUP_TIMEOUT_S:.0f}s")
+
+
+def _runtime_file(work: Path, name: str, mean: str, std: str) -> Path:
+    """An operator's runtime.yaml for the demo's detector, and its labels file."""
+    labels = work / "labels.txt"
+    labels.write_text("".join(f"{label}\n" for label in TINY_DETECTOR_LABELS))
+    path = work / name
+    path.write_text(
+        f"""# How {name.removesuffix(".yaml")} is run: signed into the version's TUF custom field.
+preprocess:
+  layout: NCHW          # size: the model's own (its input is fixed)
+  mean: {mean}
+  std: {std}
+output:
+  decoder: classification
+  top_k: 2
+labels_file: labels.txt  # one per line, class 0 first; relative to this file
+"""
+    )
+    print(f"{path}:\n{path.read_text()}")
+    return path
 
 
 def main() -> int:
@@ -113,10 +136,23 @@ def main() -> int:
         _step("a fleet whose root you sign; the server keeps only snapshot/timestamp keys")
         _cli(env, "fleet", "create", FLEET)
 
-        _step("a generated ONNX model, checked, signed on this machine, uploaded")
+        _step("a generated ONNX model and how to run it: checked, signed here, uploaded")
         model = tiny_detector(work / "detector.onnx")
-        _cli(env, "model", "push", str(model), "--name", "detector", "--version", "1.0.0")
-        _cli(env, "model", "list")
+        runtime = _runtime_file(
+            work, "runtime-1.0.0.yaml", "[0.485, 0.456, 0.406]", "[0.229, 0.224, 0.225]"
+        )
+        _cli(
+            env,
+            "model",
+            "push",
+            str(model),
+            "--name",
+            "detector",
+            "--version",
+            "1.0.0",
+            "--runtime",
+            str(runtime),
+        )
 
         _step("an unmodified TUF client, given only the fleet's first root, verifies it")
         root = httpx.get(f"{url}/v1/fleets/{FLEET}/tuf/metadata/1.root.json", timeout=10)
@@ -160,7 +196,7 @@ def main() -> int:
   export EDGEFLEET_SERVER=http://127.0.0.1:8080 EDGEFLEET_TOKEN=$(cat {data}/admin-token)
   export EDGEFLEET_KEYS={keys} EDGEFLEET_FLEET={FLEET}
   .venv/bin/edgefleet model show detector --version 1.0.0 -o json
-  .venv/bin/edgefleet model push other.onnx --name detector --version 1.1.0
+  .venv/bin/edgefleet model push other.onnx --name detector --version 1.2.0 --runtime runtime.yaml
   .venv/bin/edgefleet model revoke detector 1.0.0
   .venv/bin/edgefleet token create --role viewer --name dashboard
   .venv/bin/edgefleet node run --config {DEMO_DIR}/work/node.yaml   # the node again
@@ -230,9 +266,22 @@ updater:
         _cli(env, "nodes", "pin", node_id, "--model", "detector", "--version", "1.0.0")
         _wait_for(lambda: _updated(url, headers, node_id, "1.0.0", frames), node, "1.0.0")
 
-        _step("1.1.0 to every node of the fleet: a hot swap while the camera's frames flow")
-        newer = tiny_detector(work / "detector-1.1.0.onnx", seed=1)
-        _cli(env, "model", "push", str(newer), "--name", "detector", "--version", "1.1.0")
+        _step("1.1.0 (48x48 input, mean/std 0.5) to every node: a hot swap while frames flow")
+        newer = tiny_detector(work / "detector-1.1.0.onnx", seed=1, size=48)
+        runtime = _runtime_file(work, "runtime-1.1.0.yaml", "0.5", "0.5")
+        _cli(
+            env,
+            "model",
+            "push",
+            str(newer),
+            "--name",
+            "detector",
+            "--version",
+            "1.1.0",
+            "--runtime",
+            str(runtime),
+        )
+        _cli(env, "model", "show", "detector")
         _cli(
             env,
             "nodes",

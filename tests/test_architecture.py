@@ -94,8 +94,10 @@ NUMPY_FREE_BUNDLE = ("protos.bundle", "protos.bundle.spec", "protos.bundle.resul
 # (tests/test_packaging.py imports everything else on a server install).
 CLI_ONLY = (
     "control_plane.registry.onnx_inspect",
+    "control_plane.registry.reference_frame",
     "control_plane.registry.sample_models",
     "control_plane.cli.release",
+    "control_plane.cli.runtime_file",
     "control_plane.demo",
 )
 NUMPY_PACKAGES = frozenset({"numpy", "onnx", "onnxruntime", "PIL"})

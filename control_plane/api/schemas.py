@@ -72,6 +72,10 @@ class ModelVersionOut(BaseModel):
     created_by: str
     revoked: bool
     download_url: str | None = None
+    runtime: dict[str, Any] | None = None
+    """How the version is run, summarised (the signed form is `custom.runtime`): preprocess,
+    decoder and its params, the number of labels and the first few; null for a version
+    signed without a runtime spec."""
 
 
 class TokenCreate(BaseModel):

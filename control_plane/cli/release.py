@@ -3,7 +3,9 @@
 Release keys stay on the operator's machine. Every push re-reads the fleet's targets
 metadata, checks it against the fleet root the operator's own root keys signed,
 adds the new targets, signs, and posts conditionally; a 409 means someone else
-pushed first, so it re-reads and retries (bounded).
+pushed first, so it re-reads and retries (bounded). A push with a runtime spec (how the
+version is run) refuses, before anything is uploaded, what every node would refuse, and
+makes the self-test reference from a camera-sized frame through that spec.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from control_plane.registry import onnx_inspect
 from control_plane.trust import custom as tufcustom
 from control_plane.trust import repository as tufrepo
 from control_plane.trust.keys import OperatorKeyset
+from protos.bundle.results import Decoded
+from protos.bundle.spec import BundleError, RuntimeSpec
 
 ROOT_TTL = timedelta(days=365)
 TARGETS_TTL = timedelta(days=180)
@@ -52,6 +56,11 @@ class ReleaseResult:
     targets_version: int
     attempts: int
     warnings: list[str]
+    runtime: dict[str, Any] | None = None
+    """`custom.runtime_summary` of the signed runtime spec; None for a version without."""
+    reference: dict[str, Any] | None = None
+    """What the self-test reference was made from and, with a runtime spec, what the
+    decoder read in the model's outputs on it."""
 
 
 def _no_progress(label: str, advance: int, total: int) -> None:
@@ -70,9 +79,11 @@ def model_custom(
     execution_providers: tuple[str, ...],
     atol: float,
     rtol: float,
+    runtime: RuntimeSpec | None = None,
 ) -> tufcustom.ModelCustom:
     """The custom field `push_model` signs into the model's target (checked by
     `parse_model_custom`); its reference pair is `reference_target_path(name, version)`."""
+    extra = {} if runtime is None else {"runtime": runtime.to_signed()}
     return tufcustom.parse_model_custom(
         {
             "edgefleet": tufcustom.FORMAT_VERSION,
@@ -95,8 +106,104 @@ def model_custom(
                 "atol": repr(float(atol)),
                 "rtol": repr(float(rtol)),
             },
+            **extra,
         }
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Reference:
+    pair: onnx_inspect.ReferencePair
+    runtime: RuntimeSpec | None
+    summary: dict[str, Any]
+
+
+def _make_reference(
+    model_path: Path,
+    info: onnx_inspect.ModelInfo,
+    runtime: RuntimeSpec | None,
+    reference_input: Path | None,
+    reference_frame: Path | None,
+) -> _Reference:
+    """The self-test pair, and the runtime spec as it is signed (size resolved)."""
+    if runtime is None:
+        if reference_frame is not None:
+            raise InvalidInputError(
+                "--reference-frame needs --runtime: a frame becomes the model's input only "
+                "through a runtime spec's preprocessing",
+                field="reference_frame",
+            )
+        pair = onnx_inspect.make_reference(model_path, info, reference_input=reference_input)
+        source = "generated tensors (seed 0)" if reference_input is None else str(reference_input)
+        return _Reference(pair, None, {"source": source, "inputs": _shapes(pair.inputs)})
+    if reference_input is not None:
+        raise InvalidInputError(
+            "--reference-input does not go with --runtime: the reference of a version with a "
+            "runtime spec is a frame through its preprocessing (give it with --reference-frame)",
+            field="reference_input",
+        )
+    from control_plane.registry import reference_frame as frames
+    from protos.bundle.decoders import Geometry, build_decoder
+    from protos.bundle.preprocess import Preprocessor
+
+    resolved, channels = tufcustom.check_runtime(
+        runtime,
+        [t.to_sig() for t in info.inputs],
+        [t.to_sig() for t in info.outputs],
+        where="runtime",
+    )
+    # Signed with its size resolved: the version says exactly what it is run at.
+    signed = replace(runtime, preprocess=resolved)
+    if reference_frame is None:
+        frame, source = frames.generated_frame(), "generated"
+    else:
+        frame, source = frames.load_frame(reference_frame), str(reference_frame)
+    pair = onnx_inspect.make_frame_reference(
+        model_path, info, frame, Preprocessor(resolved, channels)
+    )
+    assert resolved.size is not None
+    height, width = frame.shape[:2]
+    try:
+        # What every node will do with the outputs of its self-test: it must work here.
+        decoded = build_decoder(signed).decode(
+            pair.outputs, Geometry.stretch(height, width, *resolved.size)
+        )
+    except BundleError as exc:
+        raise tufcustom.bundle_input_error(
+            exc,
+            "runtime",
+            f"runtime.{exc.field}: the {signed.output.decoder} decoder cannot read the "
+            f"model's outputs on the reference frame: {exc.message}",
+        ) from exc
+    summary = {
+        "source": source,
+        "frame": [height, width],
+        "inputs": _shapes(pair.inputs),
+        "decoded": _decoded_summary(decoded),
+    }
+    return _Reference(pair, signed, summary)
+
+
+def _decoded_summary(decoded: Decoded, shown: int = 5) -> dict[str, Any]:
+    """What the decoder read on the reference frame, in a few words per result."""
+    results = [
+        f"{d.label} {d.score:.3f}" + ("" if d.box is None else " (box)")
+        for d in decoded.detections[:shown]
+    ]
+    results += [
+        f"{t.name} {list(t.shape)} min {t.min:.4g} max {t.max:.4g} mean {t.mean:.4g}"
+        + ("" if t.above is None else f", {t.above:.1%} above {t.threshold:g}")
+        for t in decoded.tensors[:shown]
+    ]
+    return {
+        "kind": decoded.kind,
+        "count": len(decoded.detections) or len(decoded.tensors),
+        "results": results,
+    }
+
+
+def _shapes(arrays: dict[str, Any]) -> dict[str, list[int]]:
+    return {name: [int(d) for d in value.shape] for name, value in arrays.items()}
 
 
 class ReleaseClient:
@@ -281,10 +388,22 @@ class ReleaseClient:
         atol: float = 1e-4,
         rtol: float = 1e-3,
         progress: Progress = _no_progress,
+        runtime: RuntimeSpec | None = None,
+        reference_frame: Path | None = None,
     ) -> ReleaseResult:
+        """Check, sign and publish one version; nothing is uploaded before every check.
+
+        With `runtime` (how the version is run: preprocessing, output decoder, labels) the
+        spec is checked against the model's I/O signature with the functions every node
+        runs at load, the reference is `reference_frame` (or a generated camera-sized
+        frame) through its preprocessing, the decoder must read the outputs on it, and
+        the spec is signed into `custom.runtime` with its size resolved. Without it, the
+        reference is `reference_input` or generated tensors (old-style versions).
+        """
         tufcustom.model_target_path(name, version)  # validates name and version early
         info = onnx_inspect.inspect_model(model_path)
-        pair = onnx_inspect.make_reference(model_path, info, reference_input=reference_input)
+        made = _make_reference(model_path, info, runtime, reference_input, reference_frame)
+        pair, signed_runtime = made.pair, made.runtime
         # Before any upload: a revoked release key, another fleet's keys or an already
         # published version stop here, leaving nothing behind on the server.
         _, current, _ = self.trusted_metadata(fleet)
@@ -318,6 +437,7 @@ class ReleaseClient:
                 execution_providers=execution_providers,
                 atol=atol,
                 rtol=rtol,
+                runtime=signed_runtime,
             )
             _refuse_republishing(current, model_target, info.sha256, name, version)
             new = tufrepo.add_model_to_targets(
@@ -341,6 +461,8 @@ class ReleaseClient:
             targets_version=targets_version,
             attempts=attempts,
             warnings=warnings,
+            runtime=None if signed_runtime is None else tufcustom.runtime_summary(signed_runtime),
+            reference=made.summary,
         )
 
     def revoke(self, fleet: str, name: str, version: str) -> dict[str, Any]:

@@ -3,7 +3,10 @@
 This is the operator-side adapter over ``onnx`` and ``onnxruntime`` used by
 ``edgefleet model push``: it refuses files a node could never run, extracts the I/O
 signature and opsets that go into the TUF target's ``custom`` field, and records the
-reference pair the node's self-test replays. It decides nothing about releases.
+reference pair the node's self-test replays — from a camera-sized frame through the
+model bundle's preprocessing when the version carries a runtime spec
+(:func:`make_frame_reference`), from given or generated tensors otherwise
+(:func:`make_reference`). It decides nothing about releases.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from google.protobuf.message import DecodeError
 
 from control_plane.errors import InvalidInputError, InvalidModelError, PayloadTooLargeError
 from control_plane.fsutil import atomic_write
+from protos.bundle.preprocess import Preprocessor
+from protos.bundle.spec import TensorSig
 
 __all__ = [
     "DEFAULT_MAX_MODEL_BYTES",
@@ -35,6 +40,7 @@ __all__ = [
     "TensorSpec",
     "inspect_model",
     "load_reference",
+    "make_frame_reference",
     "make_reference",
     "outputs_match",
     "save_reference",
@@ -48,6 +54,7 @@ _CHUNK = 1024 * 1024
 _UNKNOWN_DIM = "?"
 _INPUT_PREFIX = "input/"
 _OUTPUT_PREFIX = "output/"
+_FRAME_MEMBER = "frame"
 # Fixed zip member metadata so the same arrays always give the same .npz bytes
 # (np.savez stamps members with the current time).
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -77,6 +84,11 @@ class TensorSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
+    def to_sig(self) -> TensorSig:
+        """As the model bundle's checks see it (what the node sees: numpy names,
+        symbolic and unknown dims dynamic)."""
+        return TensorSig.of(self.name, self.dtype, self.shape)
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -101,10 +113,16 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class ReferencePair:
-    """Inputs fed to the model and the outputs ONNX Runtime gave, keyed by tensor name."""
+    """Inputs fed to the model and the outputs ONNX Runtime gave, keyed by tensor name.
+
+    ``frame`` is the HxWx3 uint8 RGB image the inputs were made from, for a version with
+    a runtime spec: the node preprocesses it itself and must get the same input. None for
+    tensors given or generated directly (an old-style pair).
+    """
 
     inputs: dict[str, np.ndarray[Any, Any]]
     outputs: dict[str, np.ndarray[Any, Any]]
+    frame: np.ndarray[Any, Any] | None = None
 
 
 # --------------------------------------------------------------------------- inspection
@@ -376,9 +394,12 @@ def make_reference(
 
     The inputs come from ``reference_input`` (``.npy`` for single-input models, ``.npz``
     keyed by input name) or are generated from ``numpy.random.default_rng(seed)``:
-    floats uniform in [0, 1), integers in [0, 10), booleans; symbolic and unknown dims
-    become 1. Raises ``InvalidInputError`` for an input file that does not fit the
-    model and ``InvalidModelError`` when ONNX Runtime cannot load or run the model.
+    floats uniform in [0, 1), integers in [0, 10), booleans. A dynamic leading (batch)
+    dim becomes 1, one frame per run as nodes run it; any other dynamic dim is refused
+    (a generated 1x3x1x1 image would make a self-test that proves nothing): such a model
+    needs a runtime spec (:func:`make_frame_reference`) or ``reference_input``. Raises
+    ``InvalidInputError`` for an input file that does not fit the model and
+    ``InvalidModelError`` when ONNX Runtime cannot load or run the model.
     """
     if reference_input is None:
         inputs = _generate_inputs(info.inputs, seed)
@@ -388,11 +409,46 @@ def make_reference(
     return ReferencePair(inputs=inputs, outputs=outputs)
 
 
+def make_frame_reference(
+    path: Path,
+    info: ModelInfo,
+    frame: np.ndarray[Any, Any],
+    preprocessor: Preprocessor,
+) -> ReferencePair:
+    """The reference pair of a version with a runtime spec: ``frame`` (HxWx3 uint8 RGB)
+    through ``preprocessor`` (the signed config, resolved against the model) and the
+    model's outputs on that tensor, with the frame itself recorded beside them."""
+    if len(info.inputs) != 1:
+        raise InvalidInputError(
+            f"a runtime spec feeds one image input; the model has {len(info.inputs)}",
+            field="runtime.preprocess",
+        )
+    spec = info.inputs[0]
+    tensor = preprocessor(frame)
+    _check_input(tensor, spec, {}, "the preprocessed reference frame")
+    outputs = _run(path, {spec.name: tensor})
+    return ReferencePair(
+        inputs={spec.name: tensor}, outputs=outputs, frame=np.ascontiguousarray(frame)
+    )
+
+
 def _generate_inputs(specs: tuple[TensorSpec, ...], seed: int) -> dict[str, np.ndarray[Any, Any]]:
     rng = np.random.default_rng(seed)
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     for spec in specs:
-        shape = tuple(d if isinstance(d, int) else 1 for d in spec.shape)
+        dynamic = [i for i, d in enumerate(spec.shape) if not (isinstance(d, int) and d > 0)]
+        if any(i > 0 for i in dynamic):
+            raise InvalidInputError(
+                f"input {spec.name!r} has dynamic dimensions {list(spec.shape)}: a generated "
+                "reference would fill them with 1 (a 1x1 image), and a self-test on that "
+                "proves nothing. Push with --runtime FILE (the reference is then a "
+                "camera-sized frame through the signed preprocessing, at preprocess.size) "
+                "or give a real input with --reference-input",
+                field="reference_input",
+                tensor=spec.name,
+                shape=[str(d) for d in spec.shape],
+            )
+        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in spec.shape)
         if spec.dtype in _FLOAT_DTYPES:
             inputs[spec.name] = rng.random(shape).astype(spec.dtype)
         elif spec.dtype in _INT_DTYPES:
@@ -521,11 +577,14 @@ def _run(path: Path, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np
 def save_reference(pair: ReferencePair, path: Path) -> tuple[str, int]:
     """Write ``pair`` as an uncompressed ``.npz`` atomically; return (sha256, length).
 
-    Keys are ``input/<name>`` and ``output/<name>``. The same arrays always give the
-    same bytes (sorted members, fixed timestamps), so the digest can be signed.
+    Keys are ``input/<name>``, ``output/<name>`` and, for a pair made from a frame,
+    ``frame``. The same arrays always give the same bytes (sorted members, fixed
+    timestamps), so the digest can be signed.
     """
     members = {f"{_INPUT_PREFIX}{k}": v for k, v in pair.inputs.items()}
     members.update({f"{_OUTPUT_PREFIX}{k}": v for k, v in pair.outputs.items()})
+    if pair.frame is not None:
+        members[_FRAME_MEMBER] = pair.frame
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key in sorted(members):
@@ -545,6 +604,7 @@ def load_reference(path: Path) -> ReferencePair:
     where = str(path)
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     outputs: dict[str, np.ndarray[Any, Any]] = {}
+    frame: np.ndarray[Any, Any] | None = None
     try:
         with np.load(path, allow_pickle=False) as archive:
             if not isinstance(archive, np.lib.npyio.NpzFile):
@@ -554,6 +614,8 @@ def load_reference(path: Path) -> ReferencePair:
                     inputs[key.removeprefix(_INPUT_PREFIX)] = archive[key]
                 elif key.startswith(_OUTPUT_PREFIX):
                     outputs[key.removeprefix(_OUTPUT_PREFIX)] = archive[key]
+                elif key == _FRAME_MEMBER:
+                    frame = archive[key]
                 else:
                     raise InvalidInputError(
                         f"unexpected member {key!r} in reference pair {where}", path=where
@@ -562,7 +624,7 @@ def load_reference(path: Path) -> ReferencePair:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise InvalidInputError(f"cannot read reference pair {where}: {exc}", path=where) from exc
-    return ReferencePair(inputs=inputs, outputs=outputs)
+    return ReferencePair(inputs=inputs, outputs=outputs, frame=frame)
 
 
 # -------------------------------------------------------------------- comparison

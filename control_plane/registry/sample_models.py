@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -15,10 +16,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = [
     "PRODUCER_NAME",
+    "TINY_DETECTOR_LABELS",
     "add_constant_model",
     "broken_model_bytes",
     "identity_model",
     "tiny_detector",
+    "tiny_detector_runtime",
 ]
 
 PRODUCER_NAME = "edgefleet.sample_models"
@@ -26,6 +29,9 @@ _PRODUCER_VERSION = "1"
 DEFAULT_OPSET = 17
 
 Shape = tuple[int | str, ...]
+
+TINY_DETECTOR_LABELS = ("person", "vehicle", "bicycle", "animal")
+"""Names for the four scores of :func:`tiny_detector` (nothing is trained: names only)."""
 
 
 def tiny_detector(path: Path, *, seed: int = 0, size: int = 32, opset: int = DEFAULT_OPSET) -> Path:
@@ -72,6 +78,23 @@ def tiny_detector(path: Path, *, seed: int = 0, size: int = 32, opset: int = DEF
         ],
     )
     return _save(_model(graph, opset), path)
+
+
+def tiny_detector_runtime(
+    *,
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406),
+    std: tuple[float, ...] = (0.229, 0.224, 0.225),
+    top_k: int = 2,
+    labels: tuple[str, ...] = TINY_DETECTOR_LABELS,
+) -> dict[str, Any]:
+    """A runtime spec (as an operator's ``runtime.yaml`` holds it) that fits
+    :func:`tiny_detector` of any size: NCHW RGB float32 at the model's own size, the given
+    normalisation, and its four sigmoid scores read as a classification."""
+    return {
+        "preprocess": {"layout": "NCHW", "mean": list(mean), "std": list(std)},
+        "output": {"decoder": "classification", "top_k": top_k, "score_threshold": 0.0},
+        "labels": list(labels),
+    }
 
 
 def identity_model(

@@ -42,7 +42,9 @@ from control_plane.storage.models import (
     TufMetadataRow,
 )
 from control_plane.trust import repository as tufrepo
+from control_plane.trust.custom import runtime_summary
 from control_plane.trust.signer import FileOnlineKeyStore, OnlineSigner
+from protos.bundle.spec import BundleError, runtime_of_custom
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,8 @@ class ModelVersionInfo:
     created_at: datetime
     created_by: str
     revoked: bool
+    runtime: dict[str, Any] | None = None
+    """`runtime_summary` of the signed runtime spec; None for a version signed without."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -672,7 +676,17 @@ class RegistryService:
         return signer
 
 
+def _runtime_view(custom: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        runtime = runtime_of_custom(custom)
+    except BundleError as exc:
+        # Checked at push; a row this build cannot read was written by a newer one.
+        return {"unreadable": exc.message}
+    return None if runtime is None else runtime_summary(runtime)
+
+
 def _version_info(fleet: str, row: ModelVersionRow, floor: int) -> ModelVersionInfo:
+    custom = json.loads(json.dumps(row.custom))
     return ModelVersionInfo(
         fleet=fleet,
         model=row.model,
@@ -681,9 +695,10 @@ def _version_info(fleet: str, row: ModelVersionRow, floor: int) -> ModelVersionI
         target_path=row.target_path,
         sha256=row.sha256,
         length=row.length,
-        custom=json.loads(json.dumps(row.custom)),
+        custom=custom,
         targets_version=row.targets_version,
         created_at=row.created_at,
         created_by=row.created_by,
         revoked=row.release_counter < floor,
+        runtime=_runtime_view(custom),
     )

@@ -2,18 +2,30 @@
 
 Parsing is strict about the fields we use and ignores keys it does not know, so a newer
 CLI can add fields without breaking an older control plane. No I/O, no repository rules.
+A model's optional `runtime` (how it is run: `protos.bundle.spec`) is parsed by the model
+bundle's own parser and checked against the signed I/O signature with the functions every
+node runs when it loads the model; a version signed without one stays valid.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
 from control_plane.errors import InvalidInputError
+from protos.bundle.spec import (
+    BundleError,
+    PreprocessConfig,
+    RuntimeSpec,
+    TensorSig,
+    check_outputs,
+    parse_runtime_spec,
+    resolve_input,
+)
 
 FORMAT_VERSION: Final = 1
 """The `edgefleet` key of every custom dict: the version of this wire format."""
@@ -155,6 +167,10 @@ class TensorSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
+    def to_sig(self) -> TensorSig:
+        """As the model bundle's checks see it (symbolic dims are dynamic)."""
+        return TensorSig.of(self.name, self.dtype, self.shape)
+
 
 @dataclass(frozen=True, slots=True)
 class IOSignature:
@@ -220,6 +236,8 @@ class ModelCustom:
     min_agent_version: str
     compat: Compat
     reference: ReferenceInfo
+    runtime: RuntimeSpec | None = None
+    """How the version is run (signed as `runtime`); None for a version signed without."""
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -230,7 +248,7 @@ class ModelCustom:
         return model_target_path(self.model, self.version)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "edgefleet": self.format_version,
             "kind": KIND_MODEL,
             "model": self.model,
@@ -242,6 +260,9 @@ class ModelCustom:
             "compat": self.compat.to_dict(),
             "reference": self.reference.to_dict(),
         }
+        if self.runtime is not None:
+            out["runtime"] = self.runtime.to_signed()
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +303,7 @@ def parse_model_custom(data: object) -> ModelCustom:
         raise _bad("min_agent_version", f"{agent!r} is not a version like 1.2.3")
     compat = _compat(_mapping(_get(obj, "compat", "compat"), "compat"))
     reference = _reference(_mapping(_get(obj, "reference", "reference"), "reference"))
+    runtime = _runtime(obj.get("runtime"), io)
     return ModelCustom(
         model=model,
         version=version,
@@ -291,7 +313,106 @@ def parse_model_custom(data: object) -> ModelCustom:
         min_agent_version=agent,
         compat=compat,
         reference=reference,
+        runtime=runtime,
     )
+
+
+def check_runtime(
+    runtime: RuntimeSpec,
+    inputs: Sequence[TensorSig],
+    outputs: Sequence[TensorSig],
+    *,
+    where: str = "custom.runtime",
+) -> tuple[PreprocessConfig, int]:
+    """Refuse a runtime spec that every node would refuse when it loads the model.
+
+    The checks are the model bundle's (`resolve_input`, `check_outputs`), the very ones
+    the node runs. Returns the preprocess config with its size resolved and the model's
+    channel count. InvalidInputError names the field (`<where>.preprocess.size`) and
+    carries both sides of the mismatch (`model`, `config`).
+    """
+    try:
+        resolved, channels = resolve_input(runtime.preprocess, inputs)
+        check_outputs(runtime, outputs)
+    except BundleError as exc:
+        raise bundle_input_error(exc, where, f"{where}.{exc.field}: {exc.message}") from exc
+    return resolved, channels
+
+
+def bundle_input_error(
+    exc: BundleError, where: str, message: str | None = None
+) -> InvalidInputError:
+    """A model-bundle error as this package's InvalidInputError, its field under ``where``.
+
+    The bundle's parser names fields under the ``where`` it was given, its dataclass
+    checks (``preprocess.std``) and model checks without it: both come out as
+    ``<where>.preprocess.std``. ``model``/``config`` carry both sides of a mismatch.
+    """
+    field_name = exc.field if exc.field.startswith(where) else f"{where}.{exc.field}"
+    if message is None:
+        message = exc.message
+        if not message.startswith(where):
+            message = (
+                f"{where}.{message}"
+                if message.startswith(exc.field)
+                else f"{field_name}: {message}"
+            )
+    return InvalidInputError(
+        message, field=field_name, model=_shown(exc.model), config=_shown(exc.config)
+    )
+
+
+def runtime_summary(runtime: RuntimeSpec, *, labels_shown: int = 5) -> dict[str, Any]:
+    """What an operator reads about a version's runtime spec (`model show`, the REST
+    version view): the preprocessing, the decoder and its parameters, how many labels and
+    the first few. Reals are plain numbers here; the signed form is `to_signed()`."""
+    pre = runtime.preprocess
+    out = runtime.output
+    params = {
+        key: list(value) if isinstance(value, tuple) else value
+        for key in out.to_signed()
+        if key not in ("decoder", "output")
+        for value in (getattr(out, key),)
+    }
+    return {
+        "preprocess": {
+            "layout": pre.layout,
+            "size": None if pre.size is None else list(pre.size),
+            "fit": pre.fit,
+            "resize": pre.resize,
+            **({"pad_value": pre.pad_value} if pre.fit == "letterbox" else {}),
+            "channel_order": pre.channel_order,
+            "dtype": pre.dtype,
+            "scale": pre.scale,
+            "mean": list(pre.mean),
+            "std": list(pre.std),
+        },
+        "decoder": out.decoder,
+        "output": out.output,
+        "params": params,
+        "labels": len(runtime.labels),
+        "first_labels": list(runtime.labels[:labels_shown]),
+    }
+
+
+def _shown(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _runtime(raw: object, io: IOSignature) -> RuntimeSpec | None:
+    if raw is None:  # signed before model bundles: the node runs it with its own config
+        return None
+    try:
+        runtime = parse_runtime_spec(raw, where="custom.runtime")
+    except BundleError as exc:
+        raise bundle_input_error(exc, "custom.runtime") from exc
+    check_runtime(
+        runtime,
+        [t.to_sig() for t in io.inputs],
+        [t.to_sig() for t in io.outputs],
+        where="custom.runtime",
+    )
+    return runtime
 
 
 def parse_floor_custom(data: object) -> FloorCustom:

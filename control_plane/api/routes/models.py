@@ -29,6 +29,7 @@ def _out(info: ModelVersionInfo, store: ArtifactStore | None = None) -> ModelVer
         created_by=info.created_by,
         revoked=info.revoked,
         download_url=url,
+        runtime=info.runtime,
     )
 
 

@@ -28,6 +28,7 @@ VERSION_COLUMNS = [
     "release_counter",
     "sha256",
     "length",
+    "runtime",
     "revoked",
     "created_at",
 ]
@@ -143,8 +144,22 @@ def model_push(
     name: Annotated[str, typer.Option(help="model name, e.g. detector")],
     version: Annotated[str, typer.Option(help="model version, e.g. 1.2.0")],
     keys: KeysDir,
+    runtime: Annotated[
+        Path | None,
+        typer.Option(
+            help="runtime.yaml: preprocess, output decoder, labels (signed with the version)"
+        ),
+    ] = None,
+    reference_frame: Annotated[
+        Path | None,
+        typer.Option(
+            help="with --runtime: the self-test frame (.npy HxWx3 uint8, .png, .jpg); "
+            "default: a generated 640x480 image"
+        ),
+    ] = None,
     reference_input: Annotated[
-        Path | None, typer.Option(exists=True, dir_okay=False, help=".npy or .npz")
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="without --runtime: .npy or .npz"),
     ] = None,
     min_agent_version: str = "0.1.0",
     provider: Annotated[
@@ -157,9 +172,12 @@ def model_push(
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     from control_plane.cli.release import ReleaseClient, describe
+    from control_plane.cli.runtime_file import load_runtime_file
+    from control_plane.errors import InvalidInputError
     from control_plane.trust.keys import load_operator_keyset
 
     cli = cli_context(ctx)
+    spec = None if runtime is None else load_runtime_file(runtime)
     keyset = load_operator_keyset(keys, _passphrase())
     with (
         cli.client() as api,
@@ -180,21 +198,93 @@ def model_push(
                 tasks[label] = int(bars.add_task(f"upload {label}", total=total))
             bars.advance(tasks[label], advance)  # type: ignore[arg-type]
 
-        result = ReleaseClient(api, keyset).push_model(
-            fleet,
-            file,
-            name=name,
-            version=version,
-            reference_input=reference_input,
-            min_agent_version=min_agent_version,
-            execution_providers=tuple(provider or ["CPUExecutionProvider"]),
-            atol=atol,
-            rtol=rtol,
-            progress=progress,
-        )
+        try:
+            result = ReleaseClient(api, keyset).push_model(
+                fleet,
+                file,
+                name=name,
+                version=version,
+                reference_input=reference_input,
+                min_agent_version=min_agent_version,
+                execution_providers=tuple(provider or ["CPUExecutionProvider"]),
+                atol=atol,
+                rtol=rtol,
+                progress=progress,
+                runtime=spec,
+                reference_frame=reference_frame,
+            )
+        except InvalidInputError as exc:
+            if runtime is None or not str(exc.fields.get("field", "")).startswith("runtime."):
+                raise
+            # Which file does not fit which model: the operator may keep several.
+            raise InvalidInputError(
+                f"{runtime} does not fit {file.name}: {exc.message}", **exc.fields
+            ) from exc
     for warning in result.warnings:
         cli.console.print(f"[yellow]warning:[/yellow] {warning}")
-    cli.emit({k: v for k, v in describe(result).items() if k != "warnings"})
+    shown = {k: v for k, v in describe(result).items() if k != "warnings"}
+    if cli.output != "json":
+        shown["runtime"] = runtime_text(shown["runtime"])
+        shown["reference"] = reference_text(shown["reference"])
+    cli.emit(shown)
+
+
+def runtime_text(summary: dict[str, Any] | None) -> str:
+    """A version's runtime summary (`custom.runtime_summary`) as lines for a table cell."""
+    if summary is None:
+        return "- (none signed: the node's own preprocess config)"
+    if "unreadable" in summary:
+        return f"unreadable by this server: {summary['unreadable']}"
+    pre = summary["preprocess"]
+    size = "the model's" if pre["size"] is None else "x".join(str(d) for d in pre["size"])
+    fit = pre["fit"] + (f" (pad {pre['pad_value']})" if "pad_value" in pre else "")
+    params = ", ".join(f"{k} {_value(v)}" for k, v in summary["params"].items())
+    output = f" of {summary['output']!r}" if summary.get("output") else ""
+    labels = summary["first_labels"]
+    more = summary["labels"] - len(labels)
+    named = ", ".join(labels) + (f", … (+{more})" if more > 0 else "")
+    return "\n".join(
+        [
+            f"preprocess: {pre['layout']} {pre['dtype']} {pre['channel_order']}, size {size}"
+            f" (HxW), {fit}, {pre['resize']}",
+            f"            scale {_value(pre['scale'])}, mean {_value(pre['mean'])}, "
+            f"std {_value(pre['std'])}",
+            f"output:     {summary['decoder']}{output}" + (f" ({params})" if params else ""),
+            f"labels:     {summary['labels']}" + (f" ({named})" if labels else ""),
+        ]
+    )
+
+
+def runtime_brief(summary: dict[str, Any] | None) -> str:
+    """One table cell: the decoder and how many labels, or `-` for a version without."""
+    if summary is None:
+        return "-"
+    if "unreadable" in summary:
+        return "unreadable"
+    labels = summary["labels"]
+    return f"{summary['decoder']}, {labels} label{'s' if labels != 1 else ''}"
+
+
+def reference_text(summary: dict[str, Any] | None) -> str:
+    if summary is None:
+        return "-"
+    inputs = ", ".join(f"{name} {shape}" for name, shape in summary["inputs"].items())
+    frame = summary.get("frame")
+    made = f"{frame[1]}x{frame[0]} frame ({summary['source']})" if frame else summary["source"]
+    lines = [f"{made} -> {inputs}"]
+    decoded = summary.get("decoded")
+    if decoded is not None:
+        results = "; ".join(decoded["results"]) or "nothing above the threshold"
+        lines.append(f"decoded: {decoded['kind']}: {results}")
+    return "\n".join(lines)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @model_app.command("list")
@@ -204,7 +294,10 @@ def model_list(
     """The latest version of every model in a fleet."""
     cli = cli_context(ctx)
     with cli.client() as api:
-        cli.emit(api.json("GET", f"/v1/fleets/{fleet}/models"), VERSION_COLUMNS)
+        cli.emit(
+            _brief_runtime(cli.output, api.json("GET", f"/v1/fleets/{fleet}/models")),
+            VERSION_COLUMNS,
+        )
 
 
 @model_app.command("show")
@@ -214,13 +307,28 @@ def model_show(
     fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")],
     version: Annotated[str | None, typer.Option(help="one version in full")] = None,
 ) -> None:
-    """Every version of a model, or one version with its signed custom metadata."""
+    """Every version of a model, or one version with its signed custom metadata and
+    how it is run (preprocessing, output decoder, labels)."""
     cli = cli_context(ctx)
     with cli.client() as api:
         if version is None:
-            cli.emit(api.json("GET", f"/v1/fleets/{fleet}/models/{name}"), VERSION_COLUMNS)
-        else:
-            cli.emit(api.json("GET", f"/v1/fleets/{fleet}/models/{name}/versions/{version}"))
+            versions = api.json("GET", f"/v1/fleets/{fleet}/models/{name}")
+            cli.emit(_brief_runtime(cli.output, versions), VERSION_COLUMNS)
+            return
+        shown = api.json("GET", f"/v1/fleets/{fleet}/models/{name}/versions/{version}")
+    if cli.output != "json" and isinstance(shown, dict):
+        shown = {**shown, "runtime": runtime_text(shown.get("runtime"))}
+        # The runtime is shown above in words; the signed form stays in `-o json`.
+        custom = shown.get("custom")
+        if isinstance(custom, dict) and "runtime" in custom:
+            shown["custom"] = {**custom, "runtime": "(see runtime)"}
+    cli.emit(shown)
+
+
+def _brief_runtime(output: str, versions: Any) -> Any:
+    if output == "json" or not isinstance(versions, list):
+        return versions
+    return [{**v, "runtime": runtime_brief(v.get("runtime"))} for v in versions]
 
 
 @model_app.command("revoke")

@@ -12,17 +12,20 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from control_plane.errors import InvalidInputError, InvalidModelError, PayloadTooLargeError
-from control_plane.registry import onnx_inspect, sample_models
+from control_plane.registry import onnx_inspect, reference_frame, sample_models
 from control_plane.registry.onnx_inspect import (
     ModelInfo,
     ReferencePair,
     TensorSpec,
     inspect_model,
     load_reference,
+    make_frame_reference,
     make_reference,
     outputs_match,
     save_reference,
 )
+from protos.bundle.preprocess import Preprocessor
+from protos.bundle.spec import PreprocessConfig, TensorSig
 
 
 def _save(model: onnx.ModelProto, path: Path) -> Path:
@@ -44,6 +47,18 @@ def _model(
     model = helper.make_model(graph, opset_imports=opset_ids)
     model.ir_version = ir_version
     return model
+
+
+def _dynamic_image_model(path: Path) -> Path:
+    """images float32 [N, 3, H, W] -> mean per channel [N, 3]: any input size runs."""
+    return _save(
+        _model(
+            [helper.make_node("ReduceMean", ["images"], ["means"], axes=[2, 3], keepdims=0)],
+            [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+            [helper.make_tensor_value_info("means", TensorProto.FLOAT, ["N", 3])],
+        ),
+        path,
+    )
 
 
 def _two_input_model(path: Path) -> Path:
@@ -123,6 +138,12 @@ def test_a_negative_dim_value_is_a_dynamic_dim_and_gets_a_reference(tmp_path: Pa
     info = inspect_model(path)
     assert info.inputs == (TensorSpec("x", "float32", ("?", 3)),)
     assert make_reference(path, info).inputs["x"].shape == (1, 3)
+
+
+def test_tensor_specs_become_the_bundles_tensor_signatures(tmp_path: Path) -> None:
+    info = inspect_model(_dynamic_image_model(tmp_path / "m.onnx"))
+    assert info.inputs[0].to_sig() == TensorSig("images", "float32", (None, 3, None, None))
+    assert info.outputs[0].to_sig() == TensorSig("means", "float32", (None, 3))
 
 
 def test_scalar_tensors_have_an_empty_shape(tmp_path: Path) -> None:
@@ -387,6 +408,54 @@ def test_generated_inputs_follow_the_documented_rules(tmp_path: Path) -> None:
         np.testing.assert_array_equal(pair.outputs[f"{name}_out"], pair.inputs[name])
 
 
+def test_dynamic_image_dims_without_a_real_input_are_refused(tmp_path: Path) -> None:
+    """A generated [1, 3, 1, 1] input made a self-test that proves nothing (issue 12)."""
+    path = _dynamic_image_model(tmp_path / "m.onnx")
+    with pytest.raises(InvalidInputError, match="--runtime") as refused:
+        make_reference(path, inspect_model(path))
+    assert "'images'" in refused.value.message
+    assert "--reference-input" in refused.value.message
+    # A real input is still taken as it is.
+    images = np.full((1, 3, 5, 7), 0.5, np.float32)
+    np.save(tmp_path / "in.npy", images)
+    pair = make_reference(path, inspect_model(path), reference_input=tmp_path / "in.npy")
+    np.testing.assert_allclose(pair.outputs["means"], [[0.5, 0.5, 0.5]])
+
+
+def test_a_frame_reference_is_the_frame_through_the_preprocessor(tmp_path: Path) -> None:
+    path = _dynamic_image_model(tmp_path / "m.onnx")
+    frame = reference_frame.generated_frame()
+    config = PreprocessConfig(size=(48, 64), mean=(0.5,), std=(0.25,))
+    preprocessor = Preprocessor(config, 3)
+    pair = make_frame_reference(path, inspect_model(path), frame, preprocessor)
+    assert pair.frame is not None
+    np.testing.assert_array_equal(pair.frame, frame)
+    assert pair.inputs["images"].shape == (1, 3, 48, 64)
+    np.testing.assert_array_equal(pair.inputs["images"], preprocessor(frame))
+    np.testing.assert_allclose(
+        pair.outputs["means"], pair.inputs["images"].mean(axis=(2, 3)), atol=1e-5
+    )
+    # The frame travels in the pair, beside input/ and output/.
+    target = tmp_path / "ref.npz"
+    save_reference(pair, target)
+    with np.load(target, allow_pickle=False) as archive:
+        assert sorted(archive.files) == ["frame", "input/images", "output/means"]
+        assert archive["frame"].dtype == np.uint8
+    loaded = load_reference(target)
+    assert loaded.frame is not None
+    np.testing.assert_array_equal(loaded.frame, frame)
+    np.testing.assert_array_equal(loaded.inputs["images"], pair.inputs["images"])
+
+
+def test_a_frame_reference_needs_a_single_input_model(tmp_path: Path) -> None:
+    path = _two_input_model(tmp_path / "m.onnx")
+    preprocessor = Preprocessor(PreprocessConfig(size=(4, 4)), 3)
+    with pytest.raises(InvalidInputError, match="has 2"):
+        make_frame_reference(
+            path, inspect_model(path), reference_frame.generated_frame(), preprocessor
+        )
+
+
 def test_reference_outputs_are_what_the_model_computes(tmp_path: Path) -> None:
     path = sample_models.add_constant_model(tmp_path / "add.onnx", 0.5)
     pair = make_reference(path, inspect_model(path))
@@ -598,7 +667,7 @@ def test_negative_tolerance_is_a_programming_error() -> None:
         outputs_match({}, {}, -1.0, 0.0)
 
 
-@pytest.mark.parametrize("module", [onnx_inspect, sample_models])
+@pytest.mark.parametrize("module", [onnx_inspect, reference_frame, sample_models])
 def test_public_names_exist(module: object) -> None:
     exported = module.__all__  # type: ignore[attr-defined]
     assert sorted(exported) == exported

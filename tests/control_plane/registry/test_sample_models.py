@@ -76,3 +76,19 @@ def test_broken_model_parses_but_fails_the_checker() -> None:
     assert model.graph.node
     with pytest.raises(onnx.checker.ValidationError):
         onnx.checker.check_model(model)
+
+
+@pytest.mark.parametrize("size", [32, 48])
+def test_the_tiny_detectors_runtime_spec_fits_it_at_any_size(tmp_path: Path, size: int) -> None:
+    from control_plane.registry.onnx_inspect import inspect_model
+    from control_plane.trust.custom import check_runtime
+    from protos.bundle.spec import parse_runtime_spec
+
+    info = inspect_model(sample_models.tiny_detector(tmp_path / "det.onnx", size=size))
+    spec = parse_runtime_spec(sample_models.tiny_detector_runtime(mean=(0.5,), std=(0.5,)))
+    resolved, channels = check_runtime(
+        spec, [t.to_sig() for t in info.inputs], [t.to_sig() for t in info.outputs]
+    )
+    assert (resolved.size, channels) == ((size, size), 3)
+    assert spec.labels == sample_models.TINY_DETECTOR_LABELS
+    assert spec.output.decoder == "classification"

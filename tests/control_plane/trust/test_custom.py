@@ -16,6 +16,7 @@ from control_plane.trust.custom import (
     parse_model_custom,
     parse_target_path,
     reference_target_path,
+    runtime_summary,
 )
 
 SHA = "ab" * 32
@@ -226,3 +227,115 @@ def test_paths() -> None:
 def test_path_helpers_validate(model: str, version: str) -> None:
     with pytest.raises(InvalidInputError):
         model_target_path(model, version)
+
+
+# ------------------------------------------------------------------- custom.runtime
+
+
+def runtime_example() -> dict[str, Any]:
+    """A signed runtime spec that fits example()'s x [1, 3, 64, N] -> y [N, 10]."""
+    return {
+        "format": 1,
+        "preprocess": {
+            "layout": "NCHW",
+            "size": [64, 96],
+            "mean": ["0.485", "0.456", "0.406"],
+            "std": ["0.229", "0.224", "0.225"],
+            "scale": "0.00392156862745098",
+            "dtype": "float32",
+        },
+        "output": {"decoder": "classification", "top_k": 3, "score_threshold": "0.2"},
+        "labels": [f"class-{i}" for i in range(10)],
+    }
+
+
+def with_runtime(runtime: Any) -> dict[str, Any]:
+    data = example()
+    data["runtime"] = runtime
+    return data
+
+
+def test_a_version_without_runtime_has_none_and_writes_none() -> None:
+    custom = parse_model_custom(example())
+    assert custom.runtime is None
+    assert "runtime" not in custom.to_dict()
+    assert parse_model_custom(with_runtime(None)).runtime is None
+
+
+def test_runtime_parses_round_trips_and_stays_canonical() -> None:
+    custom = parse_model_custom(with_runtime(runtime_example()))
+    assert custom.runtime is not None
+    assert custom.runtime.preprocess.size == (64, 96)
+    assert custom.runtime.preprocess.mean == pytest.approx((0.485, 0.456, 0.406))
+    assert custom.runtime.output.decoder == "classification"
+    assert len(custom.runtime.labels) == 10
+    data = custom.to_dict()
+    # What is signed is the bundle's canonical form: reals as decimal strings.
+    assert data["runtime"] == custom.runtime.to_signed()
+    assert data["runtime"]["preprocess"]["mean"] == ["0.485", "0.456", "0.406"]
+    assert data["runtime"]["output"]["score_threshold"] == "0.2"
+    assert encode_canonical(data) is not None
+    assert parse_model_custom(data) == custom
+    assert hash(parse_model_custom(data)) == hash(custom)
+
+
+def test_runtime_summary_names_preprocess_decoder_and_labels() -> None:
+    custom = parse_model_custom(with_runtime(runtime_example()))
+    assert custom.runtime is not None
+    summary = runtime_summary(custom.runtime, labels_shown=3)
+    assert summary["preprocess"]["size"] == [64, 96]
+    assert summary["preprocess"]["mean"] == pytest.approx([0.485, 0.456, 0.406])
+    assert summary["decoder"] == "classification"
+    assert summary["params"] == {"top_k": 3, "softmax": False, "score_threshold": 0.2}
+    assert summary["labels"] == 10
+    assert summary["first_labels"] == ["class-0", "class-1", "class-2"]
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "field", "shown"),
+    [
+        # refused by the bundle's parser
+        ("output.decoder", "ssd", "custom.runtime.output.decoder", "ssd"),
+        ("output.iou_threshold", "0.5", "custom.runtime.output.iou_threshold", "unknown"),
+        ("preprocess.meen", [0.5], "custom.runtime.preprocess.meen", "unknown"),
+        ("preprocess.std", ["0"], "custom.runtime.preprocess.std", "> 0"),
+        ("format", 2, "custom.runtime.format", "format 2"),
+        ("output", _DELETE, "custom.runtime.output", "required"),
+        # parsed, but every node would refuse it on this model's signature
+        ("preprocess.size", [32, 96], "custom.runtime.preprocess.size", "the model has 64"),
+        ("preprocess.size", None, "custom.runtime.preprocess.size", "dynamic"),
+        ("preprocess.layout", "NHWC", "custom.runtime.preprocess.layout", "NCHW"),
+        ("preprocess.dtype", "float16", "custom.runtime.preprocess.dtype", "float32"),
+        ("labels", ["a", "b"], "custom.runtime.labels", "10 classes"),
+        ("output.output", "z", "custom.runtime.output.output", "'y'"),
+    ],
+)
+def test_bad_runtime_is_refused_naming_the_field(
+    dotted: str, value: Any, field: str, shown: str
+) -> None:
+    runtime = runtime_example()
+    _set(runtime, dotted, value)
+    with pytest.raises(InvalidInputError) as info:
+        parse_model_custom(with_runtime(runtime))
+    assert info.value.fields["field"] == field
+    message = str(info.value)
+    # "custom.runtime.preprocess.size: ..." or "custom.runtime.preprocess: unknown key(s) meen"
+    assert message.startswith(field) or message.startswith(field.rpartition(".")[0] + ": ")
+    assert field.rpartition(".")[2] in message
+    assert shown in message
+
+
+def test_a_contradiction_carries_both_sides() -> None:
+    runtime = runtime_example()
+    runtime["preprocess"]["size"] = [32, 96]
+    with pytest.raises(InvalidInputError) as info:
+        parse_model_custom(with_runtime(runtime))
+    assert info.value.fields["model"] == "64"
+    assert info.value.fields["config"] == "size [32, 96]"
+
+
+@pytest.mark.parametrize("value", ["NCHW", [], 3])
+def test_runtime_that_is_not_a_mapping_is_refused(value: object) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        parse_model_custom(with_runtime(value))
+    assert info.value.fields["field"] == "custom.runtime"
