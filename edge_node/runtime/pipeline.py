@@ -2,10 +2,13 @@
 
 What it is for: taking frames from the :class:`~edge_node.runtime.streams.Scheduler`,
 decoding and preprocessing them with the *current* session's preprocessor, running the
-session, and handing a :class:`FrameResult` (outputs, plus latency split into queue,
-preprocess and inference time) to ``on_result`` — the aggregation input. Bad frames and
-failed runs are counted per stream and reason, logged (rate-limited) and skipped; they never
-stop a worker.
+session, decoding its outputs with the session's decoder (the version's signed output
+decoder, ``raw`` without one), and handing an
+:class:`~protos.bundle.results.InferenceResult` (the decoded result, named by model and
+version, plus latency split into queue, preprocess, inference and decode time) to
+``on_result`` — the results interface the aggregation consumes. Bad frames, failed runs
+and outputs that do not decode (``decode_error``) are counted per stream and reason,
+logged (rate-limited) and skipped; they never stop a worker.
 
 Hot swap (:meth:`InferencePipeline.swap_session`): the next frame a worker picks up runs on
 the new session; frames already running finish on the old one, which is closed when its last
@@ -13,8 +16,8 @@ in-flight frame is done (a reference count under a small lock). The preprocessor
 the session, so a new version that needs a different input size or normalisation switches
 both at the same instant. No frame is lost or run twice because of a swap.
 
-What it is not for: deciding *when* to swap (the updater's self-test does) or decoding the
-model's outputs into detections (model-specific; the aggregation issue's post-processors).
+What it is not for: deciding *when* to swap (the updater's self-test does), or the
+decoders themselves (:mod:`protos.bundle.decoders`, shared with the operator's CLI).
 """
 
 from __future__ import annotations
@@ -23,13 +26,11 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Final
-
-import numpy.typing as npt
+from typing import Final
 
 from edge_node.clock import Clock
 from edge_node.errors import ClosedError, InvalidInputError
@@ -39,6 +40,7 @@ from edge_node.runtime.preprocess import FrameDecoder, decode_frame, default_dec
 from edge_node.runtime.session import ModelSession
 from edge_node.runtime.streams import Frame, Scheduler, StreamCounters, StreamStats, SubmitOutcome
 from edge_node.runtime.timing import SystemTicker, Ticker
+from protos.bundle.results import InferenceResult
 
 __all__ = [
     "FrameResult",
@@ -54,33 +56,13 @@ _LOG_EVERY: Final = 1000
 """After the first, log one in this many repeats of the same problem on the same stream."""
 
 
-@dataclass(frozen=True, slots=True)
-class FrameResult:
-    """One frame's model outputs and where its time went (seconds, monotonic).
+FrameResult = InferenceResult
+"""What the pipeline hands ``on_result`` for each frame (seconds, monotonic): ``queue_s``
+from admission to a worker picking it up; ``preprocess_s`` frame decode, resize,
+normalise; ``inference_s`` ``InferenceSession.run``; ``decode_s`` the output decoder.
+``model``/``version`` are the session's (``model_label`` is ``name@version``)."""
 
-    ``queue_s``: from admission to a worker picking it up; ``preprocess_s``: decode, resize,
-    normalise; ``inference_s``: ``InferenceSession.run``. ``model`` is the session's label.
-    """
-
-    stream: str
-    frame_id: int
-    captured_at: datetime
-    model: str
-    queue_s: float
-    preprocess_s: float
-    inference_s: float
-    outputs: Mapping[str, npt.NDArray[Any]]
-
-    @property
-    def compute_s(self) -> float:
-        return self.preprocess_s + self.inference_s
-
-    @property
-    def latency_s(self) -> float:
-        return self.queue_s + self.preprocess_s + self.inference_s
-
-
-ResultCallback = Callable[[FrameResult], None]
+ResultCallback = Callable[[InferenceResult], None]
 
 
 class SessionRetirement:
@@ -327,7 +309,8 @@ class InferencePipeline:
         try:
             session = lease.session
             try:
-                batch = session.preprocessor(decode_frame(frame.data, self._decoder), reuse=True)
+                image = decode_frame(frame.data, self._decoder)
+                batch = session.preprocessor(image, reuse=True)
             except BadFrameError as exc:
                 counters.count_bad(exc.reason)
                 if self._log_limiter.should_log(frame.stream, f"bad:{exc.reason}"):
@@ -344,16 +327,32 @@ class InferencePipeline:
             finished = ticker.monotonic()
         finally:
             self._release(lease)
+        try:  # the decoder is the session's but needs no ONNX Runtime: off the lease
+            decoded = session.decode(outputs, image.shape[0], image.shape[1])
+        except Exception as exc:  # outputs the version's decoder cannot read, or its bug
+            counters.count_failed("decode_error")
+            if self._log_limiter.should_log(frame.stream, "decode_error"):
+                _log.error(
+                    "%s frame %d: %s outputs do not decode: %s",
+                    frame.stream,
+                    frame.frame_id,
+                    session.label,
+                    exc,
+                )
+            return
+        decoded_at = ticker.monotonic()
         counters.count_processed()
-        result = FrameResult(
+        result = InferenceResult(
             stream=frame.stream,
             frame_id=frame.frame_id,
             captured_at=frame.captured_at,
-            model=session.label,
+            model=session.model,
+            version=session.version,
+            decoded=decoded,
             queue_s=picked - frame.enqueued_at,
             preprocess_s=prepared - picked,
             inference_s=finished - prepared,
-            outputs=outputs,
+            decode_s=decoded_at - finished,
         )
         try:
             self._on_result(result)

@@ -19,12 +19,13 @@ from edge_node.testing.update_world import (
     UpdateWorld,
     model_target_path,
 )
+from edge_node.updater.host import ModelBundle, Trial
 from edge_node.updater.journal import JournalState, ModelRef, Phase
 from edge_node.updater.reconciler import (
     OutcomeKind,
     UpdatePhase,
 )
-from edge_node.updater.selftest import SelfTestResult, self_test
+from edge_node.updater.selftest import SelfTestResult, TrialLoader, self_test
 from edge_node.updater.store import DiskUsage, ModelStore
 from tests.edge_node.updater._world import Crash, assert_consistent, install_first, make_world
 
@@ -145,7 +146,9 @@ class _RefusingHost(FakeModelHost):
         super().__init__()
         self.message = message
 
-    async def serve(self, path: Path) -> None:
+    async def serve(
+        self, bundle: ModelBundle, *, trial: Trial | None = None
+    ) -> SelfTestResult | None:
         raise RuntimeError(self.message)
 
 
@@ -236,7 +239,9 @@ def _crash_in(phase: str, w: UpdateWorld) -> dict[str, Any]:
         raise Crash
 
     class CrashingHost(FakeModelHost):
-        async def serve(self, path: Path) -> None:
+        async def serve(
+            self, bundle: ModelBundle, *, trial: Trial | None = None
+        ) -> SelfTestResult | None:
             raise Crash
 
     store_args = {"disk_usage": lambda _: DiskUsage(10**13, 0, 10**12)}
@@ -342,10 +347,10 @@ async def test_a_trial_drops_other_partial_downloads_and_a_commit_drops_all(
     rel = world.releases["1.0.0"]
     seen: list[list[str]] = []
 
-    def peek_selftest(model: Path, ref: Path, atol: float, rtol: float) -> SelfTestResult:
+    def peek_selftest(load: TrialLoader, ref: Path, atol: float, rtol: float) -> SelfTestResult:
         seen.append(sorted(p.name for p in staging.iterdir()))
         return self_test(
-            model, ref, atol=atol, rtol=rtol, latency_budget_s=5, memory_budget_bytes=1 << 34
+            load, ref, atol=atol, rtol=rtol, latency_budget_s=5, memory_budget_bytes=1 << 34
         )
 
     await world.reconciler(selftest=peek_selftest).apply(world.assign(rel))
