@@ -426,13 +426,14 @@ class UpdateWorld:
         reference_add: float | None = None,
         content: bytes | None = None,
         reference: bytes | None = None,
-        runtime: RuntimeSpec | Mapping[str, Any] | None = None,
+        runtime: RuntimeSpec | Mapping[str, Any] | str | None = None,
         io: Mapping[str, Any] | None = None,
     ) -> Release:
         """Sign and publish `MODEL` `version` (an echo model adding `add`, or `content`)
         with release counter `counter` and a reference pair (of `reference_add`, or the
         `reference` bytes given). `runtime` goes into `custom.runtime` (a spec, signed in
-        its canonical form, or a raw mapping signed as it is: a malformed one for tests);
+        its canonical form, or a raw JSON value signed as it is: a malformed one for
+        tests; canonical JSON has no floats);
         `io` replaces the echo model's `custom.io`."""
         data = content if content is not None else echo_model_bytes(add)
         if reference is None:
@@ -465,7 +466,7 @@ class UpdateWorld:
         if isinstance(runtime, RuntimeSpec):
             custom["runtime"] = runtime.to_signed()
         elif runtime is not None:
-            custom["runtime"] = dict(runtime)
+            custom["runtime"] = runtime if isinstance(runtime, str) else dict(runtime)
         model_file = TargetFile.from_data(path, data)
         model_file.unrecognized_fields["custom"] = custom
         self._sign_targets([model_file, TargetFile.from_data(ref_path, reference)], data, reference)

@@ -403,8 +403,11 @@ class Reconciler:
         try:
             runtime = runtime_of_custom(verified.target.custom)
         except BundleError as exc:
+            named = (
+                exc.message if exc.message.startswith(exc.field) else f"{exc.field}: {exc.message}"
+            )
             raise _PlanError(
-                f"{verified.target_path}: {exc.message}", reason="bad-runtime", field=exc.field
+                f"{verified.target_path}: {named}", reason="bad-runtime", field=exc.field
             ) from exc
         return _Plan(verified, reference, atol, rtol, redelivered, runtime)
 

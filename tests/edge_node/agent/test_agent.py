@@ -225,6 +225,14 @@ async def test_health_records_are_telemetry_reports_with_the_model_latency(
     assert all(r["node_id"] == node_id and r["memory"]["rss_bytes"] > 0 for r in reports)
     with_frames = [r for r in reports if r.get("latency")]
     assert with_frames, "no report carried the frames' latency"
+    # A local model_path: named by its file, run with node.yaml's preprocess.
+    assert set(with_frames[-1]["latency"]) == {"v1.onnx"}
+    assert with_frames[-1]["model_active"] == "v1.onnx"
+    assert with_frames[-1]["model_runtime"] == {
+        "config": "node",
+        "session_overrides": [],
+        "node_preprocess_ignored": False,
+    }
     # Drift baselines are kept for the next start.
     assert (tmp_path / "node" / "telemetry-baselines.json").exists()
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +18,9 @@ from edge_node.runtime.config import PreprocessConfig, SchedulerConfig, SessionC
 from edge_node.runtime.pipeline import FrameResult, InferencePipeline
 from edge_node.runtime.session import ModelSession
 from edge_node.runtime.timing import ManualTicker
+from protos.bundle.decoders import Geometry
+from protos.bundle.results import Decoded
+from protos.bundle.spec import BundleError, OutputSpec, RuntimeSpec
 from tests.edge_node.runtime._models import echo_model, failing_model
 
 RAW = PreprocessConfig(scale=1.0, mean=(0.0,), std=(1.0,))  # the model sees the pixels as floats
@@ -170,6 +174,61 @@ def test_inference_failures_are_counted(tmp_path: Path, collector: Collector) ->
         pipeline.stop()
     assert pipeline.stats()["cam"].failed == {"inference_error": 3}
     assert collector.results == []
+
+
+class BrightFramesUndecodable:
+    """A decoder that cannot read the outputs of bright frames (values over 100)."""
+
+    def __init__(self, session: ModelSession) -> None:
+        self._inner = session.decoder
+
+    def decode(self, outputs: Mapping[str, Any], geometry: Geometry) -> Decoded:
+        if float(np.asarray(outputs["y"]).max()) > 100:
+            raise BundleError("classification expects [1, C] scores", field="output")
+        return self._inner.decode(outputs, geometry)
+
+
+def test_outputs_that_do_not_decode_are_counted_and_the_worker_goes_on(
+    tmp_path: Path, collector: Collector
+) -> None:
+    session = load(tmp_path, add=1.0)
+    session.decoder = BrightFramesUndecodable(session)
+    pipeline = InferencePipeline(
+        session, [StreamConfig("cam", queue_size=8)], ManualClock(), collector
+    )
+    with pipeline:
+        for value_ in (10, 200, 250, 20):
+            pipeline.submit("cam", pixels(value_))
+        collector.wait_for(2)
+        report = pipeline.stop()
+    assert report.drained
+    stats = pipeline.stats()["cam"]
+    assert (stats.failed, stats.processed) == ({"decode_error": 2}, 2)
+    assert sorted(value(r) for r in collector.results) == [11.0, 21.0]
+
+
+def test_a_signed_runtime_spec_names_the_results_and_decodes_them(
+    tmp_path: Path, collector: Collector
+) -> None:
+    path = echo_model(tmp_path / "m.onnx", (1, 3, SIZE, SIZE), add=0.5)
+    spec = RuntimeSpec(
+        preprocess=PreprocessConfig(scale=1.0 / 255.0, mean=(0.5,), std=(0.5,)),
+        output=OutputSpec(decoder="raw", threshold=0.9),
+    )
+    session = ModelSession.load(path, CPU, RAW, runtime=spec, model="det", version="1.2.0")
+    with InferencePipeline(session, [StreamConfig("cam")], ManualClock(), collector) as pipeline:
+        pipeline.submit("cam", np.full((3 * SIZE, 4 * SIZE, 3), 255, dtype=np.uint8))
+        collector.wait_for(1)
+    (result,) = collector.results
+    assert (result.model, result.version, result.model_label) == ("det", "1.2.0", "det@1.2.0")
+    (tensor,) = result.decoded.tensors
+    # (255/255 - 0.5) / 0.5 + 0.5: the signed normalisation, not the node's RAW.
+    assert (tensor.shape, tensor.max, tensor.threshold, tensor.above) == (
+        (1, 3, SIZE, SIZE),
+        1.5,
+        0.9,
+        1.0,
+    )
 
 
 def test_a_failing_result_callback_does_not_stop_the_worker(tmp_path: Path) -> None:
