@@ -57,7 +57,7 @@ from edge_node.link.base import (
 )
 from edge_node.link.uplink import ControlHandler, Uplink
 from edge_node.outbox import Outbox
-from edge_node.runtime.pipeline import FrameResult, InferencePipeline
+from edge_node.runtime.pipeline import InferencePipeline
 from edge_node.runtime.timing import SystemTicker
 from edge_node.telemetry import (
     HEALTH_SCHEMA,
@@ -65,7 +65,8 @@ from edge_node.telemetry import (
     SystemProbe,
     Telemetry,
 )
-from edge_node.updater.host import ModelHost
+from edge_node.updater.host import ModelBundle, ModelHost
+from protos.bundle.results import InferenceResult
 from protos.edgefleet.fleet.v1 import link_pb2
 
 __all__ = [
@@ -148,7 +149,7 @@ class Agent:
 
     @property
     def host(self) -> RuntimeHost:
-        """What serves models (`serve(path)` starts the runtime or hot-swaps it); the
+        """What serves models (`serve(bundle)` starts the runtime or hot-swaps it); the
         update task and components hold it too."""
         return self._host
 
@@ -457,11 +458,13 @@ class Agent:
 
     def _health_payload(self, outbox: Outbox, uplink: Uplink, files: EnrollmentFiles) -> bytes:
         pipeline = self._host.pipeline
+        use = self._host.runtime_use()
         payload = self.telemetry.report_payload(
             self._clock.now(),
             node_id=files.node_id,
             agent_version=self._config.agent_version,
             active_model=pipeline.session.label if pipeline is not None else self._host.model,
+            model_runtime=None if use is None else use.to_report(),
             streams=pipeline.stats() if pipeline is not None else None,
             capture=self.capture.stats(),
             queue_depth_frames=pipeline.backlog() if pipeline is not None else None,
@@ -497,10 +500,10 @@ class Agent:
     async def _run_runtime(self) -> None:
         # With the updater, it serves the journal's model (or model_path) at its start.
         if self._config.model_path is not None and self.updater is None:
-            await self._host.serve(self._config.model_path)
+            await self._host.serve(ModelBundle.local(self._config.model_path))
         await self._stop.wait()
 
-    def _count_result(self, result: FrameResult) -> None:
+    def _count_result(self, result: InferenceResult) -> None:
         # Latency per model version for health reports; the results themselves go nowhere
         # yet (aggregation and events come with their own issue).
         self.telemetry.record_result(result)

@@ -1,16 +1,21 @@
 """`RuntimeHost`: the agent's runtime side of the `ModelHost` port (design §5, hot swap).
 
-It loads a verified model into an ONNX Runtime session, starts the inference pipeline
-with it or hot-swaps it in (in-flight frames finish on the old session), and reports the
-served model's run counters. Not here: which model to serve, or when (the update task).
+It loads a verified model with its bundle into an ONNX Runtime session — the version's
+signed preprocessing and output decoder, the node's session options (threads, execution
+providers, graph optimisation: the only per-box overrides) — self-tests that very session
+when the update path asks for a trial, starts the inference pipeline with it or hot-swaps
+it in (in-flight frames finish on the old session), and reports the served model's run
+counters and where its runtime settings came from (`runtime_use`, for health reports).
+node.yaml's `runtime.preprocess` serves only versions without a signed spec and a local
+`model_path`. Not here: which model to serve, or when (the update task).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
-from typing import Final
+from dataclasses import dataclass, fields
+from typing import Any, Final
 
 import anyio
 import anyio.to_thread
@@ -18,15 +23,47 @@ import anyio.to_thread
 from edge_node.clock import Clock
 from edge_node.config import AgentConfig
 from edge_node.errors import ClosedError
-from edge_node.runtime.pipeline import FrameResult, InferencePipeline
-from edge_node.runtime.session import ModelSession
+from edge_node.runtime.config import PreprocessConfig, SessionConfig
+from edge_node.runtime.errors import ModelLoadError
+from edge_node.runtime.pipeline import InferencePipeline
+from edge_node.runtime.session import ModelSession, RuntimeSource
+from edge_node.updater.host import ModelBundle, Trial
+from edge_node.updater.selftest import SelfTestResult
 from edge_node.updater.watchdog import ModelHealth
+from protos.bundle.results import InferenceResult
 
-__all__ = ["RuntimeHost"]
+__all__ = ["RuntimeHost", "RuntimeUse"]
 
 log = logging.getLogger(__name__)
 
 _STOP_S: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeUse:
+    """Where the served model's runtime settings come from (the health report's
+    `model_runtime`): `config` "signed" (the version's spec) or "node" (node.yaml's
+    preprocess), the session settings node.yaml overrides, and whether node.yaml's
+    preprocess is set but not used."""
+
+    config: RuntimeSource
+    session_overrides: tuple[str, ...] = ()
+    node_preprocess_ignored: bool = False
+
+    def to_report(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "session_overrides": list(self.session_overrides),
+            "node_preprocess_ignored": self.node_preprocess_ignored,
+        }
+
+
+def session_overrides(config: SessionConfig) -> tuple[str, ...]:
+    """The session settings `config` sets away from the defaults, by name."""
+    default = SessionConfig()
+    return tuple(
+        f.name for f in fields(SessionConfig) if getattr(config, f.name) != getattr(default, f.name)
+    )
 
 
 class RuntimeHost:
@@ -35,11 +72,11 @@ class RuntimeHost:
         config: AgentConfig,
         clock: Clock,
         *,
-        on_result: Callable[[FrameResult], None],
+        on_result: Callable[[InferenceResult], None],
         stopping: anyio.Event,
     ) -> None:
-        """`on_result` sees every frame's result; once `stopping` is set, nothing more
-        is served."""
+        """`on_result` sees every frame's decoded result; once `stopping` is set, nothing
+        more is served."""
         self._config = config
         self._clock = clock
         self._on_result = on_result
@@ -47,6 +84,11 @@ class RuntimeHost:
         self._pipeline: InferencePipeline | None = None
         self._standby: ModelSession | None = None  # loaded, but no stream to serve
         self._model: str | None = None
+        self._use: RuntimeUse | None = None
+        self._overrides = session_overrides(config.runtime.session)
+        # node.yaml sets a preprocess section (anything but the defaults).
+        self._node_preprocess = config.runtime.preprocess != PreprocessConfig()
+        self._warned_ignored: set[str] = set()
         self._lock = anyio.Lock()
 
     @property
@@ -56,23 +98,62 @@ class RuntimeHost:
 
     @property
     def model(self) -> str | None:
-        """The path of the model served (or kept ready) now, for the health report."""
+        """The label (`name@version`) of the model served (or kept ready) now."""
         return self._model
 
-    async def serve(self, path: Path) -> None:
-        """Serve the model at `path` (start the runtime, or hot-swap).
+    def runtime_use(self) -> RuntimeUse | None:
+        """Where the served model's runtime settings come from (None before any serves)."""
+        return self._use
 
-        Raises `ModelLoadError` / `ModelSignatureError` when the model cannot serve with
-        the configured preprocessing; the current model (if any) keeps serving then.
-        With no camera stream configured the model is loaded and checked all the same,
-        and kept ready (nothing to run it on yet).
+    def _load(self, bundle: ModelBundle) -> ModelSession:
+        runtime = self._config.runtime
+        return ModelSession.load(
+            bundle.path,
+            runtime.session,
+            runtime.preprocess,
+            runtime=bundle.runtime,
+            model=bundle.model,
+            version=bundle.version,
+        )
+
+    async def serve(
+        self, bundle: ModelBundle, *, trial: Trial | None = None
+    ) -> SelfTestResult | None:
+        """Serve `bundle` (start the runtime, or hot-swap); see `ModelHost.serve`.
+
+        With `trial`, the session loaded for serving is self-tested first (in a worker
+        thread: the old model serves meanwhile) and, if it passes, that same session
+        serves. Raises `ModelLoadError` / `ModelSignatureError` when the model cannot
+        serve with its bundle; the current model (if any) keeps serving then. With no
+        camera stream configured the model is loaded and checked all the same, and kept
+        ready (nothing to run it on yet).
         """
         config = self._config
         if self._stopping.is_set():
             raise ClosedError("the agent is stopping")
-        session = await anyio.to_thread.run_sync(
-            lambda: ModelSession.load(path, config.runtime.session, config.runtime.preprocess)
-        )
+        loaded: list[ModelSession] = []
+
+        def load() -> ModelSession:
+            session = self._load(bundle)
+            loaded.append(session)
+            return session
+
+        result: SelfTestResult | None = None
+        if trial is None:
+            session = await anyio.to_thread.run_sync(load)
+        else:
+            result = await anyio.to_thread.run_sync(trial, load)
+            if not result.ok or not loaded:
+                for unused in loaded:
+                    unused.close()
+                if result.ok:  # a trial that never loaded the model proves nothing
+                    raise ModelLoadError(
+                        f"the self-test of {bundle.label} did not load it", path=str(bundle.path)
+                    )
+                return result
+            *extra, session = loaded
+            for unused in extra:
+                unused.close()
         async with self._lock:
             if self._stopping.is_set():
                 session.close()
@@ -95,8 +176,28 @@ class RuntimeHost:
                 self._pipeline = pipeline
             else:
                 self._pipeline.swap_session(session)  # in-flight frames finish on the old one
-            self._model = str(path)
-        log.info("serving model %s", path)
+            self._model = session.label
+            self._use = RuntimeUse(
+                session.runtime_source,
+                self._overrides,
+                self._node_preprocess and session.runtime_source == "signed",
+            )
+        if self._use.node_preprocess_ignored and session.label not in self._warned_ignored:
+            self._warned_ignored.add(session.label)
+            log.warning(
+                "node.yaml sets runtime.preprocess, but %s carries a signed runtime spec: "
+                "serving it with the signed preprocessing (node.yaml's applies only to "
+                "versions without one and to a local model_path)",
+                session.label,
+            )
+        log.info(
+            "serving model %s (%s runtime config%s) from %s",
+            session.label,
+            session.runtime_source,
+            "; node session settings: " + ", ".join(self._overrides) if self._overrides else "",
+            bundle.path,
+        )
+        return result
 
     def health(self) -> ModelHealth | None:
         """Run counters of the model being served (the update task's watchdog reads them)."""

@@ -6,8 +6,9 @@ itself is reached through one port, `ModelHost` (`edge_node.updater.host`), whic
 agent's runtime implements:
 
 - `start()` (before the agent's tasks run): `resume_after_crash()`, then serve the
-  journal's active model again (`host.serve`), so a restarted node runs what it ran; a
-  model still on watch is watched again.
+  journal's active model again (`host.serve`) with the bundle the store kept beside it
+  (`Reconciler.bundle_of`: offline, no TUF refresh), so a restarted node runs what it
+  ran, as it was signed; a model still on watch is watched again.
 - `on_control()` takes `DesiredState` messages from the uplink without blocking it: the
   newest assignment waits in a one-slot mailbox (a newer one replaces one not yet
   started), and `run()` applies them one at a time — never two applies at once.
@@ -62,7 +63,7 @@ from edge_node.enroll import EnrollmentFiles
 from edge_node.errors import StorageError
 from edge_node.link.base import Backoff, LinkError, NodeLink, node_message
 from edge_node.updater.config import UpdaterConfig
-from edge_node.updater.host import ModelHost
+from edge_node.updater.host import ModelBundle, ModelHost, Trial
 from edge_node.updater.journal import Journal, JournalCorruptError, JournalState, ModelRef
 from edge_node.updater.reconciler import (
     AssignmentTrust,
@@ -73,7 +74,7 @@ from edge_node.updater.reconciler import (
     UpdatePhase,
     UpdateReport,
 )
-from edge_node.updater.selftest import SelfTestResult, self_test
+from edge_node.updater.selftest import SelfTestResult, TrialLoader, self_test
 from edge_node.updater.source import RepositorySource
 from edge_node.updater.store import ModelStore
 from edge_node.updater.tuf_fetch import TufClient
@@ -157,9 +158,13 @@ class _FaultingHost:
         self._host = host
         self._fault = fault
 
-    async def serve(self, path: Path) -> None:
-        await self._host.serve(path)
-        self._fault("activated")
+    async def serve(
+        self, bundle: ModelBundle, *, trial: Trial | None = None
+    ) -> SelfTestResult | None:
+        result = await self._host.serve(bundle, trial=trial)
+        if result is None or result.ok:
+            self._fault("activated")
+        return result
 
     def health(self) -> ModelHealth | None:
         return self._host.health()
@@ -441,11 +446,11 @@ class UpdateTask:
             if self._initial_model is not None:
                 # The configured model (runtime.model_path) serves until an assignment
                 # replaces it; it cannot load: fatal, as without the updater.
-                await self._host.serve(self._initial_model)
+                await self._host.serve(ModelBundle.local(self._initial_model))
             return state
-        path = reconciler.store.path_of(active.sha256)
         try:
-            await self._host.serve(path)
+            bundle = await anyio.to_thread.run_sync(reconciler.bundle_of, active)
+            await self._host.serve(bundle)
         except Exception as exc:
             log.error("cannot serve the active model %s: %s", active.path, exc)
             outcome = await reconciler.revert_active(
@@ -456,7 +461,7 @@ class UpdateTask:
                 # No previous model to go back to: serve the configured one rather than
                 # nothing, until an assignment replaces it.
                 try:
-                    await self._host.serve(self._initial_model)
+                    await self._host.serve(ModelBundle.local(self._initial_model))
                     log.warning("serving runtime.model_path %s instead", self._initial_model)
                 except Exception as fallback:
                     log.error(
@@ -497,9 +502,11 @@ class UpdateTask:
             self._trust_problem = ("no-director-key", f"{exc.message}: enroll the node again")
             return []
 
-    def _self_test(self, model: Path, reference: Path, atol: float, rtol: float) -> SelfTestResult:
+    def _self_test(
+        self, load: TrialLoader, reference: Path, atol: float, rtol: float
+    ) -> SelfTestResult:
         return self_test(
-            model,
+            load,
             reference,
             atol=atol,
             rtol=rtol,

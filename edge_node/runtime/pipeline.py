@@ -2,10 +2,13 @@
 
 What it is for: taking frames from the :class:`~edge_node.runtime.streams.Scheduler`,
 decoding and preprocessing them with the *current* session's preprocessor, running the
-session, and handing a :class:`FrameResult` (outputs, plus latency split into queue,
-preprocess and inference time) to ``on_result`` — the aggregation input. Bad frames and
-failed runs are counted per stream and reason, logged (rate-limited) and skipped; they never
-stop a thread.
+session, decoding its outputs with the session's decoder (the version's signed output
+decoder, ``raw`` without one), and handing an
+:class:`~protos.bundle.results.InferenceResult` (the decoded result, named by model and
+version, plus latency split into queue, preprocess, inference and decode time) to
+``on_result`` — the results interface the aggregation consumes. Bad frames, failed runs
+and outputs that do not decode (``decode_error``) are counted per stream and reason,
+logged (rate-limited) and skipped; they never stop a thread.
 
 Stages (``preprocess_threads``, ADR 0027): with 0, each inference worker decodes,
 preprocesses and runs its frame in turn (one core does it all). With N > 0, N preprocess
@@ -27,8 +30,8 @@ session, so a new version that needs a different input size or normalisation swi
 at the same instant, and a tensor never reaches a session it was not made for. No frame is
 lost or run twice because of a swap.
 
-What it is not for: deciding *when* to swap (the updater's self-test does) or decoding the
-model's outputs into detections (model-specific; the aggregation issue's post-processors).
+What it is not for: deciding *when* to swap (the updater's self-test does), or the
+decoders themselves (:mod:`protos.bundle.decoders`, shared with the operator's CLI).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -58,6 +61,7 @@ from edge_node.runtime.preprocess import (
 from edge_node.runtime.session import ModelSession
 from edge_node.runtime.streams import Frame, Scheduler, StreamCounters, StreamStats, SubmitOutcome
 from edge_node.runtime.timing import SystemTicker, Ticker
+from protos.bundle.results import Decoded, InferenceResult
 
 __all__ = [
     "FrameResult",
@@ -74,35 +78,14 @@ _LOG_EVERY: Final = 1000
 MAX_PREPROCESS_THREADS: Final = 64
 
 
-@dataclass(frozen=True, slots=True)
-class FrameResult:
-    """One frame's model outputs and where its time went (seconds, monotonic).
+FrameResult = InferenceResult
+"""What the pipeline hands ``on_result`` for each frame (seconds, monotonic): ``queue_s``
+from admission to a thread picking it up, plus (staged pipeline) the wait between its
+tensor being ready and an inference worker taking it; ``preprocess_s`` frame decode, resize,
+normalise; ``inference_s`` ``InferenceSession.run``; ``decode_s`` the output decoder.
+``model``/``version`` are the session's (``model_label`` is ``name@version``)."""
 
-    ``queue_s``: from admission to a thread picking it up, plus (staged pipeline) the wait
-    between its tensor being ready and an inference worker taking it; ``preprocess_s``:
-    decode, resize, normalise; ``inference_s``: ``InferenceSession.run``. ``model`` is the
-    session's label.
-    """
-
-    stream: str
-    frame_id: int
-    captured_at: datetime
-    model: str
-    queue_s: float
-    preprocess_s: float
-    inference_s: float
-    outputs: Mapping[str, npt.NDArray[Any]]
-
-    @property
-    def compute_s(self) -> float:
-        return self.preprocess_s + self.inference_s
-
-    @property
-    def latency_s(self) -> float:
-        return self.queue_s + self.preprocess_s + self.inference_s
-
-
-ResultCallback = Callable[[FrameResult], None]
+ResultCallback = Callable[[InferenceResult], None]
 
 
 class SessionRetirement:
@@ -543,28 +526,46 @@ class InferencePipeline:
             finished = ticker.monotonic()
         finally:
             self._release(lease)
+        try:  # the decoder is the session's but needs no ONNX Runtime: off the lease
+            decoded = lease.session.decode(outputs, item.image_size[0], item.image_size[1])
+        except Exception as exc:  # outputs the version's decoder cannot read, or its bug
+            counters.count_failed("decode_error")
+            if self._log_limiter.should_log(frame.stream, "decode_error"):
+                _log.error(
+                    "%s frame %d: %s outputs do not decode: %s",
+                    frame.stream,
+                    frame.frame_id,
+                    lease.session.label,
+                    exc,
+                )
+            return
+        decoded_at = ticker.monotonic()
         counters.count_processed()
-        self._emit(item, outputs, started, finished)
+        self._emit(item, decoded, started, finished, decoded_at)
 
     def _emit(
         self,
         item: _Prepared,
-        outputs: Mapping[str, npt.NDArray[Any]],
+        decoded: Decoded,
         started: float,
         finished: float,
+        decoded_at: float,
     ) -> None:
         """Build the frame's result and hand it to ``on_result``: the one place a result is
         made. ``started``/``finished`` bracket ``session.run``."""
         frame = item.frame
-        result = FrameResult(
+        session = item.lease.session
+        result = InferenceResult(
             stream=frame.stream,
             frame_id=frame.frame_id,
             captured_at=frame.captured_at,
-            model=item.lease.session.label,
+            model=session.model,
+            version=session.version,
+            decoded=decoded,
             queue_s=(item.picked - frame.enqueued_at) + (started - item.prepared),
             preprocess_s=item.prepared - item.picked,
             inference_s=finished - started,
-            outputs=outputs,
+            decode_s=decoded_at - finished,
         )
         try:
             self._on_result(result)

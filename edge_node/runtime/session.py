@@ -2,12 +2,15 @@
 
 What it is for: :meth:`ModelSession.load` creates the ``InferenceSession`` with every
 option set from :class:`~edge_node.runtime.config.SessionConfig` (threads, graph
-optimisation, execution mode, spinning), picks the configured execution providers that this
-build of ONNX Runtime has (always ending with the CPU provider), and checks the
-:class:`~edge_node.runtime.config.PreprocessConfig` against the model's single image input
-before a frame is run: rank, channel axis, spatial size, element type and, where the model
-carries it in its metadata (``edgefleet.preprocess``), the normalisation. A mismatch raises
-:class:`~edge_node.runtime.errors.ModelSignatureError` naming both sides.
+optimisation, execution mode, spinning: the node's, the only per-box settings), picks the
+configured execution providers that this build of ONNX Runtime has (always ending with the
+CPU provider), and checks the preprocessing against the model's single image input before a
+frame is run: rank, channel axis, spatial size, element type and, where the model carries
+it in its metadata (``edgefleet.preprocess``), the normalisation. The preprocessing and the
+output decoder are the version's signed runtime spec when it has one
+(:class:`~protos.bundle.spec.RuntimeSpec`, its outputs checked against the model too), else
+the node's :class:`~edge_node.runtime.config.PreprocessConfig` and a ``raw`` decoder. A
+mismatch raises :class:`~edge_node.runtime.errors.ModelSignatureError` naming both sides.
 
 What it is not for: scheduling frames or swapping versions (``pipeline``), or deciding
 whether a model may run (the updater's trust checks come first). One session per model
@@ -22,7 +25,7 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy.typing as npt
 import onnxruntime as ort
@@ -31,9 +34,17 @@ from edge_node.errors import ClosedError
 from edge_node.runtime.config import ElementType, PreprocessConfig, SessionConfig
 from edge_node.runtime.errors import InferenceError, ModelLoadError, ModelSignatureError
 from edge_node.runtime.preprocess import Preprocessor
-from protos.bundle.spec import BundleError, TensorSig, resolve_input
+from protos.bundle.decoders import Decoder, Geometry, build_decoder
+from protos.bundle.results import Decoded
+from protos.bundle.spec import BundleError, RuntimeSpec, TensorSig, check_outputs, resolve_input
 
-__all__ = ["CPU_PROVIDER", "PREPROCESS_METADATA_KEY", "ModelSession", "choose_providers"]
+__all__ = [
+    "CPU_PROVIDER",
+    "PREPROCESS_METADATA_KEY",
+    "ModelSession",
+    "RuntimeSource",
+    "choose_providers",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -59,6 +70,10 @@ _ELEMENT_TYPES: Final[dict[str, ElementType]] = {
     "tensor(uint8)": "uint8",
 }
 _ORT_WARNING_LEVEL: Final = 2  # ONNX Runtime's own log: warnings and errors only
+
+RuntimeSource = Literal["signed", "node"]
+"""Where a session's preprocessing and decoder come from: the version's signed runtime
+spec, or the node's preprocess config (a version signed before bundles, a local model)."""
 
 
 def choose_providers(
@@ -90,7 +105,11 @@ def session_options(config: SessionConfig) -> ort.SessionOptions:
 
 
 class ModelSession:
-    """A loaded, validated model. Build with :meth:`load`; ``close`` when retired."""
+    """A loaded, validated model. Build with :meth:`load`; ``close`` when retired.
+
+    ``model`` and ``version`` name the release (``version`` is None for a local file);
+    ``label`` is ``name@version``, how logs, latency and drift name it.
+    """
 
     def __init__(
         self,
@@ -102,6 +121,9 @@ class ModelSession:
         preprocess: PreprocessConfig,
         channels: int,
         unavailable_providers: tuple[str, ...],
+        model: str | None = None,
+        version: str | None = None,
+        runtime: RuntimeSpec | None = None,
     ) -> None:
         self._session: Any = session
         self._closed = False
@@ -110,10 +132,19 @@ class ModelSession:
         self._failures = 0
         self.path = path
         self.label = label
+        self.model = model or label
+        self.version = version
         self.config = config
+        self.runtime = runtime
+        """The version's signed runtime spec (None: the node's preprocess config serves)."""
+        self.runtime_source: RuntimeSource = "node" if runtime is None else "signed"
         self.preprocess = preprocess
         """The preprocess config resolved against the model (``size`` is always set)."""
         self.preprocessor = Preprocessor(preprocess, channels)
+        self.decoder: Decoder = build_decoder(
+            runtime if runtime is not None else RuntimeSpec(preprocess=preprocess)
+        )
+        """The version's output decoder (``raw`` for a version without a runtime spec)."""
         self.providers: tuple[str, ...] = tuple(session.get_providers())
         self.unavailable_providers = unavailable_providers
         model_input = session.get_inputs()[0]
@@ -126,17 +157,35 @@ class ModelSession:
         cls,
         path: Path | str,
         session_config: SessionConfig,
-        preprocess_config: PreprocessConfig,
+        preprocess_config: PreprocessConfig | None = None,
         *,
+        runtime: RuntimeSpec | None = None,
+        model: str | None = None,
+        version: str | None = None,
         label: str | None = None,
         available_providers: Sequence[str] | None = None,
     ) -> ModelSession:
-        """Create the session and check ``preprocess_config`` against the model's input.
+        """Create the session and check its preprocessing against the model's input.
 
-        ``available_providers`` defaults to ``onnxruntime.get_available_providers()``;
-        requested providers missing from it are logged and skipped, CPU is always last.
+        The preprocessing is ``runtime.preprocess`` when the version carries a signed
+        runtime spec (its decoder is checked against the model's outputs too), else
+        ``preprocess_config`` (the node's); one of the two is needed. The session's
+        ``label`` is ``model@version``, or ``model`` alone for a model without a release;
+        ``label`` given without ``model`` names such a model (default: the file name).
+        ``available_providers`` defaults to
+        ``onnxruntime.get_available_providers()``; requested providers missing from it are
+        logged and skipped, CPU is always last.
         """
         path = Path(path)
+        if runtime is not None:
+            preprocess_config = runtime.preprocess
+        elif preprocess_config is None:
+            raise ModelLoadError(
+                f"{path.name}: no preprocess config (the version carries no runtime spec)",
+                path=str(path),
+            )
+        name = model or label or path.name
+        label = name if version is None else f"{name}@{version}"
         available = (
             ort.get_available_providers() if available_providers is None else available_providers
         )
@@ -159,26 +208,38 @@ class ModelSession:
                 f"ONNX Runtime cannot load {path}: {type(exc).__name__}: {exc}", path=str(path)
             ) from exc
         resolved, channels = resolve_preprocess(session, preprocess_config, path)
-        model = cls(
-            session,
-            path=path,
-            label=label or path.name,
-            config=session_config,
-            preprocess=resolved,
-            channels=channels,
-            unavailable_providers=unavailable,
-        )
+        if runtime is not None:
+            _check_decoder(session, runtime, path)
+        try:
+            loaded = cls(
+                session,
+                path=path,
+                label=label,
+                config=session_config,
+                preprocess=resolved,
+                channels=channels,
+                unavailable_providers=unavailable,
+                model=name,
+                version=version,
+                runtime=runtime,
+            )
+        except BundleError as exc:  # a decoder this build does not have
+            raise ModelLoadError(
+                f"{label}: {exc.message}", path=str(path), field=exc.field
+            ) from exc
         _log.info(
-            "loaded model %s: input %s %s, providers %s, threads intra=%d inter=%d, opt=%s",
-            model.label,
-            model.input_name,
-            list(model.input_shape),
-            ", ".join(model.providers),
+            "loaded model %s (%s runtime config): input %s %s, providers %s, "
+            "threads intra=%d inter=%d, opt=%s",
+            loaded.label,
+            loaded.runtime_source,
+            loaded.input_name,
+            list(loaded.input_shape),
+            ", ".join(loaded.providers),
             session_config.intra_op_threads,
             session_config.inter_op_threads,
             session_config.graph_optimization,
         )
-        return model
+        return loaded
 
     @property
     def closed(self) -> bool:
@@ -186,24 +247,46 @@ class ModelSession:
 
     def run(self, batch: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
         """Run one input batch; outputs by name. Safe from several threads at once."""
+        return self.run_inputs({self.input_name: batch})
+
+    def run_inputs(self, inputs: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+        """Run named inputs (the self-test's reference pair); outputs by name."""
         session = self._session
         if session is None:
             raise ClosedError(f"model session {self.label} is closed", label=self.label)
         try:
-            outputs = session.run(None, {self.input_name: batch})
+            outputs = session.run(None, dict(inputs))
         except Exception as exc:  # ONNX Runtime's pybind errors share no useful base class
             with self._lock:
                 self._runs += 1
                 self._failures += 1
+            first = next(iter(inputs.values()), None)
             raise InferenceError(
                 f"{self.label}: inference failed: {type(exc).__name__}: {exc}",
                 label=self.label,
-                shape=tuple(batch.shape),
-                dtype=str(batch.dtype),
+                shape=None if first is None else tuple(first.shape),
+                dtype=None if first is None else str(first.dtype),
             ) from exc
         with self._lock:
             self._runs += 1
         return dict(zip(self.output_names, outputs, strict=True))
+
+    def prepare(self, frame: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
+        """The model's inputs for one HxWx3 uint8 RGB frame (a new array, not reused)."""
+        return {self.input_name: self.preprocessor(frame)}
+
+    def geometry(self, frame_h: int, frame_w: int) -> Geometry:
+        """How a ``frame_h`` x ``frame_w`` frame maps onto the model's input (the
+        preprocessor resizes the frame onto the whole input)."""
+        height, width = self.preprocessor.size
+        return Geometry.stretch(frame_h, frame_w, height, width)
+
+    def decode(
+        self, outputs: Mapping[str, npt.NDArray[Any]], frame_h: int, frame_w: int
+    ) -> Decoded:
+        """A frame's outputs decoded as the version says; boxes in the frame's coordinates.
+        Raises :class:`~protos.bundle.spec.BundleError` when the outputs do not fit."""
+        return self.decoder.decode(outputs, self.geometry(frame_h, frame_w))
 
     def run_counts(self) -> tuple[int, int]:
         """``(runs, failures)`` of this session so far: the updater's watchdog judges a
@@ -257,6 +340,27 @@ def resolve_preprocess(
         ) from exc
     _check_metadata(session, resolved, path)
     return resolved, channels
+
+
+def _check_decoder(session: Any, runtime: RuntimeSpec, path: Path) -> None:
+    """The signed decoder must be able to read the model's outputs (as ``model push``
+    checked): a missing tensor, a rank or class count it cannot read."""
+    outputs = [
+        TensorSig.of(o.name, _ELEMENT_TYPES.get(o.type, _numpy_name(o.type)), o.shape)
+        for o in session.get_outputs()
+    ]
+    try:
+        check_outputs(runtime, outputs)
+    except BundleError as exc:
+        raise ModelSignatureError(
+            f"{path.name}: {exc.message}", path=str(path), model=exc.model, config=exc.config
+        ) from exc
+
+
+def _numpy_name(ort_type: str) -> str:
+    """``tensor(int64)`` -> ``int64``: the numpy-style name ``TensorSig`` holds."""
+    name = ort_type.removeprefix("tensor(").removesuffix(")")
+    return {"float": "float32", "double": "float64"}.get(name, name)
 
 
 def _check_metadata(session: Any, config: PreprocessConfig, path: Path) -> None:

@@ -64,14 +64,19 @@ class Probe(Protocol):
 
 
 class FrameTiming(Protocol):
-    """A frame's label and timings (``edge_node.runtime.FrameResult`` fits)."""
+    """A frame's model version and timings (``protos.bundle.results.InferenceResult``,
+    what the pipeline hands ``on_result``, fits)."""
 
     @property
-    def model(self) -> str: ...
+    def model_label(self) -> str: ...
     @property
     def queue_s(self) -> float: ...
     @property
-    def compute_s(self) -> float: ...
+    def preprocess_s(self) -> float: ...
+    @property
+    def inference_s(self) -> float: ...
+    @property
+    def decode_s(self) -> float: ...
 
 
 class Telemetry:
@@ -115,16 +120,22 @@ class Telemetry:
     # -- recording (any thread) ----------------------------------------------------------
 
     def record_frame(self, model: str, queue_s: float, compute_s: float) -> None:
-        """One served frame: the model's label, seconds queued, seconds of compute
-        (preprocess + inference). O(1); never waits unless the pending bound is hit."""
+        """One served frame: the model version's label (``name@version``), seconds queued,
+        seconds of compute (preprocess + inference + decode). O(1); never waits unless
+        the pending bound is hit."""
         pending = self._pending
         pending.append((model, queue_s, compute_s))
         if len(pending) >= self._pending_limit:
             self._fold(inline=True)
 
     def record_result(self, result: FrameTiming) -> None:
-        """``record_frame`` for a ``FrameResult``: the pipeline's ``on_result`` can call it."""
-        self.record_frame(result.model, result.queue_s, result.compute_s)
+        """``record_frame`` for an ``InferenceResult``, keyed by its ``model_label``, so
+        every version has its own latency and drift baseline."""
+        self.record_frame(
+            result.model_label,
+            result.queue_s,
+            result.preprocess_s + result.inference_s + result.decode_s,
+        )
 
     def record_error(self, source: str, message: str, *, at: datetime | None = None) -> None:
         """An error worth an operator's eye: counted in the window; the last one is shown."""
@@ -181,6 +192,7 @@ class Telemetry:
         node_id: str,
         agent_version: str,
         active_model: str | None = None,
+        model_runtime: Mapping[str, Any] | None = None,
         streams: Mapping[str, StreamCounts] | None = None,
         capture: Mapping[str, CaptureCounts] | None = None,
         queue_depth_frames: int | None = None,
@@ -197,6 +209,7 @@ class Telemetry:
             node_id=node_id,
             agent_version=agent_version,
             active_model=active_model,
+            model_runtime=model_runtime,
             streams=streams,
             capture=capture,
             queue_depth_frames=queue_depth_frames,
@@ -212,6 +225,7 @@ class Telemetry:
         node_id: str,
         agent_version: str,
         active_model: str | None = None,
+        model_runtime: Mapping[str, Any] | None = None,
         streams: Mapping[str, StreamCounts] | None = None,
         capture: Mapping[str, CaptureCounts] | None = None,
         queue_depth_frames: int | None = None,
@@ -226,6 +240,7 @@ class Telemetry:
             node_id=node_id,
             agent_version=agent_version,
             active_model=active_model,
+            model_runtime=model_runtime,
             streams=streams,
             capture=capture,
             queue_depth_frames=queue_depth_frames,
@@ -241,6 +256,7 @@ class Telemetry:
         node_id: str,
         agent_version: str,
         active_model: str | None,
+        model_runtime: Mapping[str, Any] | None,
         streams: Mapping[str, StreamCounts] | None,
         capture: Mapping[str, CaptureCounts] | None,
         queue_depth_frames: int | None,
@@ -278,6 +294,7 @@ class Telemetry:
                 if sample.boot_time_s is None
                 else round(max(0.0, now.timestamp() - sample.boot_time_s), 1),
                 "model_active": active_model,
+                "model_runtime": None if model_runtime is None else dict(model_runtime),
                 **latency_section(latency, window_s),
                 **streams_part,
                 "queue_depth_frames": queue_depth_frames,

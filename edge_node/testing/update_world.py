@@ -4,8 +4,12 @@ node's runtime, so the real update path (reconciler, update task) runs without a
 Built from `tuf` and `securesystemslib` directly, as an operator and a control plane would
 sign (real keys, real signatures, consistent snapshots), and served through a
 `MemoryLinkPeer`; the edge node never imports the control plane. Models are tiny ONNX
-graphs with their reference pairs. Not here: a control plane's rules for accepting a push
-(the world signs whatever it is told), test assertions.
+graphs with their reference pairs: echo models of `SHAPE` with the older, preprocessed-only
+pair, and image models (`release_image`) with a runtime spec signed into `custom.runtime`
+and the reference `model push` makes today (a camera `frame`, the tensor
+`protos.bundle.preprocess` made of it, and ONNX Runtime's outputs on that tensor).
+Not here: a control plane's rules for accepting a push (the world signs whatever it is
+told), test assertions.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import hashlib
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,7 +43,7 @@ from edge_node.enroll import EnrollmentFiles
 from edge_node.link.base import NodeLink
 from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from edge_node.updater.config import UpdaterConfig
-from edge_node.updater.host import ModelHost
+from edge_node.updater.host import ModelBundle, ModelHost, Trial
 from edge_node.updater.journal import Journal
 from edge_node.updater.reconciler import (
     AssignmentTrust,
@@ -47,13 +52,25 @@ from edge_node.updater.reconciler import (
     SelfTest,
     UpdateReport,
 )
-from edge_node.updater.selftest import SelfTestResult, self_test
+from edge_node.updater.selftest import SelfTestResult, TrialLoader, self_test
 from edge_node.updater.store import DiskUsage, ModelStore
 from edge_node.updater.tuf_fetch import TufClient, floor_target_path
 from edge_node.updater.watchdog import ModelHealth, WatchdogConfig
+from protos.bundle.decoders import Geometry, build_decoder
+from protos.bundle.preprocess import Preprocessor
+from protos.bundle.results import Decoded
+from protos.bundle.spec import (
+    OutputSpec,
+    PreprocessConfig,
+    RuntimeSpec,
+    TensorSig,
+    check_outputs,
+    resolve_input,
+)
 from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     import onnx
 
 __all__ = [
@@ -61,12 +78,18 @@ __all__ = [
     "MODEL",
     "NODE",
     "SHAPE",
+    "BareModel",
     "FakeModelHost",
     "Release",
     "UpdateWorld",
     "echo_model_bytes",
     "fragile_model_bytes",
+    "frame_reference_bytes",
+    "image_io",
+    "image_model_bytes",
+    "image_runtime",
     "model_target_path",
+    "reference_frame",
     "reference_pair_bytes",
 ]
 
@@ -152,6 +175,124 @@ def reference_pair_bytes(add: float, shape: tuple[int, ...] = SHAPE) -> bytes:
     return buffer.getvalue()
 
 
+def image_model_bytes(size: tuple[int, int], add: float = 0.0) -> bytes:
+    """An image model `y = images + add` on a float32 [1, 3, height, width] input: its
+    output shows exactly what it was fed (size and normalisation).
+
+    Needs `onnx` (the `dev` and `cli` extras have it; a box's `node` extra does not)."""
+    return echo_model_bytes(add, (1, 3, *size))
+
+
+def image_io(size: tuple[int, int]) -> dict[str, Any]:
+    """`custom.io` of `image_model_bytes(size)`, as `model push` signs it."""
+    tensor = {"dtype": "float32", "shape": [1, 3, *size]}
+    return {"inputs": [{"name": "images", **tensor}], "outputs": [{"name": "y", **tensor}]}
+
+
+def image_runtime(
+    size: tuple[int, int] | None = None,
+    mean: tuple[float, ...] = (0.0,),
+    std: tuple[float, ...] = (1.0,),
+    *,
+    output: OutputSpec | None = None,
+    labels: tuple[str, ...] = (),
+) -> RuntimeSpec:
+    """A runtime spec for an image model: `size` None takes the model's own."""
+    return RuntimeSpec(
+        preprocess=PreprocessConfig(size=size, mean=mean, std=std),
+        output=output or OutputSpec(decoder="raw", threshold=0.5),
+        labels=labels,
+    )
+
+
+def reference_frame(height: int = 48, width: int = 64) -> npt.NDArray[np.uint8]:
+    """A deterministic RGB frame with structure (gradients, a bright block), not noise:
+    what `model push` uses when the operator gives no `--reference-frame`."""
+    ys, xs = np.mgrid[0:height, 0:width]
+    frame = np.empty((height, width, 3), dtype=np.uint8)
+    frame[..., 0] = (xs * 255 // max(1, width - 1)).astype(np.uint8)
+    frame[..., 1] = (ys * 255 // max(1, height - 1)).astype(np.uint8)
+    frame[..., 2] = ((xs + ys) * 4 % 256).astype(np.uint8)
+    frame[height // 4 : height // 2, width // 4 : width // 2] = 250
+    return frame
+
+
+def frame_reference_bytes(
+    model: bytes, preprocess: PreprocessConfig, frame: npt.NDArray[np.uint8] | None = None
+) -> bytes:
+    """The reference pair `model push` makes today: `frame`, `input/<name>` (the tensor
+    `protos.bundle.preprocess` makes of it with `preprocess`, resolved against the model)
+    and `output/<name>` (ONNX Runtime's outputs on that tensor)."""
+    import onnxruntime as ort
+
+    frame = reference_frame() if frame is None else frame
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    (model_input,) = session.get_inputs()
+    sig = TensorSig.of(model_input.name, "float32", model_input.shape)
+    resolved, channels = resolve_input(preprocess, [sig])
+    tensor = Preprocessor(resolved, channels)(frame)
+    names = [o.name for o in session.get_outputs()]
+    outputs = session.run(names, {model_input.name: tensor})
+    arrays: dict[str, Any] = {"frame": frame, f"input/{model_input.name}": tensor}
+    arrays.update({f"output/{name}": value for name, value in zip(names, outputs, strict=True)})
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+class BareModel:
+    """A model in a bare one-thread CPU ONNX Runtime session with its bundle's
+    preprocessing and decoder (a `TrialModel`): what `FakeModelHost` self-tests, standing
+    in for the runtime's serving session. The preprocessing is resolved on first use (an
+    echo model of `SHAPE` takes no frames, and never needs it)."""
+
+    def __init__(
+        self,
+        path: Path,
+        runtime: RuntimeSpec | None = None,
+        preprocess: PreprocessConfig | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._path = Path(path)
+        self._names = [o.name for o in self._session.get_outputs()]
+        self._runtime = runtime
+        self._config = runtime.preprocess if runtime is not None else preprocess
+        self._preprocessor: Preprocessor | None = None
+        if runtime is not None:
+            check_outputs(
+                runtime,
+                [TensorSig.of(o.name, "float32", o.shape) for o in self._session.get_outputs()],
+            )
+
+    def _prepared(self) -> Preprocessor:
+        if self._preprocessor is None:
+            model_input = self._session.get_inputs()[0]
+            sig = TensorSig.of(model_input.name, "float32", model_input.shape)
+            resolved, channels = resolve_input(self._config or PreprocessConfig(), [sig])
+            self._preprocessor = Preprocessor(resolved, channels)
+        return self._preprocessor
+
+    def run_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        values = self._session.run(self._names, dict(inputs))
+        return {name: np.asarray(v) for name, v in zip(self._names, values, strict=True)}
+
+    def prepare(self, frame: npt.NDArray[np.uint8]) -> dict[str, Any]:
+        return {self._session.get_inputs()[0].name: self._prepared()(frame)}
+
+    def decode(self, outputs: Mapping[str, Any], frame_h: int, frame_w: int) -> Decoded:
+        preprocessor = self._prepared()
+        spec = self._runtime or RuntimeSpec(preprocess=preprocessor.config)
+        geometry = Geometry.stretch(frame_h, frame_w, *preprocessor.size)
+        return build_decoder(spec).decode(outputs, geometry)
+
+
 @dataclass
 class Release:
     version: str
@@ -163,26 +304,42 @@ class Release:
 @dataclass
 class FakeModelHost:
     """A node's runtime as the update path sees it (`ModelHost`): it records what it
-    was told to serve, refuses the paths in `refuse`, holds each swap at `gate` while it
+    was told to serve (`served` paths, `bundles`), runs a trial's self-test on a
+    `BareModel` of the bundle (the node's preprocess config `preprocess` for a version
+    without a spec), refuses the paths in `refuse`, holds each swap at `gate` while it
     is set, and reports the run counters a test puts in `counters` (by model path)."""
 
     served: list[Path] = field(default_factory=list)
+    bundles: list[ModelBundle] = field(default_factory=list)
     counters: dict[str, tuple[int, int]] = field(default_factory=dict)
     refuse: set[Path] = field(default_factory=set)
     gate: anyio.Event | None = None
+    preprocess: PreprocessConfig | None = None
     busy: int = 0
     most_busy: int = 0
 
-    async def serve(self, path: Path) -> None:
+    async def serve(
+        self, bundle: ModelBundle, *, trial: Trial | None = None
+    ) -> SelfTestResult | None:
         self.busy += 1
         self.most_busy = max(self.most_busy, self.busy)
         try:
             if self.gate is not None:
                 with anyio.fail_after(10):
                     await self.gate.wait()
-            if path in self.refuse:
-                raise RuntimeError(f"cannot load {path.name}")
-            self.served.append(path)
+            result = None
+            if trial is not None:
+                preprocess = self.preprocess
+                result = await anyio.to_thread.run_sync(
+                    trial, lambda: BareModel(bundle.path, bundle.runtime, preprocess)
+                )
+                if not result.ok:
+                    return result
+            if bundle.path in self.refuse:
+                raise RuntimeError(f"cannot load {bundle.path.name}")
+            self.served.append(bundle.path)
+            self.bundles.append(bundle)
+            return result
         finally:
             self.busy -= 1
 
@@ -268,24 +425,33 @@ class UpdateWorld:
         *,
         reference_add: float | None = None,
         content: bytes | None = None,
+        reference: bytes | None = None,
+        runtime: RuntimeSpec | Mapping[str, Any] | str | None = None,
+        io: Mapping[str, Any] | None = None,
     ) -> Release:
         """Sign and publish `MODEL` `version` (an echo model adding `add`, or `content`)
-        with release counter `counter` and a reference pair (of `reference_add`)."""
+        with release counter `counter` and a reference pair (of `reference_add`, or the
+        `reference` bytes given). `runtime` goes into `custom.runtime` (a spec, signed in
+        its canonical form, or a raw JSON value signed as it is: a malformed one for
+        tests; canonical JSON has no floats);
+        `io` replaces the echo model's `custom.io`."""
         data = content if content is not None else echo_model_bytes(add)
-        reference = reference_pair_bytes(add if reference_add is None else reference_add)
+        if reference is None:
+            reference = reference_pair_bytes(add if reference_add is None else reference_add)
         path = model_target_path(MODEL, version)
         ref_path = _reference_target_path(MODEL, version)
         # What `edgefleet model push` signs (tests/edge_node/updater/
         # test_world_matches_control_plane.py holds the two equal); `io` and `opset` are
-        # the echo model's, whatever `content` is.
+        # the echo model's, whatever `content` is, unless `io` is given.
         tensor = {"dtype": "float32", "shape": list(SHAPE)}
-        custom = {
+        echo_io = {"inputs": [{"name": "images", **tensor}], "outputs": [{"name": "y", **tensor}]}
+        custom: dict[str, Any] = {
             "edgefleet": _FORMAT,
             "kind": "model",
             "model": MODEL,
             "version": version,
             "release_counter": counter,
-            "io": {"inputs": [{"name": "images", **tensor}], "outputs": [{"name": "y", **tensor}]},
+            "io": dict(io) if io is not None else echo_io,
             "opset": {"": _OPSET},
             "min_agent_version": "0.1.0",
             "compat": {"execution_providers": ["CPUExecutionProvider"], "arch": list(_ARCH)},
@@ -297,12 +463,47 @@ class UpdateWorld:
                 "rtol": "0.001",
             },
         }
+        if isinstance(runtime, RuntimeSpec):
+            custom["runtime"] = runtime.to_signed()
+        elif runtime is not None:
+            custom["runtime"] = runtime if isinstance(runtime, str) else dict(runtime)
         model_file = TargetFile.from_data(path, data)
         model_file.unrecognized_fields["custom"] = custom
         self._sign_targets([model_file, TargetFile.from_data(ref_path, reference)], data, reference)
         rel = Release(version, path, data, hashlib.sha256(data).hexdigest())
         self.releases[version] = rel
         return rel
+
+    def release_image(
+        self,
+        version: str,
+        counter: int,
+        *,
+        size: tuple[int, int],
+        mean: tuple[float, ...] = (0.0,),
+        std: tuple[float, ...] = (1.0,),
+        add: float = 0.0,
+        signed: bool = True,
+        reference_preprocess: PreprocessConfig | None = None,
+        output: OutputSpec | None = None,
+    ) -> Release:
+        """Sign and publish an image model (`image_model_bytes(size, add)`) with its
+        runtime spec (`mean`/`std`, its size) in `custom.runtime` — or, with
+        `signed=False`, without one, as before bundles — and the reference pair made from
+        `reference_frame()` with that preprocessing (or `reference_preprocess`: a CLI
+        that normalised differently)."""
+        data = image_model_bytes(size, add)
+        spec = image_runtime(size, mean, std, output=output)
+        reference = frame_reference_bytes(data, reference_preprocess or spec.preprocess)
+        return self.release(
+            version,
+            add,
+            counter,
+            content=data,
+            reference=reference,
+            runtime=spec if signed else None,
+            io=image_io(size),
+        )
 
     def raise_floor(self, floor: int) -> None:
         """Forbid `MODEL` releases with a counter below `floor` (a signed floor target)."""
@@ -435,9 +636,11 @@ class UpdateWorld:
         async def report(report: UpdateReport) -> None:
             self.reports.append(report)
 
-        def default_selftest(model: Path, ref: Path, atol: float, rtol: float) -> SelfTestResult:
+        def default_selftest(
+            load: TrialLoader, ref: Path, atol: float, rtol: float
+        ) -> SelfTestResult:
             return self_test(
-                model, ref, atol=atol, rtol=rtol, latency_budget_s=5.0, memory_budget_bytes=1 << 34
+                load, ref, atol=atol, rtol=rtol, latency_budget_s=5.0, memory_budget_bytes=1 << 34
             )
 
         return Reconciler(

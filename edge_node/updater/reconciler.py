@@ -1,13 +1,17 @@
 """The updater's reconciler (DESIGN §5): take a signed director assignment to the running model.
 
 `Reconciler.apply(signed)` refreshes TUF (fresh `Updater`, in a thread), verifies the
-assignment against it (`AssignmentTrust`: this node, its fleet, the director's keys),
-journals the accepted sequence and the trial, downloads the model and its reference pair
-(resuming, verified, with backoff on the injected clock), installs them into the store,
-self-tests, has the `ModelHost` serve it (the agent's hot swap) and commits — or reverts
-the trial and stays on the active model. Every step is journalled first, so
-`resume_after_crash()` at start-up converges whatever step a SIGKILL interrupted. Phases
-go to a `report(UpdateReport)` callback that the agent turns into UpdateStatus messages.
+assignment against it (`AssignmentTrust`: this node, its fleet, the director's keys) and
+reads the runtime spec signed with the target (`custom.runtime`; a malformed one is a
+refusal, `bad-runtime`), journals the accepted sequence and the trial, downloads the model
+and its reference pair (resuming, verified, with backoff on the injected clock), installs
+them into the store with the verified bundle beside them, has the `ModelHost` load it as
+it will serve and self-test that very session, serve it (the agent's hot swap) and
+commits — or reverts the trial and stays on the active model. A revert serves the
+previous model with the bundle the store kept (`bundle_of`), offline. Every step is
+journalled first, so `resume_after_crash()` at start-up converges whatever step a SIGKILL
+interrupted. Phases go to a `report(UpdateReport)` callback that the agent turns into
+UpdateStatus messages.
 With `limits.watchdog_s` the commit also opens the active model's watchdog window
 (`journal.Probation`); `revert_active`, `end_probation` and `pause_probation` close it.
 Not here: the hot swap itself, the runtime, when to call `apply` or judge the watchdog
@@ -48,7 +52,7 @@ from securesystemslib.signer import Key
 from tuf.api.exceptions import DownloadError, ExpiredMetadataError, RepositoryError
 
 from edge_node.clock import TaskClock
-from edge_node.errors import EdgeNodeError
+from edge_node.errors import EdgeNodeError, InvalidInputError, StorageError
 from edge_node.link.base import Backoff, LinkError, LinkUnavailableError
 from edge_node.updater.director import (
     AssignmentRejectedError,
@@ -59,7 +63,7 @@ from edge_node.updater.director import (
     verify_assignment,
 )
 from edge_node.updater.download import ArtifactRejectedError, download_target
-from edge_node.updater.host import ModelHost
+from edge_node.updater.host import ModelBundle, ModelHost, bundle_from_record, name_and_version
 from edge_node.updater.journal import (
     Journal,
     JournalState,
@@ -74,9 +78,10 @@ from edge_node.updater.journal import (
     revert_trial,
     rollback,
 )
-from edge_node.updater.selftest import SelfTestResult
+from edge_node.updater.selftest import SelfTestResult, TrialLoader
 from edge_node.updater.source import RepositorySource
 from edge_node.updater.store import DiskFullError, ModelStore, StoreIntegrityError
+from protos.bundle.spec import BundleError, RuntimeSpec, runtime_of_custom
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 
 __all__ = [
@@ -163,9 +168,10 @@ class TargetsView(Protocol):
     def floor(self, model: str) -> int: ...
 
 
-SelfTest = Callable[[Path, Path, float, float], SelfTestResult]
-"""(model path, reference path, atol, rtol) -> result; blocking, run in a thread. The
-agent binds its latency/memory budgets, e.g. with `functools.partial(self_test, ...)`."""
+SelfTest = Callable[[TrialLoader, Path, float, float], SelfTestResult]
+"""(load the serving session, reference path, atol, rtol) -> result; blocking, run in a
+thread by the host. The agent binds its latency/memory budgets, e.g. with
+`functools.partial(self_test, ...)`."""
 Report = Callable[[UpdateReport], Awaitable[None]]
 
 
@@ -213,15 +219,30 @@ class _Plan:
     atol: float
     rtol: float
     redelivered: bool
+    runtime: RuntimeSpec | None = None
 
     @property
     def target(self) -> ModelRef:
         return ModelRef(self.assignment.target_path, self.assignment.sha256)
 
+    def bundle(self, path: Path) -> ModelBundle:
+        """The model at `path` with what TUF verified of it."""
+        assignment = self.assignment
+        name, version = name_and_version(assignment.target_path)
+        signed_version = assignment.target.custom.get("version")
+        return ModelBundle(
+            path,
+            assignment.model or name,
+            signed_version if isinstance(signed_version, str) else version,
+            assignment.sha256,
+            self.runtime,
+            assignment.target_path,
+        )
+
 
 class _PlanError(EdgeNodeError):
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message, reason=reason)
+    def __init__(self, message: str, *, reason: str, **fields: Any) -> None:
+        super().__init__(message, reason=reason, **fields)
         self.reason = reason
 
 
@@ -379,7 +400,16 @@ class Reconciler:
             verified = verify(state.director_sequence - 1)
             redelivered = True
         reference, atol, rtol = _reference_of(view, verified.target)
-        return _Plan(verified, reference, atol, rtol, redelivered)
+        try:
+            runtime = runtime_of_custom(verified.target.custom)
+        except BundleError as exc:
+            named = (
+                exc.message if exc.message.startswith(exc.field) else f"{exc.field}: {exc.message}"
+            )
+            raise _PlanError(
+                f"{verified.target_path}: {named}", reason="bad-runtime", field=exc.field
+            ) from exc
+        return _Plan(verified, reference, atol, rtol, redelivered, runtime)
 
     def _check_space(self, plan: _Plan) -> None:
         needed = 0
@@ -413,15 +443,24 @@ class Reconciler:
             ref_path = await asyncio.to_thread(
                 store.install_reference, sha, ref_part, ref.sha256, ref.length
             )
+        bundle = plan.bundle(model_path)
+        await asyncio.to_thread(store.write_bundle, sha, bundle.to_record())
         await self._report(step(UpdatePhase.SELF_TESTING))
-        result = await asyncio.to_thread(self._selftest, model_path, ref_path, plan.atol, plan.rtol)
-        if not result.ok:
-            raise SelfTestFailedError(result)
-        _log.info("self-test of %s passed: %s", target_path, result.detail)
+
+        def trial(load: TrialLoader) -> SelfTestResult:
+            return self._selftest(load, ref_path, plan.atol, plan.rtol)
+
         try:
-            await self._host.serve(model_path)
+            result = await self._host.serve(bundle, trial=trial)
         except Exception as exc:
             raise _ActivationError(f"activation failed: {exc}", reason="activate-failed") from exc
+        if result is None:
+            raise _ActivationError(
+                f"{bundle.label} was served without its self-test", reason="activate-failed"
+            )
+        if not result.ok:
+            raise SelfTestFailedError(result)
+        _log.info("self-test of %s passed: %s", bundle.label, result.detail)
         return model_path
 
     async def _download(self, target: TargetInfo) -> Path:
@@ -536,7 +575,8 @@ class Reconciler:
                 problem = f"the previous model {previous.path} is missing or damaged"
             else:
                 try:
-                    await self._host.serve(self._store.path_of(previous.sha256))
+                    bundle = await asyncio.to_thread(self.bundle_of, previous)
+                    await self._host.serve(bundle)
                 except Exception as exc:
                     problem = f"the previous model {previous.path} cannot be served: {exc}"
             if problem is not None:
@@ -590,6 +630,38 @@ class Reconciler:
             return state
 
     # -------------------------------------------------------------- helpers
+
+    def bundle_of(self, ref: ModelRef) -> ModelBundle:
+        """The installed model `ref` with the bundle the store kept beside it (blocking).
+
+        Without one (installed before bundles) or with a damaged one, the model is served
+        with the node's own preprocess config, and the log says so.
+        """
+        path = self._store.path_of(ref.sha256)
+        name, version = name_and_version(ref.path)
+        fallback = ModelBundle(path, name, version, ref.sha256, None, ref.path)
+        try:
+            record = self._store.read_bundle(ref.sha256)
+        except StorageError as exc:
+            _log.error("%s; serving %s with the node's preprocess config", exc.message, ref.path)
+            return fallback
+        if record is None:
+            _log.warning(
+                "%s has no bundle record (installed before bundles); serving it with the "
+                "node's preprocess config",
+                ref.path,
+            )
+            return fallback
+        try:
+            return bundle_from_record(record, path)
+        except InvalidInputError as exc:
+            _log.error(
+                "the bundle record of %s is unusable (%s); serving it with the node's "
+                "preprocess config",
+                ref.path,
+                exc.message,
+            )
+            return fallback
 
     def _load(self) -> JournalState:
         self._state = self._journal.load()

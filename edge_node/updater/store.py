@@ -1,28 +1,35 @@
-"""The node's content-addressed model store: `root/sha256/<hex>/model.onnx` (+ reference.npz).
+"""The node's content-addressed model store: `root/sha256/<hex>/model.onnx` (+ reference.npz,
++ bundle.json).
 
 A file enters only through `install`, which re-hashes it (never trust a file on disk,
 even one verified while it downloaded), fsyncs it and renames it into place, then
-fsyncs the directory. Downloads go to `staging_dir` (same filesystem, so the rename is
-atomic). `gc(keep)` removes every entry not in `keep` — the journal's active, previous
-and trial. `check_space` refuses a download that would leave less than a margin free.
+fsyncs the directory. `write_bundle` keeps the model's verified bundle record (what was
+signed with it: name, version, runtime spec) beside it, written atomically with its own
+digest, so a restarted node serves the model as it was signed without refreshing TUF;
+`read_bundle` checks the digest and the model hash it names. Downloads go to
+`staging_dir` (same filesystem, so the rename is atomic). `gc(keep)` removes every entry
+not in `keep` — the journal's active, previous and trial. `check_space` refuses a
+download that would leave less than a margin free.
 Not here: downloading, TUF verification, deciding what to keep.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from edge_node.errors import CapacityError, InvalidInputError, StorageError
-from edge_node.fsutil import fsync_dir, fsync_file
+from edge_node.fsutil import atomic_write, fsync_dir, fsync_file
 
 __all__ = [
+    "BUNDLE_FILE",
     "MODEL_FILE",
     "REFERENCE_FILE",
     "DiskFullError",
@@ -33,6 +40,8 @@ __all__ = [
 
 MODEL_FILE: Final = "model.onnx"
 REFERENCE_FILE: Final = "reference.npz"
+BUNDLE_FILE: Final = "bundle.json"
+_MAX_BUNDLE_BYTES: Final = 4 << 20  # a runtime spec with 4096 labels is well under this
 _CHUNK: Final = 1 << 20
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
 _READ_ONLY: Final = 0o444
@@ -97,6 +106,10 @@ class ModelStore:
         """Where the model's self-test reference pair lives (whether or not installed)."""
         return self.entry_dir(sha256) / REFERENCE_FILE
 
+    def bundle_path_of(self, sha256: str) -> Path:
+        """Where the model's verified bundle record lives (whether or not written)."""
+        return self.entry_dir(sha256) / BUNDLE_FILE
+
     def exists(self, sha256: str) -> bool:
         return self.path_of(sha256).is_file()
 
@@ -152,6 +165,55 @@ class ModelStore:
             if temp_file.parent != entry:
                 fsync_dir(temp_file.parent)
         return dest
+
+    def write_bundle(self, model_sha256: str, record: Mapping[str, Any]) -> Path:
+        """Keep `record` (JSON-ready, from verified metadata) beside an installed model.
+
+        Written atomically (temp file, fsync, rename, fsync the directory) as
+        `{"bundle": record, "sha256": <digest of its canonical JSON>}`; nothing is
+        written when the same record is there already (a rollback needs no free disk).
+        """
+        if not self.exists(model_sha256):
+            raise InvalidInputError(
+                f"model {model_sha256} is not installed; install it before its bundle",
+                sha256=model_sha256,
+            )
+        body = _canonical(record)
+        data = _canonical({"bundle": record, "sha256": hashlib.sha256(body).hexdigest()})
+        path = self.bundle_path_of(model_sha256)
+        with self._lock, _storage_errors(f"writing the bundle of {model_sha256}"):
+            if path.is_file() and path.read_bytes() == data:
+                return path
+            atomic_write(path, data, mode=_READ_ONLY)
+        return path
+
+    def read_bundle(self, model_sha256: str) -> dict[str, Any] | None:
+        """The bundle record `write_bundle` kept, or None when there is none (a model
+        installed before bundles). `StoreIntegrityError` when it is damaged: not JSON,
+        its digest wrong, or it names another model."""
+        path = self.bundle_path_of(model_sha256)
+        with _storage_errors(f"reading the bundle of {model_sha256}"):
+            try:
+                with path.open("rb") as f:
+                    data = f.read(_MAX_BUNDLE_BYTES + 1)
+            except FileNotFoundError:
+                return None
+        try:
+            if len(data) > _MAX_BUNDLE_BYTES:
+                raise ValueError(f"over {_MAX_BUNDLE_BYTES} bytes")
+            document = json.loads(data)
+            record = document["bundle"]
+            if not isinstance(record, dict):
+                raise ValueError("no bundle object")
+            if hashlib.sha256(_canonical(record)).hexdigest() != document["sha256"]:
+                raise ValueError("its digest does not match its content")
+            if record.get("sha256") != model_sha256:
+                raise ValueError(f"it names model {record.get('sha256')!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreIntegrityError(
+                f"the bundle record {path} is damaged: {exc}", path=str(path)
+            ) from exc
+        return record
 
     def verify(self, sha256: str) -> bool:
         """Re-hash an installed model (e.g. at start-up); False if missing or altered."""
@@ -229,6 +291,10 @@ def _storage_errors(action: str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise StorageError(f"model store: {action} failed: {exc}", action=action) from exc
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _disk_usage(path: Path) -> DiskUsage:

@@ -4,7 +4,8 @@ the same points as before it had the definition.
 ``tests/protos/data/node_report_v2.json`` is a report exactly as the node wrote it before
 this schema existed (commit b6fa5da: the ``Rig`` of tests/edge_node/telemetry/
 test_telemetry.py with two model versions, drift ready on one, two streams, one with a
-camera, thermal zones, an RSS trend, an error, outbox and uplink counters);
+camera, thermal zones, an RSS trend, an error, outbox and uplink counters), plus the
+fields declared since (``model_runtime``, issue 12), which that commit's reader ignores;
 ``data/node_report_v2.point.json`` is what that commit's ``parse_report`` made of it.
 """
 

@@ -30,6 +30,7 @@ from edge_node.link.grpc_link import GrpcLinkSettings
 from edge_node.outbox import Outbox
 from edge_node.runtime.config import PreprocessConfig, RuntimeConfig, StreamConfig
 from edge_node.runtime.pipeline import FrameResult
+from edge_node.updater.host import ModelBundle
 from tests.conftest import free_port
 from tests.control_plane.link.grpc_support import ADMIN, until
 from tests.edge_node.agent.support import agent_config, control_plane
@@ -224,6 +225,14 @@ async def test_health_records_are_telemetry_reports_with_the_model_latency(
     assert all(r["node_id"] == node_id and r["memory"]["rss_bytes"] > 0 for r in reports)
     with_frames = [r for r in reports if r.get("latency")]
     assert with_frames, "no report carried the frames' latency"
+    # A local model_path: named by its file, run with node.yaml's preprocess.
+    assert set(with_frames[-1]["latency"]) == {"v1.onnx"}
+    assert with_frames[-1]["model_active"] == "v1.onnx"
+    assert with_frames[-1]["model_runtime"] == {
+        "config": "node",
+        "session_overrides": [],
+        "node_preprocess_ignored": False,
+    }
     # Drift baselines are kept for the next start.
     assert (tmp_path / "node" / "telemetry-baselines.json").exists()
 
@@ -248,7 +257,7 @@ async def test_a_configured_model_is_served_and_the_updater_seam_swaps_it(
             await until(lambda: agent.pipeline is not None)
             assert agent.pipeline is not None
             agent.pipeline.submit("cam", np.zeros((8, 8, 3), dtype=np.uint8))
-            await agent.host.serve(second)
+            await agent.host.serve(ModelBundle.local(second))
             assert agent.pipeline.session.path == second
             await agent.shutdown()
     assert agent.pipeline is None
@@ -291,8 +300,9 @@ async def test_a_stream_with_an_http_source_is_served_across_a_swap_and_a_dead_c
                     await agent.ready.wait()
                 await until(lambda: len(results) >= 5)
                 assert {r.stream for r in results} == {"door"}
-                assert float(results[-1].outputs["y"].mean()) == pytest.approx(128, abs=3)
-                await agent.host.serve(second)  # the same pipeline, a new session
+                assert results[-1].decoded.tensors[0].mean == pytest.approx(128, abs=3)
+                # The same pipeline, a new session.
+                await agent.host.serve(ModelBundle.local(second))
                 await until(lambda: results[-1].model != results[0].model)
                 await until(lambda: agent.capture_stats()["dead"].failures.get("connect", 0) >= 3)
                 assert not agent.stopping
@@ -315,7 +325,7 @@ async def test_a_stream_with_an_http_source_is_served_across_a_swap_and_a_dead_c
                 stopped_at = anyio.current_time()
                 await agent.shutdown(5.0)
             assert anyio.current_time() - stopped_at < 5.0
-    assert float(results[-1].outputs["y"].mean()) == pytest.approx(129, abs=3)
+    assert results[-1].decoded.tensors[0].mean == pytest.approx(129, abs=3)
     assert agent.pipeline is None
 
 

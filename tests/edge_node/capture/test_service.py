@@ -219,8 +219,8 @@ async def test_corrupt_jpeg_bytes_are_counted_bad_by_the_pipeline_and_capture_go
             await until(lambda: len(results) >= 2)
 
         await run_while(service, body)
-    assert results[-1].outputs["y"].shape == (1, 3, 8, 8)
-    assert float(results[-1].outputs["y"].mean()) == pytest.approx(128, abs=3)
+    assert results[-1].decoded.tensors[0].shape == (1, 3, 8, 8)
+    assert results[-1].decoded.tensors[0].mean == pytest.approx(128, abs=3)
 
 
 # ------------------------------------------------------------------ drop directory

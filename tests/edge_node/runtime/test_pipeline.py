@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +19,9 @@ from edge_node.runtime.pipeline import FrameResult, InferencePipeline
 from edge_node.runtime.preprocess import DecodeTarget
 from edge_node.runtime.session import ModelSession
 from edge_node.runtime.timing import ManualTicker
+from protos.bundle.decoders import Geometry
+from protos.bundle.results import Decoded
+from protos.bundle.spec import BundleError, OutputSpec, RuntimeSpec
 from tests.edge_node.runtime._models import echo_model, failing_model
 
 RAW = PreprocessConfig(scale=1.0, mean=(0.0,), std=(1.0,))  # the model sees the pixels as floats
@@ -41,6 +45,17 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 def pixels(value: int) -> npt.NDArray[np.uint8]:
     return np.full((SIZE, SIZE, 3), value, dtype=np.uint8)
+
+
+def value(result: FrameResult) -> float:
+    """The one value an echo model's output holds for a flat frame (its raw summary)."""
+    (tensor,) = result.decoded.tensors
+    assert tensor.min == tensor.max, tensor
+    return tensor.max
+
+
+def compute_s(result: FrameResult) -> float:
+    return result.preprocess_s + result.inference_s + result.decode_s
 
 
 class Collector:
@@ -91,12 +106,15 @@ def test_frames_flow_to_results_with_the_latency_split(
         collector.wait_for(2)
 
     by_stream = {r.stream: r for r in collector.results}
-    np.testing.assert_array_equal(by_stream["a"].outputs["y"], np.full((1, 3, 8, 8), 11.0))
-    np.testing.assert_array_equal(by_stream["b"].outputs["y"], np.full((1, 3, 8, 8), 21.0))
+    assert (by_stream["a"].decoded.kind, by_stream["a"].decoded.tensors[0].shape) == (
+        "raw",
+        (1, 3, 8, 8),
+    )
+    assert (value(by_stream["a"]), value(by_stream["b"])) == (11.0, 21.0)
     for result in collector.results:
-        assert result.model == "v1"
+        assert (result.model, result.version, result.model_label) == ("v1", None, "v1")
         assert result.queue_s == pytest.approx(0.25)
-        assert result.compute_s == 0.0  # the manual ticker did not move while computing
+        assert compute_s(result) == 0.0  # the manual ticker did not move while computing
         assert result.captured_at == ManualClock().now()
     assert {s: st.processed for s, st in pipeline.stats().items()} == {"a": 1, "b": 1}
 
@@ -110,7 +128,7 @@ def test_real_timings_are_positive(tmp_path: Path, collector: Collector, threads
     result = collector.results[0]
     assert result.inference_s > 0
     assert result.preprocess_s >= 0
-    assert result.latency_s >= result.compute_s
+    assert result.decode_s >= 0
 
 
 class JpegLikeDecoder:
@@ -153,7 +171,7 @@ def test_bad_frames_are_counted_and_skipped_never_raised(
     stats = pipeline.stats()["cam"]
     assert stats.bad == {"shape": 2, "dtype": 1, "corrupt": 1, "empty": 1, "type": 1}
     assert stats.processed == 2
-    assert sorted(float(r.outputs["y"].flat[0]) for r in collector.results) == [3.0, 7.0]
+    assert sorted(value(r) for r in collector.results) == [3.0, 7.0]
 
 
 def test_encoded_frames_without_a_decoder_are_counted(
@@ -190,6 +208,61 @@ def test_inference_failures_are_counted(tmp_path: Path, collector: Collector, th
         pipeline.stop()
     assert pipeline.stats()["cam"].failed == {"inference_error": 3}
     assert collector.results == []
+
+
+class BrightFramesUndecodable:
+    """A decoder that cannot read the outputs of bright frames (values over 100)."""
+
+    def __init__(self, session: ModelSession) -> None:
+        self._inner = session.decoder
+
+    def decode(self, outputs: Mapping[str, Any], geometry: Geometry) -> Decoded:
+        if float(np.asarray(outputs["y"]).max()) > 100:
+            raise BundleError("classification expects [1, C] scores", field="output")
+        return self._inner.decode(outputs, geometry)
+
+
+def test_outputs_that_do_not_decode_are_counted_and_the_worker_goes_on(
+    tmp_path: Path, collector: Collector
+) -> None:
+    session = load(tmp_path, add=1.0)
+    session.decoder = BrightFramesUndecodable(session)
+    pipeline = InferencePipeline(
+        session, [StreamConfig("cam", queue_size=8)], ManualClock(), collector
+    )
+    with pipeline:
+        for value_ in (10, 200, 250, 20):
+            pipeline.submit("cam", pixels(value_))
+        collector.wait_for(2)
+        report = pipeline.stop()
+    assert report.drained
+    stats = pipeline.stats()["cam"]
+    assert (stats.failed, stats.processed) == ({"decode_error": 2}, 2)
+    assert sorted(value(r) for r in collector.results) == [11.0, 21.0]
+
+
+def test_a_signed_runtime_spec_names_the_results_and_decodes_them(
+    tmp_path: Path, collector: Collector
+) -> None:
+    path = echo_model(tmp_path / "m.onnx", (1, 3, SIZE, SIZE), add=0.5)
+    spec = RuntimeSpec(
+        preprocess=PreprocessConfig(scale=1.0 / 255.0, mean=(0.5,), std=(0.5,)),
+        output=OutputSpec(decoder="raw", threshold=0.9),
+    )
+    session = ModelSession.load(path, CPU, RAW, runtime=spec, model="det", version="1.2.0")
+    with InferencePipeline(session, [StreamConfig("cam")], ManualClock(), collector) as pipeline:
+        pipeline.submit("cam", np.full((3 * SIZE, 4 * SIZE, 3), 255, dtype=np.uint8))
+        collector.wait_for(1)
+    (result,) = collector.results
+    assert (result.model, result.version, result.model_label) == ("det", "1.2.0", "det@1.2.0")
+    (tensor,) = result.decoded.tensors
+    # (255/255 - 0.5) / 0.5 + 0.5: the signed normalisation, not the node's RAW.
+    assert (tensor.shape, tensor.max, tensor.threshold, tensor.above) == (
+        (1, 3, SIZE, SIZE),
+        1.5,
+        0.9,
+        1.0,
+    )
 
 
 def test_a_failing_result_callback_does_not_stop_the_worker(tmp_path: Path, threads: int) -> None:
@@ -268,7 +341,7 @@ def test_hot_swap_under_load_loses_nothing(
         assert stats[stream].dropped == {} and stats[stream].failed == {}
     for result in collector.results:
         version = int(result.model.removeprefix("v"))
-        assert float(result.outputs["y"].flat[0]) == result.frame_id % 200 + version
+        assert value(result) == result.frame_id % 200 + version
     assert all(r.wait(10) for r in retirements)
     assert all(s.closed for s in sessions)  # the retired ones, and the last one at stop
     assert {r.model for r in collector.results} >= {"v0", "v20"}
@@ -311,7 +384,7 @@ def test_in_flight_frames_finish_on_the_old_session(
         pipeline.submit("cam", pixels(5))
         collector.wait_for(1)
 
-    assert [(r.model, float(r.outputs["y"].flat[0])) for r in collector.results] == [
+    assert [(r.model, value(r)) for r in collector.results] == [
         ("old", 105.0),
         ("new", 205.0),
     ]
@@ -454,7 +527,7 @@ def test_a_tensor_prepared_for_the_old_session_runs_on_the_old_session(
         assert retirement.wait(10) and old.closed
 
     results = sorted(collector.results, key=lambda r: r.frame_id)
-    assert [(r.model, r.outputs["y"].shape, float(r.outputs["y"].flat[0])) for r in results] == [
+    assert [(r.model, r.decoded.tensors[0].shape, value(r)) for r in results] == [
         ("old", (1, 3, 8, 8), 101.0),
         ("old", (1, 3, 8, 8), 102.0),
         ("new", (1, 3, 4, 4), 206.0),  # 3 * scale 2 + 200

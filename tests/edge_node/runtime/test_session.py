@@ -17,6 +17,7 @@ from edge_node.runtime.errors import (
     ModelSignatureError,
 )
 from edge_node.runtime.session import ModelSession, choose_providers, session_options
+from protos.bundle.spec import OutputSpec, RuntimeSpec
 from tests.edge_node.runtime._models import echo_model, failing_model, two_input_model
 
 CPU = SessionConfig()
@@ -208,3 +209,57 @@ def test_closed_session_refuses_to_run(tmp_path: Path) -> None:
     assert model.closed
     with pytest.raises(ClosedError):
         model.run(np.zeros((1, 3, 8, 8), dtype=np.float32))
+
+
+# ------------------------------------------------------------- signed runtime specs
+
+
+def test_a_signed_spec_replaces_the_nodes_preprocess_and_names_the_session(
+    tmp_path: Path,
+) -> None:
+    spec = RuntimeSpec(
+        preprocess=PreprocessConfig(size=(6, 4), mean=(0.5,), std=(0.25,)),
+        output=OutputSpec(decoder="raw"),
+    )
+    node = PreprocessConfig(size=(32, 32))  # would not fit the model: it is not used
+    model = ModelSession.load(
+        echo_model(tmp_path / "m.onnx", (1, 3, 6, 4)),
+        CPU,
+        node,
+        runtime=spec,
+        model="det",
+        version="1.0.0",
+    )
+    assert (model.label, model.model, model.version) == ("det@1.0.0", "det", "1.0.0")
+    assert (model.runtime_source, model.runtime) == ("signed", spec)
+    assert model.preprocess == spec.preprocess
+    inputs = model.prepare(np.full((12, 8, 3), 255, dtype=np.uint8))
+    np.testing.assert_allclose(inputs["images"], np.full((1, 3, 6, 4), 2.0))
+    decoded = model.decode(model.run_inputs(inputs), 12, 8)
+    assert (decoded.kind, decoded.tensors[0].mean) == ("raw", 2.0)
+
+
+def test_without_a_spec_the_nodes_preprocess_serves_with_a_raw_decoder(tmp_path: Path) -> None:
+    model = ModelSession.load(echo_model(tmp_path / "m.onnx"), CPU, PreprocessConfig())
+    assert (model.runtime_source, model.runtime, model.version) == ("node", None, None)
+    assert model.decode(
+        model.run_inputs(model.prepare(np.zeros((8, 8, 3), np.uint8))), 8, 8
+    ).kind == ("raw")
+    with pytest.raises(ModelLoadError, match="no preprocess config"):
+        ModelSession.load(echo_model(tmp_path / "n.onnx"), CPU)
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        (OutputSpec(decoder="raw", output="scores"), "output 'scores'"),
+        (OutputSpec(decoder="classification"), "classification"),
+    ],
+)
+def test_a_signed_decoder_that_cannot_read_the_outputs_is_refused_at_load(
+    tmp_path: Path, output: OutputSpec, message: str
+) -> None:
+    spec = RuntimeSpec(output=output)
+    with pytest.raises(ModelSignatureError, match=message) as caught:
+        ModelSession.load(echo_model(tmp_path / "m.onnx"), CPU, runtime=spec)
+    assert "m.onnx" in caught.value.message

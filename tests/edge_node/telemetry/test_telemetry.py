@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from edge_node.agent.runtime_host import RuntimeUse
 from edge_node.capture import CaptureStats
 from edge_node.clock import ManualClock
 from edge_node.link.uplink import UplinkStats
@@ -30,6 +31,7 @@ from edge_node.telemetry import (
 )
 from edge_node.telemetry.memory import MB
 from edge_node.telemetry.thermal import CpuFreq, ThermalReading, ThermalZone
+from protos.bundle.results import Decoded, InferenceResult
 from protos.latency_sketch import LatencySketch
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -445,3 +447,52 @@ def test_a_steady_process_under_the_real_probe_is_not_a_leak(tmp_path: Path) -> 
         assert not report["memory"]["leak_suspected"]
     assert report["disk"]["data_dir_free_bytes"] > 0
     assert report["cpu"]["process_percent"] is not None
+
+
+def _result(version: str, compute_s: float, model: str = "det") -> InferenceResult:
+    return InferenceResult(
+        stream="gate",
+        frame_id=0,
+        captured_at=START,
+        model=model,
+        version=version,
+        decoded=Decoded("raw"),
+        queue_s=0.001,
+        preprocess_s=compute_s / 2,
+        inference_s=compute_s / 4,
+        decode_s=compute_s / 4,
+    )
+
+
+def test_latency_and_drift_baselines_are_kept_per_version_by_name_at_version() -> None:
+    config = TelemetryConfig(drift_warmup_frames=0, drift_warmup_s=0.0, drift_baseline_frames=100)
+    rig = Rig(config)
+    for _ in range(200):
+        rig.telemetry.record_result(_result("1.0.0", 0.010))
+    rig.advance(30.0)
+    first = rig.report()
+    assert set(first["latency"]) == {"det@1.0.0"}
+    # Compute is preprocess + inference + decode.
+    assert first["latency"]["det@1.0.0"]["compute"]["p50_ms"] == pytest.approx(10.0, rel=0.02)
+    assert first["latency"]["det@1.0.0"]["drift"]["state"] == "ready"
+    # A hot swap to 1.1.0 (the same file name in the store) starts its own baseline.
+    for _ in range(50):
+        rig.telemetry.record_result(_result("1.1.0", 0.030))
+    rig.advance(30.0)
+    second = rig.report()
+    assert set(second["latency"]) == {"det@1.1.0"}
+    assert second["latency"]["det@1.1.0"]["drift"]["state"] == "collecting"
+    assert set(rig.telemetry.export_baselines()) == {"det@1.0.0"}
+
+
+def test_the_report_says_where_the_active_models_runtime_config_comes_from() -> None:
+    rig = Rig()
+    assert rig.report()["model_runtime"] is None
+    use = RuntimeUse("signed", ("intra_op_threads",), node_preprocess_ignored=True)
+    report = rig.report(active_model="det@1.1.0", model_runtime=use.to_report())
+    assert report["model_active"] == "det@1.1.0"
+    assert report["model_runtime"] == {
+        "config": "signed",
+        "session_overrides": ["intra_op_threads"],
+        "node_preprocess_ignored": True,
+    }

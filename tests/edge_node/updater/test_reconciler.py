@@ -17,14 +17,16 @@ from edge_node.testing.update_world import (
     FakeModelHost,
     Release,
     UpdateWorld,
+    image_runtime,
     model_target_path,
 )
+from edge_node.updater.host import ModelBundle, Trial
 from edge_node.updater.journal import JournalState, ModelRef, Phase
 from edge_node.updater.reconciler import (
     OutcomeKind,
     UpdatePhase,
 )
-from edge_node.updater.selftest import SelfTestResult, self_test
+from edge_node.updater.selftest import SelfTestResult, TrialLoader, self_test
 from edge_node.updater.store import DiskUsage, ModelStore
 from tests.edge_node.updater._world import Crash, assert_consistent, install_first, make_world
 
@@ -145,7 +147,9 @@ class _RefusingHost(FakeModelHost):
         super().__init__()
         self.message = message
 
-    async def serve(self, path: Path) -> None:
+    async def serve(
+        self, bundle: ModelBundle, *, trial: Trial | None = None
+    ) -> SelfTestResult | None:
         raise RuntimeError(self.message)
 
 
@@ -236,7 +240,9 @@ def _crash_in(phase: str, w: UpdateWorld) -> dict[str, Any]:
         raise Crash
 
     class CrashingHost(FakeModelHost):
-        async def serve(self, path: Path) -> None:
+        async def serve(
+            self, bundle: ModelBundle, *, trial: Trial | None = None
+        ) -> SelfTestResult | None:
             raise Crash
 
     store_args = {"disk_usage": lambda _: DiskUsage(10**13, 0, 10**12)}
@@ -342,10 +348,10 @@ async def test_a_trial_drops_other_partial_downloads_and_a_commit_drops_all(
     rel = world.releases["1.0.0"]
     seen: list[list[str]] = []
 
-    def peek_selftest(model: Path, ref: Path, atol: float, rtol: float) -> SelfTestResult:
+    def peek_selftest(load: TrialLoader, ref: Path, atol: float, rtol: float) -> SelfTestResult:
         seen.append(sorted(p.name for p in staging.iterdir()))
         return self_test(
-            model, ref, atol=atol, rtol=rtol, latency_budget_s=5, memory_budget_bytes=1 << 34
+            load, ref, atol=atol, rtol=rtol, latency_budget_s=5, memory_budget_bytes=1 << 34
         )
 
     await world.reconciler(selftest=peek_selftest).apply(world.assign(rel))
@@ -507,3 +513,55 @@ def test_metadata_refusals_say_which_kind_of_failure() -> None:
     )
     assert metadata_reason(UnsignedMetadataError("0/1 keys")) == "metadata-untrusted"
     assert metadata_reason(BadVersionNumberError("rollback")) == "metadata-untrusted"
+
+
+# ------------------------------------------------------------- model bundles
+
+
+async def test_the_host_is_handed_the_model_with_what_was_signed_with_it(
+    world: UpdateWorld,
+) -> None:
+    spec = image_runtime((8, 8), mean=(0.5,), std=(0.25,))
+    signed = world.release_image("2.0.0", 3, size=(8, 8), mean=(0.5,), std=(0.25,))
+    plain = world.releases["1.0.0"]  # signed before bundles: no custom.runtime
+    rec = world.reconciler()
+    assert (await rec.apply(world.assign(plain))).kind is OutcomeKind.APPLIED
+    assert (await rec.apply(world.assign(signed))).kind is OutcomeKind.APPLIED
+    old, new = world.host.bundles
+    assert (old.label, old.runtime, old.sha256) == ("det@1.0.0", None, plain.sha256)
+    assert (new.label, new.runtime, new.target_path) == ("det@2.0.0", spec, signed.path)
+    assert new.path == world.store.path_of(signed.sha256)
+    # Kept beside the model, so a revert (offline) serves it as it was signed.
+    assert rec.bundle_of(ModelRef(signed.path, signed.sha256)) == new
+    world.peer.metadata.clear()
+    back = await rec.revert_active(ModelRef(signed.path, signed.sha256), "watchdog", "test")
+    assert back.kind is OutcomeKind.REVERTED
+    assert world.host.bundles[-1] == old
+    assert rec.bundle_of(ModelRef(plain.path, plain.sha256)) == old
+
+
+@pytest.mark.parametrize(
+    ("runtime", "field"),
+    [
+        (
+            {"format": 1, "preprocess": {"meen": ["0.5"]}, "output": {"decoder": "raw"}},
+            "custom.runtime.preprocess.meen",
+        ),
+        ({"format": 1, "output": {"decoder": "segmentation"}}, "custom.runtime.output.decoder"),
+        ({"format": 9, "output": {"decoder": "raw"}}, "custom.runtime.format"),
+        ("raw", "custom.runtime"),
+    ],
+)
+async def test_a_malformed_runtime_in_custom_refuses_the_assignment(
+    world: UpdateWorld, runtime: Any, field: str
+) -> None:
+    first = await install_first(world)
+    bad = world.release("2.0.0", add=2.0, counter=3, runtime=runtime)
+    before = world.journal.load()
+    outcome = await world.reconciler().apply(world.assign(bad))
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.REJECTED, "bad-runtime")
+    report = world.reports[-1]
+    assert (report.phase, report.reason) == (UpdatePhase.FAILED, "bad-runtime")
+    assert report.detail.startswith(f"{bad.path}: {field}: ")
+    assert world.journal.load() == before  # refused before the sequence was accepted
+    assert world.activated[-1] == world.store.path_of(first.sha256)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,63 @@ def test_check_space_refuses_before_download(tmp_path: Path) -> None:
 
 def test_the_real_disk_usage_is_used_by_default(store: ModelStore) -> None:
     assert store.free_bytes() > 0
+
+
+# ------------------------------------------------------------------- bundles
+
+
+def test_a_bundle_record_is_kept_beside_its_model_and_read_back(store: ModelStore) -> None:
+    temp, sha = download(store, b"onnx bytes")
+    store.install(temp, sha, 10)
+    assert store.read_bundle(sha) is None  # installed before bundles
+    record = {"format": 1, "sha256": sha, "model": "det", "version": "1.0.0", "runtime": None}
+    path = store.write_bundle(sha, record)
+    assert path == store.bundle_path_of(sha) == store.entry_dir(sha) / "bundle.json"
+    assert store.read_bundle(sha) == record
+    assert path.stat().st_mode & 0o777 == 0o444
+    # The same record again writes nothing (a rollback needs no free disk).
+    inode = path.stat().st_ino
+    store.write_bundle(sha, dict(record))
+    assert path.stat().st_ino == inode
+    store.write_bundle(sha, record | {"version": "1.0.1"})
+    assert path.stat().st_ino != inode
+    assert store.read_bundle(sha) == record | {"version": "1.0.1"}
+    store.gc(())
+    assert not path.exists()
+
+
+def test_a_bundle_needs_its_model_installed(store: ModelStore) -> None:
+    with pytest.raises(InvalidInputError, match="install it before its bundle"):
+        store.write_bundle("a" * 64, {"sha256": "a" * 64})
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text[: len(text) // 2],  # cut short by a crash of the disk, not of us
+        lambda text: text.replace('"1.0.0"', '"6.6.6"'),  # content changed, digest not
+        lambda text: "not json",
+    ],
+)
+def test_a_damaged_bundle_record_is_refused_when_read(
+    store: ModelStore, damage: Callable[[str], str]
+) -> None:
+    temp, sha = download(store, b"onnx bytes")
+    store.install(temp, sha, 10)
+    path = store.write_bundle(sha, {"sha256": sha, "model": "det", "version": "1.0.0"})
+    text = path.read_text()
+    path.unlink()
+    path.write_text(damage(text))
+    with pytest.raises(StoreIntegrityError, match="is damaged"):
+        store.read_bundle(sha)
+
+
+def test_a_bundle_record_that_names_another_model_is_refused(store: ModelStore) -> None:
+    temp, sha = download(store, b"onnx bytes")
+    other_temp, other = download(store, b"other bytes", "other.part")
+    store.install(temp, sha, 10)
+    store.install(other_temp, other, 11)
+    store.write_bundle(other, {"sha256": other, "model": "det"})
+    store.bundle_path_of(sha).write_bytes(store.bundle_path_of(other).read_bytes())
+    with pytest.raises(StoreIntegrityError, match="names model"):
+        store.read_bundle(sha)

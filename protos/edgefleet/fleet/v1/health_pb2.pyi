@@ -106,6 +106,7 @@ class HealthReport(_message.Message):
     UPLINK_FIELD_NUMBER: _builtins.int
     ERRORS_FIELD_NUMBER: _builtins.int
     TELEMETRY_FIELD_NUMBER: _builtins.int
+    MODEL_RUNTIME_FIELD_NUMBER: _builtins.int
     schema: _builtins.str
     """"edgefleet.agent.health/2"; a reader reads a higher version as far as it knows it."""
     node_id: _builtins.str
@@ -154,6 +155,10 @@ class HealthReport(_message.Message):
     def errors(self) -> Global___Errors: ...
     @_builtins.property
     def telemetry(self) -> Global___ReportTelemetry: ...
+    @_builtins.property
+    def model_runtime(self) -> Global___ModelRuntime:
+        """How the active model is run; null when none serves (or an older agent)."""
+
     def __init__(
         self,
         *,
@@ -183,10 +188,11 @@ class HealthReport(_message.Message):
         uplink: Global___Uplink | None = ...,
         errors: Global___Errors | None = ...,
         telemetry: Global___ReportTelemetry | None = ...,
+        model_runtime: Global___ModelRuntime | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "cpu", b"cpu", "disk", b"disk", "errors", b"errors", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "cpu", b"cpu", "disk", b"disk", "errors", b"errors", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "agent_version", b"agent_version", "cpu", b"cpu", "disk", b"disk", "drift_suspected", b"drift_suspected", "errors", b"errors", "frames_dropped", b"frames_dropped", "latency", b"latency", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "node_id", b"node_id", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "schema", b"schema", "seq", b"seq", "streams", b"streams", "streams_omitted", b"streams_omitted", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink", "uptime_s", b"uptime_s", "window_end", b"window_end", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "agent_version", b"agent_version", "cpu", b"cpu", "disk", b"disk", "drift_suspected", b"drift_suspected", "errors", b"errors", "frames_dropped", b"frames_dropped", "latency", b"latency", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "node_id", b"node_id", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "schema", b"schema", "seq", b"seq", "streams", b"streams", "streams_omitted", b"streams_omitted", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink", "uptime_s", b"uptime_s", "window_end", b"window_end", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__model_active: _TypeAlias = _typing.Literal["model_active"]  # noqa: Y015
     _WhichOneofArgType__model_active: _TypeAlias = _typing.Literal["_model_active", b"_model_active"]  # noqa: Y015
@@ -202,6 +208,43 @@ class HealthReport(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__system_uptime_s) -> _WhichOneofReturnType__system_uptime_s | None: ...
 
 Global___HealthReport: _TypeAlias = HealthReport  # noqa: Y015
+
+@_typing.final
+class ModelRuntime(_message.Message):
+    """Where the active model's runtime settings come from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_FIELD_NUMBER: _builtins.int
+    SESSION_OVERRIDES_FIELD_NUMBER: _builtins.int
+    NODE_PREPROCESS_IGNORED_FIELD_NUMBER: _builtins.int
+    config: _builtins.str
+    """"signed": the preprocessing and output decoder signed with the version
+    (custom.runtime); "node": the node's runtime.preprocess (a version signed before
+    model bundles, or a local model_path) and a raw decoder.
+    """
+    node_preprocess_ignored: _builtins.bool
+    """node.yaml sets runtime.preprocess, but the version's signed spec is used instead."""
+    @_builtins.property
+    def session_overrides(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Session settings node.yaml sets away from the defaults (intra_op_threads,
+        execution_providers, ...): the only per-box overrides, applied to every version.
+        """
+
+    def __init__(
+        self,
+        *,
+        config: _builtins.str = ...,
+        session_overrides: _abc.Iterable[_builtins.str] | None = ...,
+        node_preprocess_ignored: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "node_preprocess_ignored", b"node_preprocess_ignored", "session_overrides", b"session_overrides"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelRuntime: _TypeAlias = ModelRuntime  # noqa: Y015
 
 @_typing.final
 class VersionLatency(_message.Message):
