@@ -66,6 +66,12 @@ class ServerSettings(BaseSettings):
     alert_drift_ratio: float = Field(default=1.5, gt=1)
     alert_min_headroom_ratio: float = Field(default=0.30, gt=0, lt=1)
     alert_outbox_fill_ratio: float = Field(default=0.8, gt=0, le=1)
+    alert_outbox_clear_ratio: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="outbox_near_budget clears below this fill; default 3/4 of the raise mark",
+    )
     alert_leak_slope_mb_per_h: float | None = Field(
         default=None, gt=0, description="default: the node's own leak flag only"
     )
@@ -81,6 +87,7 @@ class ServerSettings(BaseSettings):
                     drift_ratio=self.alert_drift_ratio,
                     min_headroom_ratio=self.alert_min_headroom_ratio,
                     outbox_fill_ratio=self.alert_outbox_fill_ratio,
+                    outbox_clear_fill_ratio=self.alert_outbox_clear_ratio,
                     leak_slope_mb_per_h=self.alert_leak_slope_mb_per_h,
                 ),
             )

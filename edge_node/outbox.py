@@ -18,34 +18,59 @@ Guarantees
     * After a crash (SIGKILL, power loss) reopening yields exactly the committed state.
 
 Disk budget and the thinning rule
-    Each stored record counts ``len(payload) + ROW_OVERHEAD_BYTES`` against ``budget_bytes``
-    (the overhead is an estimate of the row, its index entries and page slack; the budget is
-    this logical sum, not the file size). When a new record would take the total over the
-    budget:
+    ``budget_bytes`` bounds the outbox's whole footprint on disk: the database file, its
+    write-ahead log (``-wal``) and ``-shm`` file (``stats().disk_bytes``). Two parts:
 
-    1. If deleting every pending health report would still not make room, go to step 3:
-       health is never thinned for a record that cannot be stored anyway.
+    * ``wal_reserve_bytes`` (default an eighth of the budget, at most 4 MiB) is the log's.
+      After every write that leaves the ``-wal`` file larger than the reserve, the outbox
+      runs ``PRAGMA wal_checkpoint(TRUNCATE)`` (the log is copied into the database and cut
+      to zero bytes; SQLite's own automatic checkpoint is off, ``journal_size_limit`` is
+      the reserve). ``mark_attempt`` and ``ack`` split a large batch into transactions of
+      about half the reserve of record bytes each, so one transaction cannot grow the log
+      far past it, and deleted rows are not zeroed on disk (``secure_delete = FAST``), so
+      a delete logs only the pages it changes.
+    * The rest is the *record budget*. Each stored record counts ``len(payload) +
+      ROW_OVERHEAD_BYTES`` against it (an estimate of the row and its index entries;
+      ``stats().bytes`` is this sum), and the database pages the records really take
+      (beyond an empty outbox's; ``stats().stored_bytes``) must fit in it too: thinned
+      health leaves partly empty pages beside the events that shared them, which the
+      estimate does not see.
+
+    Slack (tested by ``test_the_files_on_disk_stay_within_the_budget_under_a_write_heavy
+    _load``): the files may exceed ``budget_bytes`` by an empty outbox's pages (page 1 and
+    four b-tree roots, 20 KiB at 4 KiB pages), by the log of one transaction beyond the
+    reserve (one record, a thinning pass, or half the reserve for a split batch), and by
+    the pages a ``mark_attempt`` adds when rewritten rows no longer fit theirs (the next
+    append thins them away). A record fits when, with it, both the estimate and the real
+    pages stay within the record budget. When one would not:
+
+    1. If deleting every pending health report would still not make room by the estimate,
+       go to step 3: health is never thinned for a record that cannot be stored anyway.
     2. Thin health in passes. A pass takes the oldest half (``n // 2``) of the ``n`` pending
        health reports and, counting from the oldest, keeps the 1st, (k+1)-th, (2k+1)-th …
        — one in ``k = health_keep_every`` — and deletes the others. Passes repeat until the
        record fits or a pass deletes nothing. The newest half is never touched by a pass,
        so recent health stays at full resolution while older history gets sparser with age.
-       Every deleted report adds one to ``dropped_health``. ``k = 1`` disables thinning.
+       Every deleted report adds one to ``dropped_health`` and sets the alarm (history is
+       being lost; the control plane raises ``outbox_near_budget``). ``k = 1`` disables
+       thinning. Passes made for the real pages are undone with the record when it still
+       does not fit.
     3. If the record still does not fit: a health report is not stored (``dropped_health``
        += 1); an event is refused (``refused_events`` += 1 and the alarm is set). Both raise
        :class:`~edge_node.errors.OutboxFullError`; the caller decides (the agent raises an
        alarm to the control plane). A disk that is physically full is handled the same way.
 
-    The alarm is persisted and clears on the ack that brings the total to at most
-    ``alarm_clear_ratio * budget_bytes`` (hysteresis, so it does not flap at the edge).
+    The alarm is persisted and clears on the ack that brings the estimate to at most
+    ``alarm_clear_ratio`` of the record budget (hysteresis, so it does not flap at the edge).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -79,7 +104,10 @@ __all__ = [
     "Outbox",
     "OutboxStats",
     "Record",
+    "default_wal_reserve",
 ]
+
+_log = logging.getLogger(__name__)
 
 Kind = Literal["event", "health"]
 _KINDS: Final[tuple[str, ...]] = get_args(Kind)
@@ -91,6 +119,7 @@ DEFAULT_HEALTH_KEEP_EVERY: Final = 4
 DEFAULT_ALARM_CLEAR_RATIO: Final = 0.8
 ROW_OVERHEAD_BYTES: Final = 128
 _WAL_SIZE_LIMIT_BYTES: Final = 4 * 1024 * 1024
+_WAL_RESERVE_DIVISOR: Final = 8
 _MAX_NODE_ID_CHARS: Final = 256
 _CHUNK: Final = 500  # ids per statement, well under SQLite's bound-parameter limit
 
@@ -155,6 +184,22 @@ class OutboxStats:
     high_water_seq: int
     last_acked_seq: int
     disk_bytes: int
+    """What the database, its ``-wal`` and ``-shm`` files take on disk now."""
+    wal_reserve_bytes: int = 0
+    """The part of ``budget_bytes`` set aside for the write-ahead log."""
+    stored_bytes: int = 0
+    """The database pages the records really take (beyond an empty outbox's)."""
+
+    @property
+    def record_budget_bytes(self) -> int:
+        """The part of the budget the records may fill, by ``bytes`` and by
+        ``stored_bytes`` (thinning starts where either would go over)."""
+        return self.budget_bytes - self.wal_reserve_bytes
+
+
+def default_wal_reserve(budget_bytes: int) -> int:
+    """The WAL's share of a disk budget when none is given: an eighth, at most 4 MiB."""
+    return min(_WAL_SIZE_LIMIT_BYTES, budget_bytes // _WAL_RESERVE_DIVISOR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,20 +248,34 @@ class Outbox:
         path: Path,
         node_id: str,
         budget_bytes: int,
+        wal_reserve_bytes: int,
         clock: Clock,
         health_keep_every: int,
         max_payload_bytes: int,
         alarm_clear_ratio: float,
         counters: _Counters,
         backlog: _Backlog,
+        page_size: int = 4096,
+        base_pages: int = 0,
     ) -> None:
         self._conn: sqlite3.Connection | None = conn
+        self._page_size = page_size
+        # An empty outbox's pages (the schema and each table's and index's root), which
+        # are not the records' and are never freed.
+        self._base_pages = base_pages
         self._path = path
+        self._wal_path = path.with_name(path.name + "-wal")
         self._node_id = node_id
         self._budget = budget_bytes
+        self._wal_reserve = wal_reserve_bytes
+        # The records' logical sum may fill this; the WAL's reserve is the rest.
+        self._record_budget = budget_bytes - wal_reserve_bytes
+        # A batch of updates or deletes is split into transactions of about this many
+        # record bytes, so that one transaction cannot grow the log far past the reserve.
+        self._batch_bytes = max(wal_reserve_bytes // 2, 1)
         self._health_keep_every = health_keep_every
         self._max_payload = max_payload_bytes
-        self._alarm_clear_bytes = int(budget_bytes * alarm_clear_ratio)
+        self._alarm_clear_bytes = int(self._record_budget * alarm_clear_ratio)
         self._clock = clock
         self._ids = UUIDv7Generator(clock)
         self._counters = counters
@@ -238,15 +297,25 @@ class Outbox:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         alarm_clear_ratio: float = DEFAULT_ALARM_CLEAR_RATIO,
         busy_timeout_s: float = 1.0,
+        wal_reserve_bytes: int | None = None,
     ) -> Outbox:
         """Open (creating if absent) the outbox at ``path`` for ``node_id``.
 
+        ``budget_bytes`` bounds the files on disk; ``wal_reserve_bytes`` of it (default
+        :func:`default_wal_reserve`) is the WAL's, and 0 checkpoints after every write.
         Raises :class:`InvalidInputError` for unsafe settings, and a :class:`StorageError`
         subclass when the file is corrupt, newer than this agent, held by another process,
         or belongs to another node. A bad file is never deleted or rewritten.
         """
+        if wal_reserve_bytes is None:
+            wal_reserve_bytes = default_wal_reserve(budget_bytes)
         _check_settings(
-            node_id, budget_bytes, health_keep_every, max_payload_bytes, alarm_clear_ratio
+            node_id,
+            budget_bytes,
+            wal_reserve_bytes,
+            health_keep_every,
+            max_payload_bytes,
+            alarm_clear_ratio,
         )
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -258,10 +327,11 @@ class Outbox:
         except sqlite3.Error as exc:
             raise _translate(exc, path, "open") from exc
         try:
-            _configure(conn, path)
+            _configure(conn, path, wal_reserve_bytes)
             _check_integrity(conn, path)
             counters = _ensure_schema(conn, path, node_id)
             backlog = _load_backlog(conn, path, counters)
+            page_size, base_pages = _layout(conn)
         except sqlite3.Error as exc:
             conn.close()
             raise _translate(exc, path, "open") from exc
@@ -275,12 +345,15 @@ class Outbox:
             path=path,
             node_id=node_id,
             budget_bytes=budget_bytes,
+            wal_reserve_bytes=wal_reserve_bytes,
             clock=clock,
             health_keep_every=health_keep_every,
             max_payload_bytes=max_payload_bytes,
             alarm_clear_ratio=alarm_clear_ratio,
             counters=counters,
             backlog=backlog,
+            page_size=page_size,
+            base_pages=base_pages,
         )
 
     @property
@@ -320,21 +393,28 @@ class Outbox:
                 if _primary_code(exc) == _SQLITE_FULL:
                     self._refuse_disk_full(conn, kind, size, exc)
                 raise _translate(exc, self._path, "append") from exc
+            finally:
+                self._bound_wal(conn)
 
     def _append_locked(
         self, conn: sqlite3.Connection, kind: Kind, data: bytes, size: int
     ) -> Record:
         backlog, counters = self._backlog, self._counters
+        budget = self._record_budget
         # Thin only if dropping every health report could make room at all (rule, step 1).
-        thinnable = backlog.bytes - backlog.health_bytes + size <= self._budget
+        thinnable = backlog.bytes - backlog.health_bytes + size <= budget
         uid = self._ids.new()
         created_ms = uuid7_unix_ms(uid)
         # One transaction: thinning, the row, and every counter commit together or not at all.
         with _transaction(conn):
-            if backlog.bytes + size > self._budget and thinnable:
-                backlog, counters = self._thin_health(conn, size, backlog, counters)
-            fits = backlog.bytes + size <= self._budget
+            if backlog.bytes + size > budget and thinnable:
+                backlog, counters = self._thin_health(
+                    conn, backlog, counters, lambda b: b.bytes + size > budget
+                )
+            fits = backlog.bytes + size <= budget
             if fits:
+                before = backlog, counters
+                conn.execute("SAVEPOINT record")
                 counters = replace(counters, high_water_seq=counters.high_water_seq + 1)
                 conn.execute(
                     "INSERT INTO outbox (seq, id, kind, created_at, payload, size)"
@@ -342,13 +422,23 @@ class Outbox:
                     (counters.high_water_seq, str(uid), kind, created_ms, data, size),
                 )
                 backlog = backlog.add(kind, 1, size)
-            else:
+                # The estimate fits; the pages the file really uses must fit too (rule, 4).
+                if thinnable and self._pages_over(conn):
+                    backlog, counters = self._thin_health(
+                        conn, backlog, counters, lambda _: self._pages_over(conn)
+                    )
+                if self._pages_over(conn):
+                    conn.execute("ROLLBACK TO record")  # the row and that thinning
+                    backlog, counters = before
+                    fits = False
+                conn.execute("RELEASE record")
+            if not fits:
                 counters = _refused(counters, kind)
             self._write_counters(conn, counters)
         self._backlog, self._counters = backlog, counters
         self._persisted = counters
         if not fits:
-            raise self._full_error(kind, size, reason="budget")
+            raise self._full_error(kind, size, reason="budget", stored=self._stored_bytes(conn))
         return Record(
             id=str(uid),
             seq=counters.high_water_seq,
@@ -357,12 +447,28 @@ class Outbox:
             payload=data,
         )
 
+    def _pages_over(self, conn: sqlite3.Connection) -> bool:
+        """Whether the pages the records really take (this transaction's view) are over
+        the record budget."""
+        return self._stored_bytes(conn) > self._record_budget
+
+    def _stored_bytes(self, conn: sqlite3.Connection) -> int:
+        """The database's pages in use beyond an empty outbox's, in bytes."""
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        (free,) = conn.execute("PRAGMA freelist_count").fetchone()
+        return max(0, int(pages) - int(free) - self._base_pages) * self._page_size
+
     def _thin_health(
-        self, conn: sqlite3.Connection, size: int, backlog: _Backlog, counters: _Counters
+        self,
+        conn: sqlite3.Connection,
+        backlog: _Backlog,
+        counters: _Counters,
+        short_of_room: Callable[[_Backlog], bool],
     ) -> tuple[_Backlog, _Counters]:
-        """Apply the module docstring's thinning passes inside the caller's transaction."""
+        """Apply the module docstring's thinning passes inside the caller's transaction,
+        while ``short_of_room(backlog)``."""
         k = self._health_keep_every
-        while k > 1 and backlog.bytes + size > self._budget:
+        while k > 1 and short_of_room(backlog):
             window = conn.execute(
                 "SELECT seq, size FROM outbox WHERE kind = 'health' ORDER BY seq LIMIT ?",
                 (backlog.health // 2,),
@@ -373,7 +479,10 @@ class Outbox:
             conn.executemany("DELETE FROM outbox WHERE seq = ?", [(seq,) for seq, _ in victims])
             freed = sum(sz for _, sz in victims)
             backlog = backlog.add("health", -len(victims), -freed)
-            counters = replace(counters, dropped_health=counters.dropped_health + len(victims))
+            # History is being lost: the alarm says so until acks make room again.
+            counters = replace(
+                counters, dropped_health=counters.dropped_health + len(victims), alarm=True
+            )
         return backlog, counters
 
     def _refuse_disk_full(
@@ -391,16 +500,22 @@ class Outbox:
             pass
         raise self._full_error(kind, size, reason="disk full") from cause
 
-    def _full_error(self, kind: Kind, size: int, *, reason: str) -> OutboxFullError:
+    def _full_error(
+        self, kind: Kind, size: int, *, reason: str, stored: int | None = None
+    ) -> OutboxFullError:
         what = "event refused" if kind == "event" else "health report dropped"
+        pages = "" if stored is None else f", {stored} in the database's pages"
         return OutboxFullError(
-            f"outbox full ({reason}): {what}; {self._backlog.bytes} of {self._budget} budget "
-            f"bytes in use, record needs {size}",
+            f"outbox full ({reason}): {what}; of the records' {self._record_budget} bytes "
+            f"({self._budget} with the WAL's reserve), {self._backlog.bytes} in use by the "
+            f"estimate{pages}; the record needs {size}",
             kind=kind,
             reason=reason,
             size=size,
             bytes=self._backlog.bytes,
+            stored_bytes=stored,
             budget_bytes=self._budget,
+            record_budget_bytes=self._record_budget,
             refused_events=self._counters.refused_events,
             dropped_health=self._counters.dropped_health,
         )
@@ -413,12 +528,19 @@ class Outbox:
         with self._lock:
             conn = self._open_conn()
             now_ms = unix_ms(self._clock.now())
-            with self._guard("mark_attempt"), _transaction(conn):
-                cur = conn.executemany(
-                    "UPDATE outbox SET attempts = attempts + 1, last_attempt_at = ? WHERE id = ?",
-                    [(now_ms, i) for i in id_list],
-                )
-                return max(cur.rowcount, 0)
+            marked = 0
+            # An update rewrites each record's pages into the log: a large batch goes in
+            # several transactions, each followed by the WAL's bound (the module docstring).
+            for part in self._byte_chunks(conn, id_list, "mark_attempt"):
+                with self._guard("mark_attempt"), _transaction(conn):
+                    cur = conn.executemany(
+                        "UPDATE outbox SET attempts = attempts + 1, last_attempt_at = ?"
+                        " WHERE id = ?",
+                        [(now_ms, i) for i in part],
+                    )
+                    marked += max(cur.rowcount, 0)
+                self._bound_wal(conn)
+            return marked
 
     def ack(self, ids: Iterable[str] = (), *, up_to_seq: int | None = None) -> int:
         """Delete acked records: the given ids and/or every seq <= ``up_to_seq``.
@@ -432,35 +554,77 @@ class Outbox:
             raise InvalidInputError("up_to_seq must be a non-negative int", up_to_seq=up_to_seq)
         with self._lock:
             conn = self._open_conn()
-            backlog, counters = self._backlog, self._counters
             deleted = 0
-            with self._guard("ack"), _transaction(conn):
-                acked: list[tuple[int, str, int]] = []
-                if up_to_seq is not None:
-                    acked += conn.execute(
-                        "SELECT seq, kind, size FROM outbox WHERE seq <= ?", (up_to_seq,)
-                    ).fetchall()
-                    conn.execute("DELETE FROM outbox WHERE seq <= ?", (up_to_seq,))
-                for chunk in _chunks(id_list):
-                    marks = ",".join("?" * len(chunk))
-                    acked += conn.execute(
-                        f"SELECT seq, kind, size FROM outbox WHERE id IN ({marks})",  # noqa: S608
+            if up_to_seq is not None:
+                deleted += self._ack_locked(conn, (), up_to_seq)
+            # Deletes are cheap in the log (secure_delete = FAST), but a batch of ids is
+            # still split like mark_attempt's, each part one transaction with its counters.
+            for part in self._byte_chunks(conn, id_list, "ack"):
+                deleted += self._ack_locked(conn, part, None)
+            return deleted
+
+    def _ack_locked(
+        self, conn: sqlite3.Connection, id_list: Sequence[str], up_to_seq: int | None
+    ) -> int:
+        backlog, counters = self._backlog, self._counters
+        with self._guard("ack"), _transaction(conn):
+            acked: list[tuple[int, str, int]] = []
+            if up_to_seq is not None:
+                acked += conn.execute(
+                    "SELECT seq, kind, size FROM outbox WHERE seq <= ?", (up_to_seq,)
+                ).fetchall()
+                conn.execute("DELETE FROM outbox WHERE seq <= ?", (up_to_seq,))
+            for chunk in _chunks(id_list):
+                marks = ",".join("?" * len(chunk))
+                acked += conn.execute(
+                    f"SELECT seq, kind, size FROM outbox WHERE id IN ({marks})",  # noqa: S608
+                    chunk,
+                ).fetchall()
+                conn.execute(f"DELETE FROM outbox WHERE id IN ({marks})", chunk)  # noqa: S608
+            for _, kind, size in acked:
+                backlog = backlog.add(kind, -1, -size)
+            top = max((seq for seq, _, _ in acked), default=0)
+            if up_to_seq is not None:
+                top = max(top, min(up_to_seq, counters.high_water_seq))
+            counters = replace(counters, last_acked_seq=max(counters.last_acked_seq, top))
+            if counters.alarm and backlog.bytes <= self._alarm_clear_bytes:
+                counters = replace(counters, alarm=False)
+            self._write_counters(conn, counters)
+        self._backlog, self._counters = backlog, counters
+        self._persisted = counters
+        self._bound_wal(conn)
+        return len(acked)
+
+    def _byte_chunks(
+        self, conn: sqlite3.Connection, id_list: Sequence[str], op: str
+    ) -> Iterator[list[str]]:
+        """``id_list`` (the pending ones, in order) in parts of about ``_batch_bytes``
+        record bytes each; ids not in the outbox are left out."""
+        if not id_list:
+            return
+        sizes: dict[str, int] = {}
+        with self._guard(op):
+            for chunk in _chunks(id_list):
+                marks = ",".join("?" * len(chunk))
+                sizes.update(
+                    conn.execute(
+                        f"SELECT id, size FROM outbox WHERE id IN ({marks})",  # noqa: S608
                         chunk,
                     ).fetchall()
-                    conn.execute(f"DELETE FROM outbox WHERE id IN ({marks})", chunk)  # noqa: S608
-                for _, kind, size in acked:
-                    backlog = backlog.add(kind, -1, -size)
-                deleted = len(acked)
-                top = max((seq for seq, _, _ in acked), default=0)
-                if up_to_seq is not None:
-                    top = max(top, min(up_to_seq, counters.high_water_seq))
-                counters = replace(counters, last_acked_seq=max(counters.last_acked_seq, top))
-                if counters.alarm and backlog.bytes <= self._alarm_clear_bytes:
-                    counters = replace(counters, alarm=False)
-                self._write_counters(conn, counters)
-            self._backlog, self._counters = backlog, counters
-            self._persisted = counters
-            return deleted
+                )
+        part: list[str] = []
+        part_bytes = 0
+        for rid in dict.fromkeys(id_list):
+            size = sizes.get(rid)
+            if size is None:
+                continue
+            if part and part_bytes + size > self._batch_bytes:
+                yield part
+                part, part_bytes = [], 0
+            part.append(rid)
+            part_bytes += size
+        if part:
+            yield part
 
     # ------------------------------------------------------------------ reading
 
@@ -514,6 +678,7 @@ class Outbox:
             conn = self._open_conn()
             with self._guard("stats"):
                 row = conn.execute("SELECT created_at FROM outbox ORDER BY seq LIMIT 1").fetchone()
+                stored = self._stored_bytes(conn)
             backlog, counters = self._backlog, self._counters
         return OutboxStats(
             pending_events=backlog.events,
@@ -527,6 +692,8 @@ class Outbox:
             high_water_seq=counters.high_water_seq,
             last_acked_seq=counters.last_acked_seq,
             disk_bytes=_disk_bytes(self._path),
+            wal_reserve_bytes=self._wal_reserve,
+            stored_bytes=stored,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -563,6 +730,23 @@ class Outbox:
         if changed:
             conn.executemany("UPDATE meta SET value = ? WHERE key = ?", changed)
 
+    def _bound_wal(self, conn: sqlite3.Connection) -> None:
+        """After a write: a log larger than its reserve is checkpointed and cut to zero.
+
+        A failed checkpoint (a full disk, say) leaves the log as it is: the records are
+        committed either way, and the next write tries again.
+        """
+        try:
+            wal_bytes = self._wal_path.stat().st_size
+        except FileNotFoundError:
+            return
+        if wal_bytes <= self._wal_reserve or conn.in_transaction:
+            return
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as exc:
+            _log.warning("outbox checkpoint failed at %s (the log stays): %s", self._path, exc)
+
     @contextmanager
     def _guard(self, op: str) -> Iterator[None]:
         try:
@@ -597,6 +781,7 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 def _check_settings(
     node_id: str,
     budget_bytes: int,
+    wal_reserve_bytes: int,
     health_keep_every: int,
     max_payload_bytes: int,
     alarm_clear_ratio: float,
@@ -607,19 +792,30 @@ def _check_settings(
         raise InvalidInputError("health_keep_every must be >= 1", value=health_keep_every)
     if max_payload_bytes < 1:
         raise InvalidInputError("max_payload_bytes must be >= 1", value=max_payload_bytes)
-    if budget_bytes < max_payload_bytes + ROW_OVERHEAD_BYTES:
+    if (
+        isinstance(wal_reserve_bytes, bool)
+        or not isinstance(wal_reserve_bytes, int)
+        or not 0 <= wal_reserve_bytes < budget_bytes
+    ):
+        raise InvalidInputError(
+            f"wal_reserve_bytes must be an int in [0, budget_bytes), got {wal_reserve_bytes!r}",
+            wal_reserve_bytes=wal_reserve_bytes,
+            budget_bytes=budget_bytes,
+        )
+    if budget_bytes - wal_reserve_bytes < max_payload_bytes + ROW_OVERHEAD_BYTES:
         # Otherwise a legal record could never fit, and thinning would run for nothing.
         raise InvalidInputError(
-            f"budget_bytes {budget_bytes} cannot hold one maximal record "
-            f"({max_payload_bytes} + {ROW_OVERHEAD_BYTES} bytes)",
+            f"budget_bytes {budget_bytes} (less the WAL's reserve of {wal_reserve_bytes}) "
+            f"cannot hold one maximal record ({max_payload_bytes} + {ROW_OVERHEAD_BYTES} bytes)",
             budget_bytes=budget_bytes,
+            wal_reserve_bytes=wal_reserve_bytes,
             max_payload_bytes=max_payload_bytes,
         )
     if not 0.0 <= alarm_clear_ratio < 1.0:
         raise InvalidInputError("alarm_clear_ratio must be in [0, 1)", value=alarm_clear_ratio)
 
 
-def _configure(conn: sqlite3.Connection, path: Path) -> None:
+def _configure(conn: sqlite3.Connection, path: Path, wal_reserve_bytes: int) -> None:
     # Exclusive locking first: one owner per file, and no -shm file to go stale.
     conn.execute("PRAGMA locking_mode = EXCLUSIVE")
     (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
@@ -627,7 +823,12 @@ def _configure(conn: sqlite3.Connection, path: Path) -> None:
         raise StorageError(f"{path}: SQLite refused WAL mode (got {mode!r})", path=str(path))
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT_BYTES}")
+    # The log's bound is the outbox's own checkpoint after each write (Outbox._bound_wal);
+    # SQLite's automatic one would leave the file at its size until the next write.
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute(f"PRAGMA journal_size_limit = {int(wal_reserve_bytes)}")
+    # Acked rows need no zeroing on disk; zeroing freed pages multiplies what a delete logs.
+    conn.execute("PRAGMA secure_delete = FAST")
 
 
 def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
@@ -717,6 +918,13 @@ def _load_backlog(conn: sqlite3.Connection, path: Path, counters: _Counters) -> 
     return backlog
 
 
+def _layout(conn: sqlite3.Connection) -> tuple[int, int]:
+    """The page size and the pages of an empty outbox: page 1 and every b-tree's root."""
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    (roots,) = conn.execute("SELECT count(*) FROM sqlite_schema WHERE rootpage > 0").fetchone()
+    return int(page_size), 1 + int(roots)
+
+
 def _primary_code(exc: sqlite3.Error) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)
     return None if code is None else int(code) & 0xFF
@@ -756,7 +964,7 @@ def _from_ms(ms: int) -> datetime:
 
 def _disk_bytes(path: Path) -> int:
     total = 0
-    for candidate in (path, path.with_name(path.name + "-wal")):
+    for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
         try:
             total += candidate.stat().st_size
         except FileNotFoundError:

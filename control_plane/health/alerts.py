@@ -7,8 +7,10 @@ and writes what it is told. Not for storage: no I/O, no clock (``now`` comes in)
 
 A condition is *unknown* (``None``) when the report does not carry the number behind
 it (an old agent, a box without thermal sensors): unknown never raises nor clears.
-An operator's clear silences an alert until its condition is seen to end; only then
-can the same condition raise a new one.
+A condition may be *holding*: not bad enough to raise, not good enough to clear (the
+hysteresis band of ``outbox_near_budget``, between its clear and raise marks); an open
+alert stays open through it and nothing new is raised. An operator's clear silences an
+alert until its condition is seen to end; only then can the same condition raise a new one.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ Step = Literal["raise", "update", "clear", "mark-ended", "none"]
 class Condition:
     active: bool
     details: dict[str, Any]
+    # Inactive but inside the hysteresis band: an open alert is kept (and updated).
+    holding: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,22 +130,35 @@ def conditions(
         )
     )
 
+    found["outbox_near_budget"] = _outbox_condition(metrics, thresholds)
+    return found
+
+
+def _outbox_condition(
+    metrics: Mapping[str, float], thresholds: AlertThresholds
+) -> Condition | None:
+    """Raised at ``outbox_fill_ratio`` or by the node's alarm (events refused, health
+    thinned); cleared only below ``outbox_clear_fill_ratio`` with the alarm off. A backlog
+    draining past the raise mark while new reports trickle in stays one alert."""
     fill = metrics.get("outbox_fill_ratio")
     alarm = metrics.get("outbox_alarm")
     if fill is None and alarm is None:
-        found["outbox_near_budget"] = None
-    else:
-        found["outbox_near_budget"] = Condition(
-            bool(alarm) or (fill is not None and fill >= thresholds.outbox_fill_ratio),
-            {
-                "fill_ratio": fill,
-                "threshold": thresholds.outbox_fill_ratio,
-                "alarm": None if alarm is None else bool(alarm),
-                "outbox_bytes": metrics.get("outbox_bytes"),
-                "outbox_budget_bytes": metrics.get("outbox_budget_bytes"),
-            },
-        )
-    return found
+        return None
+    active = bool(alarm) or (fill is not None and fill >= thresholds.outbox_fill_ratio)
+    return Condition(
+        active,
+        {
+            "fill_ratio": fill,
+            "threshold": thresholds.outbox_fill_ratio,
+            "clear_below": thresholds.outbox_clear_mark,
+            "alarm": None if alarm is None else bool(alarm),
+            "outbox_bytes": metrics.get("outbox_bytes"),
+            "outbox_budget_bytes": metrics.get("outbox_budget_bytes"),
+            "outbox_dropped_health": metrics.get("outbox_dropped_health"),
+            "outbox_refused_events": metrics.get("outbox_refused_events"),
+        },
+        holding=not active and fill is not None and fill >= thresholds.outbox_clear_mark,
+    )
 
 
 def next_step(latest: AlertState | None, condition: Condition | None) -> Step:
@@ -154,6 +171,8 @@ def next_step(latest: AlertState | None, condition: Condition | None) -> Step:
         if latest is not None and latest.cleared_by_operator and not latest.ended:
             return "none"  # silenced by the operator until the condition ends
         return "raise"
+    if condition.holding:
+        return "update" if latest is not None and latest.open else "none"
     if latest is None:
         return "none"
     if latest.open:

@@ -19,11 +19,22 @@ class AlertThresholds:
     drift_ratio: float = 1.5
     # (budget - RSS) / budget below this: DESIGN §1 asks for at least 30 % headroom.
     min_headroom_ratio: float = 0.30
-    # Outbox bytes / outbox budget at or above this, or the node's own outbox alarm.
+    # Outbox bytes / outbox budget at or above this, or the node's own outbox alarm,
+    # raises outbox_near_budget; it clears only below outbox_clear_fill_ratio with the
+    # alarm off (hysteresis: a draining backlog that crosses the raise mark back and forth
+    # is one alert, not several). None: three quarters of outbox_fill_ratio (0.6).
     outbox_fill_ratio: float = 0.8
+    outbox_clear_fill_ratio: float | None = None
     # RSS slope (MB/h) that counts as a leak even when the node did not flag one;
     # None: trust the node's own ``leak_suspected`` flag only.
     leak_slope_mb_per_h: float | None = None
+
+    @property
+    def outbox_clear_mark(self) -> float:
+        """The fill below which ``outbox_near_budget`` clears."""
+        if self.outbox_clear_fill_ratio is None:
+            return round(0.75 * self.outbox_fill_ratio, 4)
+        return self.outbox_clear_fill_ratio
 
     def __post_init__(self) -> None:
         if not self.drift_ratio > 1.0:
@@ -32,6 +43,10 @@ class AlertThresholds:
             raise ValueError("min_headroom_ratio must be in (0, 1)")
         if not 0.0 < self.outbox_fill_ratio <= 1.0:
             raise ValueError("outbox_fill_ratio must be in (0, 1]")
+        if self.outbox_clear_fill_ratio is not None and not (
+            0.0 < self.outbox_clear_fill_ratio <= self.outbox_fill_ratio
+        ):
+            raise ValueError("outbox_clear_fill_ratio must be in (0, outbox_fill_ratio]")
         if self.leak_slope_mb_per_h is not None and not self.leak_slope_mb_per_h > 0:
             raise ValueError("leak_slope_mb_per_h must be positive")
 

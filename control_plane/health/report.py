@@ -61,12 +61,20 @@ METRICS: Final = {
     "frames_per_s": "throughput",
     "frames_dropped": "frames dropped in the window (all streams)",
     "frames_skipped": "frames skipped in the window (all streams)",
+    "frames_bad": "frames the runtime could not use in the window (corrupt or wrong; all streams)",
+    "frames_corrupt": "of frames_bad, those whose bytes did not decode (bad{corrupt})",
+    "capture_failed": "failed grabs from camera sources in the window (all streams)",
+    "capture_superseded": "drop-directory files passed over for a newer one in the window",
+    "capture_discarded": "drop-directory files set aside unread in the window (empty, stale)",
     "queue_depth_frames": "frames waiting at the end of the window",
     "outbox_pending_events": "events waiting for their ack",
     "outbox_pending_health": "health reports waiting for their ack",
     "outbox_bytes": "outbox size",
     "outbox_budget_bytes": "outbox disk budget",
-    "outbox_fill_ratio": "outbox bytes / budget",
+    "outbox_fill_ratio": "the records' share of the outbox budget in use",
+    "outbox_disk_bytes": "what the outbox's files take on disk",
+    "outbox_dropped_health": "health reports thinned or not stored (since the outbox began)",
+    "outbox_refused_events": "events refused for want of room (since the outbox began)",
     "outbox_alarm": "1 when the outbox refused events or thinned health",
     "disk_free_bytes": "free space of the data directory",
     "max_temp_c": "hottest thermal zone",
@@ -192,6 +200,9 @@ def _outbox(metrics: dict[str, float], outbox: Mapping[str, Any]) -> None:
     _put(metrics, "outbox_budget_bytes", outbox.get("budget_bytes"))
     _put(metrics, "outbox_alarm", outbox.get("alarm"))
     _put(metrics, "outbox_fill_ratio", outbox.get("fill_ratio"))
+    _put(metrics, "outbox_disk_bytes", outbox.get("disk_bytes"))
+    _put(metrics, "outbox_dropped_health", outbox.get("dropped_health"))
+    _put(metrics, "outbox_refused_events", outbox.get("refused_events"))
     if "outbox_fill_ratio" not in metrics:
         size, budget = metrics.get("outbox_bytes"), metrics.get("outbox_budget_bytes")
         if size is not None and budget:
@@ -222,14 +233,7 @@ def _v2_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
     throughput = _section(doc, "throughput")
     _put(metrics, "frames", throughput.get("frames"))
     _put(metrics, "frames_per_s", throughput.get("frames_per_s"))
-    streams = _section(doc, "streams")
-    skipped = 0.0
-    for stream in streams.values():
-        if isinstance(stream, Mapping):
-            for count in _section(stream, "skipped").values():
-                skipped += _number(count) or 0.0
-    if streams:
-        metrics["frames_skipped"] = skipped
+    metrics.update(_stream_totals(_section(doc, "streams")))
     memory = _section(doc, "memory")
     _put(metrics, "rss_bytes", memory.get("rss_bytes"))
     _put(metrics, "memory_budget_bytes", memory.get("budget_bytes"))
@@ -251,6 +255,33 @@ def _v2_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
     _outbox(metrics, _section(doc, "outbox"))
     _put(metrics, "errors", _section(doc, "errors").get("count"))
     return metrics
+
+
+def _total(counts: Mapping[str, Any], only: str | None = None) -> float:
+    return sum(
+        _number(count) or 0.0 for reason, count in counts.items() if only is None or reason == only
+    )
+
+
+def _stream_totals(streams: Mapping[str, Any]) -> dict[str, float]:
+    """The per-stream counters summed over the streams; a capture number only where some
+    stream has a camera source (and, for files passed over, a node that counts them)."""
+    if not streams:
+        return {}
+    entries = [s for s in streams.values() if isinstance(s, Mapping)]
+    totals = {
+        "frames_skipped": sum(_total(_section(s, "skipped")) for s in entries),
+        "frames_bad": sum(_total(_section(s, "bad")) for s in entries),
+        "frames_corrupt": sum(_total(_section(s, "bad"), "corrupt") for s in entries),
+    }
+    if any("captured" in s for s in entries):
+        totals["capture_failed"] = sum(_total(_section(s, "capture_failed")) for s in entries)
+    passed_over = [_section(s, "capture_passed_over") for s in entries]
+    if any("capture_passed_over" in s for s in entries):
+        superseded = sum(_total(p, "superseded") for p in passed_over)
+        totals["capture_superseded"] = superseded
+        totals["capture_discarded"] = sum(_total(p) for p in passed_over) - superseded
+    return totals
 
 
 def _latency(

@@ -42,6 +42,8 @@ MAX_TIMEOUT_S: Final = 300.0
 MAX_BACKOFF_S: Final = 3600.0
 MAX_SNAPSHOT_BYTES: Final = 32 * 1024 * 1024  # as edge_node.runtime.preprocess.MAX_ENCODED_BYTES
 MAX_CREDENTIALS_BYTES: Final = 4096
+DEFAULT_EMPTY_AFTER_S: Final = 30.0
+"""A drop directory's 0-byte file is set aside (``empty``) once it is this old."""
 
 AfterRead = Literal["keep", "delete", "move"]
 
@@ -85,14 +87,18 @@ class DirectorySourceConfig:
 
     A file is read only once its mtime is ``settle_s`` old and its size did not change
     between two scans (it is not being written). ``after_read``: ``keep`` the files,
-    ``delete`` them, or ``move`` them into ``move_to``; older files passed over for a
-    newer one (latest frame wins) are treated the same way.
+    ``delete`` them, or ``move`` them into ``move_to``; the files set aside unread are
+    treated the same way: older files passed over for a newer one (latest frame wins,
+    ``superseded``), files older than a frame already taken (``stale``), and files that
+    stayed 0 bytes for ``empty_after_s`` (``empty``; a writer may create a file before it
+    fills it, so an empty one is given this long).
     """
 
     directory: Path
     after_read: AfterRead = "keep"
     move_to: Path | None = None
     settle_s: float = 1.0
+    empty_after_s: float = DEFAULT_EMPTY_AFTER_S
     suffixes: tuple[str, ...] = (".jpg", ".jpeg", ".png")
     max_bytes: int = MAX_SNAPSHOT_BYTES
 
@@ -112,7 +118,7 @@ class StreamSource:
 _HTTP_KEYS: Final = frozenset(
     {"url", "timeout_s", "credentials_file", "backoff_initial_s", "backoff_max_s", "verify_tls"}
 )
-_FILE_KEYS: Final = frozenset({"url", "after_read", "move_to", "settle_s"})
+_FILE_KEYS: Final = frozenset({"url", "after_read", "move_to", "settle_s", "empty_after_s"})
 
 
 def _fail(where: str, message: str, value: object) -> CaptureConfigError:
@@ -231,13 +237,22 @@ def _directory_source(where: str, url: str, options: Mapping[str, Any]) -> Direc
         )
     if move_to is not None and move_to == directory:
         raise _fail(f"{where}.move_to", "must differ from the watched directory", move_to_raw)
+    settle_s = _seconds(
+        f"{where}.settle_s", options.get("settle_s", 1.0), MAX_TIMEOUT_S, allow_zero=True
+    )
+    empty_after_s = _seconds(
+        f"{where}.empty_after_s",
+        options.get("empty_after_s", max(DEFAULT_EMPTY_AFTER_S, settle_s)),
+        MAX_BACKOFF_S,
+    )
+    if empty_after_s < settle_s:
+        raise _fail(f"{where}.empty_after_s", "must be >= settle_s", empty_after_s)
     return DirectorySourceConfig(
         directory=directory,
         after_read=after_read,
         move_to=move_to,
-        settle_s=_seconds(
-            f"{where}.settle_s", options.get("settle_s", 1.0), MAX_TIMEOUT_S, allow_zero=True
-        ),
+        settle_s=settle_s,
+        empty_after_s=empty_after_s,
     )
 
 

@@ -149,14 +149,16 @@ class HttpSnapshotSource:
 class DirectorySource:
     """The newest finished file of a drop directory per grab (see ``FilePicker``).
 
-    Files passed over for a newer one are counted as ``superseded`` and, like the file
-    read, kept, deleted or moved as configured. Scanning and reading run in a worker thread.
+    Files passed over for a newer one are counted as ``superseded``, files older than a
+    frame already taken as discarded ``stale``, and files left at 0 bytes as discarded
+    ``empty``; all of them, like the file read, are kept, deleted or moved as configured.
+    Scanning and reading run in a worker thread.
     """
 
     def __init__(self, config: DirectorySourceConfig, counters: CaptureCounters) -> None:
         self._config = config
         self._counters = counters
-        self._picker = FilePicker(config.settle_s)
+        self._picker = FilePicker(config.settle_s, config.empty_after_s)
 
     async def grab(self) -> Snapshot | None:
         # Abandoned on cancel: a hung network mount must not hold up the agent's stop.
@@ -170,6 +172,9 @@ class DirectorySource:
         pick = self._picker.pick(self._scan(), time.time_ns())
         if pick.superseded:
             self._counters.count_superseded(len(pick.superseded))
+        for reason, entries in (("stale", pick.stale), ("empty", pick.empty)):
+            if entries:
+                self._counters.count_discarded(reason, len(entries))
         try:
             if pick.take is None:
                 return None
@@ -185,8 +190,7 @@ class DirectorySource:
                 raise CaptureError(f"cannot read {path}: {exc}", reason="read_error") from exc
             return Snapshot(data, datetime.fromtimestamp(pick.take.mtime_ns / 1e9, UTC))
         finally:
-            done = [*pick.superseded, *([] if pick.take is None else [pick.take])]
-            for entry in done:
+            for entry in pick.done:
                 self._dispose(config.directory / entry.name)
 
     def _scan(self) -> list[FileEntry]:

@@ -84,6 +84,10 @@ class CaptureCounts(Protocol):
     def captured(self) -> int: ...
     @property
     def failures(self) -> Mapping[str, int]: ...
+    @property
+    def superseded(self) -> int: ...
+    @property
+    def discarded(self) -> Mapping[str, int]: ...
 
 
 class OutboxCounts(Protocol):
@@ -103,6 +107,12 @@ class OutboxCounts(Protocol):
     def refused_events(self) -> int: ...
     @property
     def alarm(self) -> bool: ...
+    @property
+    def disk_bytes(self) -> int: ...
+    @property
+    def wal_reserve_bytes(self) -> int: ...
+    @property
+    def stored_bytes(self) -> int: ...
 
 
 class UplinkCounts(Protocol):
@@ -228,9 +238,10 @@ def stream_section(
     max_streams: int,
     capture: Mapping[str, CaptureCounts] | None = None,
 ) -> tuple[dict[str, Any], dict[str, StreamTotals]]:
-    """``streams`` (this window's counts per stream, with ``captured`` and
-    ``capture_failed`` for a stream with a camera source), ``streams_omitted``,
-    ``frames_dropped``; and the totals to diff the next window against."""
+    """``streams`` (this window's counts per stream, with ``captured``,
+    ``capture_failed`` and ``capture_passed_over`` for a stream with a camera source),
+    ``streams_omitted``, ``frames_dropped``; and the totals to diff the next window
+    against."""
     streams: dict[str, Any] = {}
     totals: dict[str, StreamTotals] = {}
     dropped = 0
@@ -257,6 +268,11 @@ def stream_section(
             entry["captured"] = _delta(captured.captured, before.get("captured", 0))
             entry["capture_failed"] = _reason_deltas(
                 total["capture_failed"], before.get("capture_failed", {})
+            )
+            passed_over = {**captured.discarded, "superseded": captured.superseded}
+            total["capture_passed_over"] = passed_over
+            entry["capture_passed_over"] = _reason_deltas(
+                passed_over, before.get("capture_passed_over", {})
             )
         dropped += sum(entry["dropped"].values())
         if len(streams) < max_streams:
@@ -351,15 +367,20 @@ def outbox_section(outbox: OutboxCounts | None) -> dict[str, Any] | None:
     if outbox is None:
         return None
     budget = outbox.budget_bytes
+    # The records' part of the budget (the rest is the WAL's), filled by the estimate or
+    # by the pages the records really take, whichever is more: thinning starts at 1.0.
+    records = budget - outbox.wal_reserve_bytes
+    used = max(outbox.bytes, outbox.stored_bytes)
     return {
         "pending_events": outbox.pending_events,
         "pending_health": outbox.pending_health,
         "bytes": outbox.bytes,
         "budget_bytes": budget,
-        "fill_ratio": _ratio(outbox.bytes / budget) if budget > 0 else None,
+        "fill_ratio": _ratio(used / records) if records > 0 else None,
         "dropped_health": outbox.dropped_health,
         "refused_events": outbox.refused_events,
         "alarm": outbox.alarm,
+        "disk_bytes": outbox.disk_bytes,
     }
 
 

@@ -66,6 +66,10 @@ SERIES_COLUMNS = [
     "cpu_percent",
     "frames_per_s",
     "dropped",
+    "bad",
+    "capture_failed",
+    "superseded",
+    "discarded",
 ]
 
 
@@ -235,7 +239,8 @@ def nodes_health(
         str, typer.Option(help="auto (raw up to 6h, minute up to 3d, else hour), raw, minute, hour")
     ] = "auto",
 ) -> None:
-    """A node's health series: latency, drift, memory, CPU, throughput, drops."""
+    """A node's health series: latency, drift, memory, CPU, throughput, drops, bad frames
+    and camera capture."""
     cli = cli_context(ctx)
     duration_param(since)  # a typo is reported here, before any request
     with cli.client() as api:
@@ -278,7 +283,7 @@ def _glance_row(node: dict[str, Any]) -> dict[str, Any]:
 
 def _series_row(point: dict[str, Any]) -> dict[str, Any]:
     """One point; a roll-up shows the worst (P99, drift, RSS, slope, headroom), the mean
-    (CPU, throughput) or the total (drops) of its bucket."""
+    (CPU, throughput) or the total (drops, bad frames, capture counts) of its bucket."""
     metrics = point.get("metrics") or {}
 
     def pick(name: str, how: str) -> Any:
@@ -306,6 +311,12 @@ def _series_row(point: dict[str, Any]) -> dict[str, Any]:
         "cpu_percent": _number(pick("cpu_process_percent", "mean")),
         "frames_per_s": _number(pick("frames_per_s", "mean")),
         "dropped": _number(pick("frames_dropped", "sum"), 0),
+        # Frames that did not decode (corrupt) or fit, grabs that failed, and drop-directory
+        # files passed over for a newer one or set aside unread (empty, stale).
+        "bad": _number(pick("frames_bad", "sum"), 0),
+        "capture_failed": _number(pick("capture_failed", "sum"), 0),
+        "superseded": _number(pick("capture_superseded", "sum"), 0),
+        "discarded": _number(pick("capture_discarded", "sum"), 0),
     }
 
 

@@ -47,7 +47,21 @@ def fill(services: Services, sender: Sender) -> None:
     sender.send(
         "n-a",
         v2_report(now - timedelta(minutes=3), rss_mb=500, slope=1.5),
-        v2_report(now - timedelta(minutes=2), rss_mb=820, slope=42.0, leak=True, drift_ratio=2.1),
+        v2_report(
+            now - timedelta(minutes=2),
+            rss_mb=820,
+            slope=42.0,
+            leak=True,
+            drift_ratio=2.1,
+            streams={
+                "cam1": {
+                    "bad": {"corrupt": 4, "shape": 1},
+                    "captured": 30,
+                    "capture_failed": {"timeout": 3},
+                    "capture_passed_over": {"superseded": 7, "empty": 2, "stale": 1},
+                }
+            },
+        ),
     )
     sender.send("n-b", v1_report())
     services.health.processor.process_pending(now + timedelta(seconds=1))
@@ -166,6 +180,13 @@ def test_cli_nodes_list_health_and_alerts(cli: Cli, services: Services, sender: 
     code, table, err = cli.run("nodes", "health", "n-a", "--since", "1h")
     assert code == 0, err
     assert "2 raw points" in table and "820" in table
+    # Corrupt frames and the drop directory's files passed over are shown, not only logged.
+    header = next(line for line in table.splitlines() if "superseded" in line)
+    names = [cell.strip() for cell in header.strip("┃").split("┃")]
+    last = [line for line in table.splitlines() if "│" in line][-1]
+    cells = dict(zip(names, (cell.strip() for cell in last.strip("│").split("│")), strict=True))
+    assert (cells["bad"], cells["superseded"], cells["discarded"]) == ("5", "7", "3")
+    assert cells["capture failed"] == "3"
     code, table, err = cli.run("nodes", "health", "n-a", "--since", "2d")
     assert code == 0 and "minute points" in table
     series = cli.json("nodes", "health", "n-a", "--since", "60d")

@@ -32,6 +32,31 @@ def test_v2_report_is_read_and_unknown_fields_ignored() -> None:
     assert point.sketches()["detector/1.0.0"]["compute"].count == 3
 
 
+def test_bad_frames_capture_and_the_outbox_s_counters_are_read() -> None:
+    streams = {
+        "door": {"bad": {"corrupt": 3, "shape": 1}, "captured": 9, "capture_failed": {"auth": 2}},
+        "yard": {
+            "bad": {"corrupt": 2},
+            "captured": 4,
+            "capture_failed": {},
+            "capture_passed_over": {"superseded": 5, "stale": 1, "empty": 2},
+        },
+        "api": {"bad": {}},  # fed by a program: no capture numbers
+    }
+    report = v2_report(START, streams=streams)
+    report["outbox"] |= {"disk_bytes": 900_000, "dropped_health": 672, "refused_events": 0}
+    metrics = parse_report(json.dumps(report).encode(), created_at=START).metrics
+    assert (metrics["frames_bad"], metrics["frames_corrupt"]) == (6.0, 5.0)
+    assert metrics["capture_failed"] == 2.0
+    assert (metrics["capture_superseded"], metrics["capture_discarded"]) == (5.0, 3.0)
+    assert metrics["outbox_disk_bytes"] == 900_000.0
+    assert metrics["outbox_dropped_health"] == 672.0
+    # An older node sends no files passed over: unknown, not zero.
+    del streams["yard"]["capture_passed_over"]
+    older = parse_report(json.dumps(v2_report(START, streams=streams)).encode(), created_at=START)
+    assert "capture_superseded" not in older.metrics and older.metrics["capture_failed"] == 2.0
+
+
 def test_v1_report_and_newer_versions() -> None:
     point = parse_report(json.dumps(v1_report()).encode(), created_at=START)
     assert point.at == START
@@ -86,8 +111,10 @@ def test_conditions_follow_thresholds() -> None:
     leak = found["leak_suspected"]
     assert leak is not None and leak.active
     assert found["throttling"] is None and found["memory_headroom_low"] is None
-    quiet = conditions({"outbox_fill_ratio": 0.79, "headroom_ratio": 0.3}, thresholds)
+    quiet = conditions({"outbox_fill_ratio": 0.59, "headroom_ratio": 0.3}, thresholds)
     assert quiet["outbox_near_budget"] == Condition(False, quiet["outbox_near_budget"].details)  # type: ignore[union-attr]
+    band = conditions({"outbox_fill_ratio": 0.79}, thresholds)["outbox_near_budget"]
+    assert band is not None and (band.active, band.holding) == (False, True)
     assert quiet["memory_headroom_low"] is not None
     assert not quiet["memory_headroom_low"].active
 
@@ -105,6 +132,57 @@ def test_alert_life_cycle() -> None:
     assert next_step(silenced, on) == "none"
     assert next_step(silenced, off) == "mark-ended"
     assert next_step(done, on) == "raise"
+
+
+def test_a_draining_outbox_backlog_raises_one_alert_and_clears_it_once() -> None:
+    """The node's reports while its backlog drains after a link outage: acks come in
+    bursts and new reports keep arriving, so the fill crosses the raise mark back and
+    forth (the alert flapped four times here before it had a clear mark below it)."""
+    thresholds = AlertThresholds()  # raise at 0.8, clear below 0.6
+    reports = [
+        (0.99, True),  # thinning: the node's alarm is on
+        (0.93, True),
+        (0.85, True),
+        (0.79, False),  # an ack took the node under its own clear mark
+        (0.82, False),
+        (0.78, False),
+        (0.81, False),
+        (0.76, False),
+        (0.80, False),
+        (0.70, False),
+        (0.66, False),
+        (0.61, False),
+        (0.55, False),
+        (0.30, False),
+        (0.12, False),
+    ]
+    latest: AlertState | None = None
+    steps = []
+    for fill, alarm in reports:
+        condition = conditions(
+            {"outbox_fill_ratio": fill, "outbox_alarm": float(alarm)}, thresholds
+        )["outbox_near_budget"]
+        step = next_step(latest, condition)
+        steps.append(step)
+        if step == "raise":
+            latest = AlertState(open=True, cleared_by_operator=False, ended=False)
+        elif step == "clear":
+            latest = AlertState(open=False, cleared_by_operator=False, ended=True)
+    assert steps.count("raise") == 1 and steps.count("clear") == 1
+    assert steps.index("clear") == [fill for fill, _ in reports].index(0.55)
+    assert set(steps) == {"raise", "update", "clear", "none"}
+
+
+def test_the_outbox_band_keeps_an_open_alert_and_raises_none() -> None:
+    holding = Condition(False, {}, holding=True)
+    opened = AlertState(open=True, cleared_by_operator=False, ended=False)
+    silenced = AlertState(open=False, cleared_by_operator=True, ended=False)
+    assert next_step(None, holding) == "none"
+    assert next_step(opened, holding) == "update"
+    assert next_step(silenced, holding) == "none"  # not ended: still silenced
+    assert AlertThresholds(outbox_fill_ratio=0.5).outbox_clear_mark == 0.375
+    with pytest.raises(ValueError, match="outbox_clear_fill_ratio"):
+        AlertThresholds(outbox_fill_ratio=0.5, outbox_clear_fill_ratio=0.6)
 
 
 def test_config_refuses_unsafe_values_and_durations_parse() -> None:
@@ -129,6 +207,13 @@ def test_server_settings_build_the_health_config(monkeypatch: pytest.MonkeyPatch
     assert config.raw_retention == timedelta(hours=2)
     assert config.thresholds.min_headroom_ratio == 0.25
     assert config.thresholds.drift_ratio == 1.5
+    assert config.thresholds.outbox_clear_mark == 0.6
+    monkeypatch.setenv("EDGEFLEET_ALERT_OUTBOX_CLEAR_RATIO", "0.5")
+    assert ServerSettings().health_config().thresholds.outbox_clear_mark == 0.5
+    monkeypatch.setenv("EDGEFLEET_ALERT_OUTBOX_CLEAR_RATIO", "0.9")
+    with pytest.raises(InvalidInputError, match="outbox_clear_fill_ratio"):
+        ServerSettings().health_config()
+    monkeypatch.delenv("EDGEFLEET_ALERT_OUTBOX_CLEAR_RATIO")
     monkeypatch.setenv("EDGEFLEET_HEALTH_MINUTE_RETENTION_DAYS", "0.01")
     with pytest.raises(InvalidInputError, match="retention"):
         ServerSettings().health_config()

@@ -48,6 +48,12 @@ def test_a_mapping_sets_the_options_of_its_scheme() -> None:
     assert drop == DirectorySourceConfig(
         directory=Path("/srv/ftp/yard"), after_read="move", move_to=Path("/srv/done")
     )
+    assert drop.empty_after_s == 30.0
+    slow = parse_source("yard", {"url": "file:///srv/in", "settle_s": 45, "empty_after_s": 90})
+    assert isinstance(slow, DirectorySourceConfig)
+    assert (slow.settle_s, slow.empty_after_s) == (45.0, 90.0)
+    # An empty file is never set aside before a full file would be read.
+    assert parse_source("yard", {"url": "file:///srv/in", "settle_s": 45}).empty_after_s == 45.0  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -63,6 +69,8 @@ def test_a_mapping_sets_the_options_of_its_scheme() -> None:
         ({"url": "file:///srv/in", "move_to": "/srv/out"}, "move_to: is required"),
         ({"url": "file:///srv/in", "after_read": "shred"}, "keep, delete, move"),
         ({"url": "file:///srv/in", "timeout_s": 3}, "unknown key(s) timeout_s"),
+        ({"url": "file:///srv/in", "settle_s": 5, "empty_after_s": 2}, "must be >= settle_s"),
+        ({"url": "file:///srv/in", "empty_after_s": 0}, "empty_after_s: must be"),
         ({"url": "http://cam/s.jpg", "after_read": "delete"}, "unknown key(s) after_read"),
         ({"url": "http://cam/s.jpg", "timeout_s": 0}, "timeout_s: must be"),
         ({"url": "http://cam/s.jpg", "backoff_initial_s": 5, "backoff_max_s": 1}, ">= backoff"),

@@ -7,6 +7,7 @@ import pytest
 from edge_node.capture.schedule import (
     CaptureCounters,
     FileEntry,
+    FilePick,
     FilePicker,
     FramePacer,
     retry_delay,
@@ -71,6 +72,40 @@ def test_empty_files_are_not_taken() -> None:
     picker = FilePicker(settle_s=0.0)
     for _ in range(3):
         assert picker.pick([entry("a.jpg", 0, 1.0)], now_ns=5 * S).take is None
+
+
+def test_a_file_left_empty_is_set_aside_once_it_is_empty_after_s_old() -> None:
+    picker = FilePicker(settle_s=1.0, empty_after_s=30.0)
+    empty = entry("a.jpg", 0, 10.0)
+    # Just created: a writer may fill it in a moment.
+    for now in (10.5, 12.0, 39.9):
+        assert picker.pick([empty], now_ns=int(now * S)) == FilePick(None)
+    assert picker.pick([empty], now_ns=40 * S) == FilePick(None, empty=(empty,))
+    assert picker.pick([empty], now_ns=41 * S) == FilePick(None)  # counted once
+
+
+def test_an_empty_file_that_fills_is_read_like_any_other() -> None:
+    picker = FilePicker(settle_s=1.0, empty_after_s=30.0)
+    assert picker.pick([entry("a.jpg", 0, 10.0)], now_ns=10 * S) == FilePick(None)
+    assert picker.pick([entry("a.jpg", 0, 10.0)], now_ns=11 * S) == FilePick(None)
+    filled = entry("a.jpg", 900, 11.5)
+    assert picker.pick([filled], now_ns=12 * S) == FilePick(None)  # changed: not settled
+    assert picker.pick([filled], now_ns=13 * S) == FilePick(filled)
+
+
+def test_a_file_older_than_the_last_frame_is_stale_once_it_settled() -> None:
+    picker = FilePicker(settle_s=1.0)
+    newest = entry("5.jpg", 10, 5.0)
+    picker.pick([newest], now_ns=10 * S)
+    assert picker.pick([newest], now_ns=11 * S).take == newest
+    late = entry("3.jpg", 10, 3.0)  # dropped after 5.jpg was taken, with an older mtime
+    assert picker.pick([newest, late], now_ns=12 * S) == FilePick(None)  # first sight
+    assert picker.pick([newest, late], now_ns=13 * S) == FilePick(None, stale=(late,))
+    # Kept (``keep`` mode): neither is reported again, and a newer file is still taken.
+    assert picker.pick([newest, late], now_ns=14 * S) == FilePick(None)
+    fresh = entry("6.jpg", 10, 6.0)
+    picker.pick([newest, late, fresh], now_ns=15 * S)
+    assert picker.pick([newest, late, fresh], now_ns=16 * S) == FilePick(fresh)
 
 
 def test_counters_count_failures_in_a_row_until_a_frame_is_captured() -> None:

@@ -308,6 +308,55 @@ async def test_a_file_still_being_written_is_not_read_early(tmp_path: Path) -> N
     assert sink.frames[0][0] >= finished_at[0] + 0.3 - 0.02
 
 
+async def test_empty_and_stale_files_are_counted_and_deleted_but_a_fresh_empty_one_waits(
+    tmp_path: Path,
+) -> None:
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    drop(inbox, "dead.jpg", b"", age_s=120)  # an upload that never wrote a byte
+    drop(inbox, "new.jpg", jpeg(40), age_s=5)
+    sink = RecordingSink()
+    source = DirectorySourceConfig(
+        directory=inbox, after_read="delete", settle_s=0.0, empty_after_s=60.0
+    )
+    service = CaptureService([StreamSource("yard", source, 20.0)], lambda: sink, SystemClock())
+
+    async def body() -> None:
+        await until(lambda: sink.frames)
+        drop(inbox, "late.jpg", jpeg(80), age_s=60)  # older than the frame just taken
+        drop(inbox, "coming.jpg", b"", age_s=0)  # created; its data comes in a moment
+        await until(lambda: service.stats()["yard"].discarded.get("stale"))
+        await anyio.sleep(0.2)  # several scans: the fresh empty file is left alone
+        assert (inbox / "coming.jpg").exists()
+        (inbox / "coming.jpg").write_bytes(jpeg(120))
+        await until(lambda: len(sink.frames) == 2)
+
+    await run_while(service, body)
+    assert [data for _, _, data in sink.frames] == [jpeg(40), jpeg(120)]
+    stats = service.stats()["yard"]
+    assert stats.discarded == {"empty": 1, "stale": 1}
+    assert (stats.superseded, stats.failures) == (0, {})
+    assert list(inbox.iterdir()) == []
+
+
+async def test_files_set_aside_are_counted_once_and_kept_in_keep_mode(tmp_path: Path) -> None:
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    drop(inbox, "dead.jpg", b"", age_s=120)
+    drop(inbox, "a.jpg", jpeg(40), age_s=5)
+    sink = RecordingSink()
+    source = DirectorySourceConfig(directory=inbox, settle_s=0.0, empty_after_s=60.0)
+    service = CaptureService([StreamSource("yard", source, 20.0)], lambda: sink, SystemClock())
+
+    async def body() -> None:
+        await until(lambda: service.stats()["yard"].discarded.get("empty") and sink.frames)
+        await anyio.sleep(0.3)  # several more scans
+
+    await run_while(service, body)
+    assert service.stats()["yard"].discarded == {"empty": 1}
+    assert sorted(p.name for p in inbox.iterdir()) == ["a.jpg", "dead.jpg"]
+
+
 async def test_a_missing_directory_is_counted_and_retried_until_it_appears(tmp_path: Path) -> None:
     inbox = tmp_path / "inbox"
     sink = RecordingSink()

@@ -163,6 +163,7 @@ def test_a_report_carries_every_section_with_units_in_the_names() -> None:
     }
     assert report["thermal"]["throttled"] is None and report["thermal"]["max_temp_c"] is None
     assert report["outbox"]["fill_ratio"] == 0.25 and report["outbox"]["pending_events"] == 12
+    assert report["outbox"]["disk_bytes"] == 65_536
     assert report["uplink"]["records_acked"] == 48
     assert report["errors"] == {"count": 0, "last": None}
     assert report["telemetry"]["sketches_dropped"] is False
@@ -209,6 +210,27 @@ def test_camera_capture_counts_are_window_deltas_on_streams_with_a_source() -> N
     second = rig.report(streams={"gate": gate}, capture={"gate": captured})
     assert second["streams"]["gate"]["captured"] == 4
     assert second["streams"]["gate"]["capture_failed"] == {"http_500": 3}
+
+
+def test_drop_directory_files_passed_over_are_window_deltas_by_reason() -> None:
+    rig = Rig()
+    yard = stream("yard", submitted=3, processed=3)
+    captured = CaptureStats("yard", 3, {}, 4, 0, {"empty": 1})
+    first = rig.report(streams={"yard": yard}, capture={"yard": captured})
+    assert first["streams"]["yard"]["capture_passed_over"] == {"empty": 1, "superseded": 4}
+    rig.advance(10.0)
+    captured = CaptureStats("yard", 5, {}, 6, 0, {"empty": 1, "stale": 2})
+    second = rig.report(streams={"yard": yard}, capture={"yard": captured})
+    assert second["streams"]["yard"]["capture_passed_over"] == {"stale": 2, "superseded": 2}
+
+
+def test_the_outbox_fill_is_of_the_records_part_by_estimate_or_real_pages() -> None:
+    rig = Rig()
+    # 1 MiB budget, 128 KiB of it the WAL's: the records may fill 896 KiB.
+    outbox = replace(OUTBOX, budget_bytes=1 << 20, wal_reserve_bytes=128 << 10, bytes=448 << 10)
+    assert rig.report(outbox=outbox)["outbox"]["fill_ratio"] == 0.5
+    fragmented = replace(outbox, stored_bytes=896 << 10)  # the pages are full: thinning
+    assert rig.report(outbox=fragmented)["outbox"]["fill_ratio"] == 1.0
 
 
 def test_drift_is_reported_per_version_once_its_baseline_is_ready() -> None:

@@ -627,6 +627,26 @@ class StreamWindow(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class CapturePassedOverEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SUBMITTED_FIELD_NUMBER: _builtins.int
     PROCESSED_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
@@ -636,6 +656,7 @@ class StreamWindow(_message.Message):
     QUEUED_FIELD_NUMBER: _builtins.int
     CAPTURED_FIELD_NUMBER: _builtins.int
     CAPTURE_FAILED_FIELD_NUMBER: _builtins.int
+    CAPTURE_PASSED_OVER_FIELD_NUMBER: _builtins.int
     submitted: _builtins.int
     processed: _builtins.int
     queued: _builtins.int
@@ -652,6 +673,13 @@ class StreamWindow(_message.Message):
     def failed(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
     def capture_failed(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def capture_passed_over(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Files of a drop-directory source set aside without being a frame, by reason:
+        "superseded" (a newer file was taken), "stale" (older than a frame already taken),
+        "empty" (0 bytes for the source's empty_after_s).
+        """
+
     def __init__(
         self,
         *,
@@ -664,10 +692,11 @@ class StreamWindow(_message.Message):
         queued: _builtins.int = ...,
         captured: _builtins.int | None = ...,
         capture_failed: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        capture_passed_over: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_captured", b"_captured", "captured", b"captured"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_captured", b"_captured", "bad", b"bad", "capture_failed", b"capture_failed", "captured", b"captured", "dropped", b"dropped", "failed", b"failed", "processed", b"processed", "queued", b"queued", "skipped", b"skipped", "submitted", b"submitted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_captured", b"_captured", "bad", b"bad", "capture_failed", b"capture_failed", "capture_passed_over", b"capture_passed_over", "captured", b"captured", "dropped", b"dropped", "failed", b"failed", "processed", b"processed", "queued", b"queued", "skipped", b"skipped", "submitted", b"submitted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__captured: _TypeAlias = _typing.Literal["captured"]  # noqa: Y015
     _WhichOneofArgType__captured: _TypeAlias = _typing.Literal["_captured", b"_captured"]  # noqa: Y015
@@ -926,14 +955,25 @@ class Outbox(_message.Message):
     DROPPED_HEALTH_FIELD_NUMBER: _builtins.int
     REFUSED_EVENTS_FIELD_NUMBER: _builtins.int
     ALARM_FIELD_NUMBER: _builtins.int
+    DISK_BYTES_FIELD_NUMBER: _builtins.int
     pending_events: _builtins.int
     pending_health: _builtins.int
     bytes: _builtins.int
+    """The records' budgeted bytes (an estimate of their rows)."""
     budget_bytes: _builtins.int
+    """The bound on the outbox's files on disk (database, -wal and -shm)."""
     fill_ratio: _builtins.float
+    """The records' share of the budget in use (by the estimate or by the pages they
+    really take, whichever is more); health is thinned from 1.0.
+    """
     dropped_health: _builtins.int
     refused_events: _builtins.int
     alarm: _builtins.bool
+    """Set when events were refused or health thinned; cleared by the ack that brings
+    the backlog back under the outbox's clear mark.
+    """
+    disk_bytes: _builtins.int
+    """What the outbox's files take on disk now."""
     def __init__(
         self,
         *,
@@ -945,13 +985,19 @@ class Outbox(_message.Message):
         dropped_health: _builtins.int = ...,
         refused_events: _builtins.int = ...,
         alarm: _builtins.bool = ...,
+        disk_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_fill_ratio", b"_fill_ratio", "fill_ratio", b"fill_ratio"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_disk_bytes", b"_disk_bytes", "_fill_ratio", b"_fill_ratio", "disk_bytes", b"disk_bytes", "fill_ratio", b"fill_ratio"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fill_ratio", b"_fill_ratio", "alarm", b"alarm", "budget_bytes", b"budget_bytes", "bytes", b"bytes", "dropped_health", b"dropped_health", "fill_ratio", b"fill_ratio", "pending_events", b"pending_events", "pending_health", b"pending_health", "refused_events", b"refused_events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_disk_bytes", b"_disk_bytes", "_fill_ratio", b"_fill_ratio", "alarm", b"alarm", "budget_bytes", b"budget_bytes", "bytes", b"bytes", "disk_bytes", b"disk_bytes", "dropped_health", b"dropped_health", "fill_ratio", b"fill_ratio", "pending_events", b"pending_events", "pending_health", b"pending_health", "refused_events", b"refused_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__disk_bytes: _TypeAlias = _typing.Literal["disk_bytes"]  # noqa: Y015
+    _WhichOneofArgType__disk_bytes: _TypeAlias = _typing.Literal["_disk_bytes", b"_disk_bytes"]  # noqa: Y015
     _WhichOneofReturnType__fill_ratio: _TypeAlias = _typing.Literal["fill_ratio"]  # noqa: Y015
     _WhichOneofArgType__fill_ratio: _TypeAlias = _typing.Literal["_fill_ratio", b"_fill_ratio"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__disk_bytes) -> _WhichOneofReturnType__disk_bytes | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__fill_ratio) -> _WhichOneofReturnType__fill_ratio | None: ...
 
 Global___Outbox: _TypeAlias = Outbox  # noqa: Y015
