@@ -276,10 +276,9 @@ class ModelSession:
         return {self.input_name: self.preprocessor(frame)}
 
     def geometry(self, frame_h: int, frame_w: int) -> Geometry:
-        """How a ``frame_h`` x ``frame_w`` frame maps onto the model's input (the
-        preprocessor resizes the frame onto the whole input)."""
-        height, width = self.preprocessor.size
-        return Geometry.stretch(frame_h, frame_w, height, width)
+        """How a ``frame_h`` x ``frame_w`` frame maps onto the model's input (stretched or
+        letterboxed, as the preprocessor fits it)."""
+        return self.preprocessor.geometry(frame_h, frame_w)
 
     def decode(
         self, outputs: Mapping[str, npt.NDArray[Any]], frame_h: int, frame_w: int

@@ -56,7 +56,7 @@ from edge_node.updater.selftest import SelfTestResult, TrialLoader, self_test
 from edge_node.updater.store import DiskUsage, ModelStore
 from edge_node.updater.tuf_fetch import TufClient, floor_target_path
 from edge_node.updater.watchdog import ModelHealth, WatchdogConfig
-from protos.bundle.decoders import Geometry, build_decoder
+from protos.bundle.decoders import build_decoder
 from protos.bundle.preprocess import Preprocessor
 from protos.bundle.results import Decoded
 from protos.bundle.spec import (
@@ -289,8 +289,7 @@ class BareModel:
     def decode(self, outputs: Mapping[str, Any], frame_h: int, frame_w: int) -> Decoded:
         preprocessor = self._prepared()
         spec = self._runtime or RuntimeSpec(preprocess=preprocessor.config)
-        geometry = Geometry.stretch(frame_h, frame_w, *preprocessor.size)
-        return build_decoder(spec).decode(outputs, geometry)
+        return build_decoder(spec).decode(outputs, preprocessor.geometry(frame_h, frame_w))
 
 
 @dataclass
