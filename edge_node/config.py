@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource
 from pydantic_settings import SettingsConfigDict as _SettingsConfigDict
 
@@ -123,8 +131,19 @@ class UpdaterSettings(BaseModel):
     max_artifact_mb: int = Field(default=4096, gt=0, le=1 << 20)
     space_margin_mb: int = Field(default=256, ge=0, le=1 << 20)
     max_attempts: int = Field(default=3, ge=1, le=100)
+    retry_initial_s: float = Field(default=10.0, gt=0, le=3600)
+    retry_max_s: float = Field(default=600.0, gt=0, le=86400)
     selftest_latency_budget_ms: float = Field(default=1000.0, gt=0, le=600_000)
     watchdog: WatchdogSettings = Field(default_factory=WatchdogSettings)
+
+    @model_validator(mode="after")
+    def _retry_bounds(self) -> UpdaterSettings:
+        if self.retry_max_s < self.retry_initial_s:
+            raise ValueError(
+                f"updater.retry_max_s ({self.retry_max_s:g}) must not be below "
+                f"updater.retry_initial_s ({self.retry_initial_s:g})"
+            )
+        return self
 
 
 class NodeSettings(BaseSettings):
@@ -346,6 +365,8 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
             max_artifact_bytes=updater.max_artifact_mb << 20,
             space_margin_bytes=updater.space_margin_mb << 20,
             max_attempts=updater.max_attempts,
+            retry_initial_s=updater.retry_initial_s,
+            retry_max_s=updater.retry_max_s,
             selftest_latency_budget_s=updater.selftest_latency_budget_ms / 1000,
             watchdog=WatchdogConfig(
                 window_s=watchdog.window_s,

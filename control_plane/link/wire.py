@@ -25,6 +25,11 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION: Final = 1
+# An UpdateStatus's bounds (link.proto): what a node sends at most.
+MAX_STATUS_REASON: Final = 128
+MAX_STATUS_FACTS: Final = 32
+MAX_FACT_KEY: Final = 64
+MAX_FACT_VALUE: Final = 256
 
 _KINDS: Final = {link_pb2.RECORD_KIND_EVENT: "event", link_pb2.RECORD_KIND_HEALTH: "health"}
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -107,17 +112,40 @@ def hello_state(message: link_pb2.NodeMessage) -> dict[str, Any]:
 
 
 def update_status(status: link_pb2.UpdateStatus) -> dict[str, Any]:
-    """An UpdateStatus as plain JSON for `NodePresence.record_update_status`."""
+    """An UpdateStatus as plain JSON for `NodePresence.record_update_status`.
+
+    `reason` and `facts` are empty from nodes older than these fields (their `detail`
+    still starts with the reason). Facts beyond the documented bounds are refused, with
+    the field named, rather than cut: a node never sends them.
+    """
     at = None
     if status.HasField("at"):
         try:
             at = status.at.ToDatetime(tzinfo=UTC).isoformat()
         except (ValueError, OverflowError) as exc:
             raise InvalidInputError("update status: `at` is out of range") from exc
+    if len(status.reason) > MAX_STATUS_REASON:
+        raise InvalidInputError(
+            f"update status: `reason` is over {MAX_STATUS_REASON} characters", field="reason"
+        )
+    facts = dict(status.facts)
+    if len(facts) > MAX_STATUS_FACTS:
+        raise InvalidInputError(
+            f"update status: {len(facts)} `facts`, at most {MAX_STATUS_FACTS}", field="facts"
+        )
+    for key, value in facts.items():
+        if not 0 < len(key) <= MAX_FACT_KEY or len(value) > MAX_FACT_VALUE:
+            raise InvalidInputError(
+                f"update status: fact {key[:MAX_FACT_KEY]!r}: keys are 1..{MAX_FACT_KEY} and "
+                f"values up to {MAX_FACT_VALUE} characters",
+                field=f"facts.{key[:MAX_FACT_KEY]}",
+            )
     return {
         "target_path": status.target_path,
         "phase": status.phase,
         "detail": status.detail,
         "director_sequence": status.director_sequence,
         "at": at,
+        "reason": status.reason,
+        "facts": dict(sorted(facts.items())),
     }

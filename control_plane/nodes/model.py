@@ -15,7 +15,10 @@ from typing import Any, Final
 from control_plane.errors import EdgefleetError, InvalidInputError, reason_of
 
 __all__ = [
+    "FAILURE_PHASES",
+    "LAST_FAILURE",
     "TRANSPORTS",
+    "UPDATE",
     "BootstrapTokenInfo",
     "Enrollment",
     "Node",
@@ -23,11 +26,18 @@ __all__ = [
     "NodeRefusals",
     "RefusalCounter",
     "checked_agent",
+    "update_summary",
 ]
 
 log = logging.getLogger("control_plane.nodes")
 
 TRANSPORTS: Final = ("grpc", "mqtt", "rest")
+UPDATE: Final = "update"
+"""`Node.reported_state` key of the node's latest update status (`wire.update_status`)."""
+LAST_FAILURE: Final = "last_failure"
+"""`Node.reported_state` key of its latest `failed` or `reverted` status, which outlives
+the node's Hellos (`presence.record_update_status`)."""
+FAILURE_PHASES: Final = frozenset({"failed", "reverted"})
 MAX_AGENT_VERSION: Final = 64
 MAX_NODE_ID: Final = 64
 
@@ -169,3 +179,20 @@ def human_duration(delta: timedelta) -> str:
         if seconds % size == 0 and seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def update_summary(status: object) -> str | None:
+    """One line an operator reads for a stored update status: `phase — detail` (the
+    detail starts with the node's reason code, e.g. `failed — self-test: output-mismatch:
+    'scores' 12 of 1000 elements out of tolerance ...`); None for anything else."""
+    if not isinstance(status, dict):
+        return None
+    phase = status.get("phase")
+    if not isinstance(phase, str) or not phase:
+        return None
+    detail = status.get("detail")
+    reason = status.get("reason")
+    text = detail if isinstance(detail, str) else ""
+    if isinstance(reason, str) and reason and not text.startswith(reason):
+        text = f"{reason}: {text}" if text else reason
+    return f"{phase} — {text}" if text else phase

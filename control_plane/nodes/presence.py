@@ -16,7 +16,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import Clock
 from control_plane.errors import EdgefleetError
-from control_plane.nodes.model import Node, NodeConfig, NodeRefusals, checked_agent
+from control_plane.nodes.model import (
+    FAILURE_PHASES,
+    LAST_FAILURE,
+    UPDATE,
+    Node,
+    NodeConfig,
+    NodeRefusals,
+    checked_agent,
+)
 from control_plane.nodes.rows import (
     checked_state,
     fleet_name,
@@ -63,6 +71,13 @@ class NodePresence:
             state = checked_state(reported_state, self._config.max_reported_state_bytes)
             with write_session(self._sessions) as session:
                 row = node_for_node(session, node_id, lock=True)
+                kept = (row.reported_state or {}).get(LAST_FAILURE)
+                if isinstance(kept, dict):
+                    # What the node said went wrong outlives its connection: an operator
+                    # still reads why the last update failed after the node reconnects.
+                    state = checked_state(
+                        {**state, LAST_FAILURE: kept}, self._config.max_reported_state_bytes
+                    )
                 row.agent_version = agent_version
                 row.transport = transport
                 row.reported_state = state
@@ -79,18 +94,25 @@ class NodePresence:
     def record_update_status(
         self, node_id: str, status: Mapping[str, Any], now: datetime | None = None
     ) -> Node:
-        """The node reported progress of an update; kept as `reported_state["update"]`.
+        """The node reported progress of an update; kept as `reported_state["update"]`,
+        and a `failed` or `reverted` one also as `reported_state["last_failure"]`.
 
         Only the latest status is kept: the history of an update belongs to the rollout
         that asked for it, not to the inventory. The next Hello replaces the whole
-        reported state, this key included: a node reports what it runs when it connects.
+        reported state, `update` included (a node reports what it runs when it connects,
+        then its last status again), but not `last_failure`: why the last update failed
+        stays readable until another one fails.
         """
         now = now or self._clock.now()
         try:
             with write_session(self._sessions) as session:
                 row = node_for_node(session, node_id, lock=True)
+                update = dict(status)
+                changes: dict[str, Any] = {UPDATE: update}
+                if update.get("phase") in FAILURE_PHASES:
+                    changes[LAST_FAILURE] = update
                 state = checked_state(
-                    {**(row.reported_state or {}), "update": dict(status)},
+                    {**(row.reported_state or {}), **changes},
                     self._config.max_reported_state_bytes,
                 )
                 row.reported_state = state

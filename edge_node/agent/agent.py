@@ -227,6 +227,9 @@ class Agent:
                 memory_budget_bytes=config.memory_budget_bytes,
                 agent_version=config.agent_version,
                 initial_model=config.model_path,
+                retry=Backoff(
+                    initial_s=config.updater.retry_initial_s, cap_s=config.updater.retry_max_s
+                ),
             )
             updater = UpdateTask(
                 settings,

@@ -13,8 +13,14 @@ agent's runtime implements:
   newest assignment waits in a one-slot mailbox (a newer one replaces one not yet
   started), and `run()` applies them one at a time — never two applies at once.
 - An assignment refused because the metadata could not be had (`metadata-unavailable`:
-  control plane unreachable, its timestamp expired) is tried again by itself with capped
-  backoff (`METADATA_RETRY`), until it passes or a newer assignment replaces it.
+  control plane unreachable, its timestamp expired) or for lack of disk space
+  (`disk-full`) is tried again by itself with capped backoff (`settings.retry`), until it
+  passes or a newer assignment replaces it; so is a trial that failed for a reason that
+  may pass, at the time its revert wrote (`Outcome.retry_at`: a re-delivery before then
+  is `DEFERRED`), so nothing waits for the next reconnect.
+- A full disk never stops the task: a journal write the reconciler could not make is
+  held in memory and written again on a timer (`JOURNAL_RETRY`); the statuses say
+  `disk-full` meanwhile, and the model keeps serving.
 - After an apply that activated a model, the watchdog window: the model's own run
   counters (`host.health()`) are judged every `poll_s` (`updater.watchdog.judge`); a
   failing model is reverted to `previous` at once, without waiting for the control
@@ -66,6 +72,7 @@ from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.host import ModelBundle, ModelHost, Trial
 from edge_node.updater.journal import Journal, JournalCorruptError, JournalState, ModelRef
 from edge_node.updater.reconciler import (
+    NOT_COUNTED,
     AssignmentTrust,
     Outcome,
     OutcomeKind,
@@ -104,9 +111,11 @@ _IDLE_WAIT_S: Final = 30.0
 # control plane serving bad metadata may be repaired). Tried again with
 # capped backoff (full jitter) until it passes or a newer assignment comes.
 RETRIED_REFUSALS: Final = frozenset(
-    {"metadata-unavailable", "metadata-expired", "metadata-untrusted", "storage-error"}
+    {"metadata-unavailable", "metadata-expired", "metadata-untrusted"} | NOT_COUNTED
 )
 METADATA_RETRY: Final = Backoff(initial_s=10.0, cap_s=600.0)
+# How often a journal write held in memory (a full disk) is tried again.
+JOURNAL_RETRY: Final = Backoff(initial_s=5.0, cap_s=60.0)
 # The doorbell's command "look for your assignment" (docs/protocol.md, MQTT node link).
 PULL_DESIRED: Final = "pull-desired"
 _MAX_STATUS_DETAIL: Final = 500
@@ -139,7 +148,8 @@ class UpdateTaskSettings:
     initial_model: Path | None = None
     """`runtime.model_path`: served while the journal names no active model."""
     retry: Backoff = field(default_factory=lambda: METADATA_RETRY)
-    """Backoff of a refused assignment tried again by itself (`RETRIED_REFUSALS`)."""
+    """Backoff of a refused assignment tried again by itself (`RETRIED_REFUSALS`), and of
+    a failed trial's retry (`ReconcilerLimits.retry_backoff`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +216,7 @@ class UpdateTask:
         self._retry: tuple[SignedDirectorAssignment, float, int] | None = None
         self._wake = anyio.Event()
         self._watch: _Watch | None = None
+        self._journal_retry: tuple[float, int] | None = None  # (when, attempts so far)
         self._last_status: link_pb2.NodeMessage | None = None
         self.applied = 0
         """Assignments taken through `Reconciler.apply` (any outcome)."""
@@ -304,6 +315,7 @@ class UpdateTask:
                 max_artifact_bytes=config.max_artifact_bytes,
                 space_margin_bytes=config.space_margin_bytes,
                 max_attempts=config.max_attempts,
+                retry_backoff=self._retry_policy,
                 watchdog_s=config.watchdog.window_s,
             ),
         )
@@ -343,6 +355,7 @@ class UpdateTask:
 
     async def _serve(self, stop: anyio.Event) -> None:
         while not stop.is_set():
+            await self._flush_journal_when_due()
             signed, self._pending = self._pending, None
             attempts = 0
             if signed is None and self._retry is not None:
@@ -357,6 +370,35 @@ class UpdateTask:
             self._wake = anyio.Event()
             if not stop.is_set():
                 await self._check_watch()
+
+    async def _flush_journal_when_due(self) -> None:
+        """A journal write held in memory (a full disk): try it again on its backoff."""
+        reconciler = self.reconciler
+        if not reconciler.journal_pending:
+            self._journal_retry = None
+            return
+        now = self._clock.monotonic()
+        if self._journal_retry is None:
+            self._journal_retry = (now + JOURNAL_RETRY.delay(0), 1)
+            return
+        due, tried = self._journal_retry
+        if now < due:
+            return
+        if await reconciler.flush_journal():
+            self._journal_retry = None
+            log.info("the update journal is written again")
+            state = reconciler.state
+            if state is not None and state.active is not None and self._retry is None:
+                await self._report(
+                    UpdateReport(
+                        UpdatePhase.ACTIVE,
+                        state.active.path,
+                        state.director_sequence,
+                        detail="the update journal is written again",
+                    )
+                )
+        else:
+            self._journal_retry = (now + JOURNAL_RETRY.delay(tried), tried + 1)
 
     async def _wait_for_wake(self, seconds: float) -> None:
         """Until `on_control` or the stop wakes the task, or `seconds` pass on the clock."""
@@ -376,6 +418,10 @@ class UpdateTask:
         wait = _IDLE_WAIT_S
         if self._retry is not None:
             wait = min(wait, self._retry[1] - now)
+        if self._journal_retry is not None:
+            wait = min(wait, self._journal_retry[0] - now)
+        elif self._reconciler is not None and self._reconciler.journal_pending:
+            wait = 0.0  # schedule its first retry now
         watch = self._watch
         if watch is not None:
             wait = min(wait, self._config.watchdog.poll_s, watch.deadline - now)
@@ -388,18 +434,33 @@ class UpdateTask:
             await self._report(UpdateReport(UpdatePhase.FAILED, reason=reason, detail=detail))
             return
         before = self.running()
-        outcome = await self.reconciler.apply(signed)
+        try:
+            outcome = await self.reconciler.apply(signed)
+        except StorageError as exc:  # the journal cannot even be read: never fatal
+            log.error("update journal unusable: %s", exc.message)
+            outcome = Outcome(OutcomeKind.REJECTED, "storage-error")
+            await self._report(
+                UpdateReport(UpdatePhase.FAILED, reason="storage-error", detail=exc.message)
+            )
         _log_outcome(outcome)
         if outcome.kind is OutcomeKind.APPLIED and outcome.target is not None:
             self._arm_watch(outcome.target)
-        if (
-            outcome.kind is OutcomeKind.REJECTED
-            and outcome.reason in RETRIED_REFUSALS
-            and self._pending is None  # a newer assignment came meanwhile: it wins
-        ):
+        if self._pending is not None:
+            return await self._announce(before)  # a newer assignment came meanwhile: it wins
+        if outcome.kind is OutcomeKind.REJECTED and outcome.reason in RETRIED_REFUSALS:
             delay = self._retry_policy.delay(attempts)
             self._retry = (signed, self._clock.monotonic() + delay, attempts + 1)
             log.info("assignment refused (%s); trying again in %.0fs", outcome.reason, delay)
+        elif outcome.retry_at is not None:
+            delay = max(0.0, (outcome.retry_at - self._clock.now()).total_seconds())
+            self._retry = (signed, self._clock.monotonic() + delay, attempts + 1)
+            log.info(
+                "%s of %s will be retried in %.0fs (%s)",
+                "the update" if outcome.kind is OutcomeKind.DEFERRED else "the failed update",
+                "-" if outcome.target is None else outcome.target.path,
+                delay,
+                outcome.reason,
+            )
         await self._announce(before)
 
     def _arm_watch(self, target: ModelRef) -> None:
@@ -428,15 +489,25 @@ class UpdateTask:
                 self._watch = None
                 log.warning("watchdog: %s fails (%s); reverting", watch.target.path, verdict.detail)
                 before = self.running()
-                outcome = await self.reconciler.revert_active(
-                    watch.target, verdict.reason, verdict.detail
-                )
+                try:
+                    outcome = await self.reconciler.revert_active(
+                        watch.target, verdict.reason, verdict.detail
+                    )
+                except StorageError as exc:  # the journal cannot be read: judged again
+                    log.error("cannot revert %s now: %s", watch.target.path, exc.message)
+                    self._watch = watch
+                    return
                 _log_outcome(outcome)
                 await self._announce(before)
                 return
         if self._clock.monotonic() >= watch.deadline:
             self._watch = None
-            await self.reconciler.end_probation(watch.target)
+            try:
+                await self.reconciler.end_probation(watch.target)
+            except StorageError as exc:  # the journal cannot be read: ended at the next poll
+                log.error("cannot end the watch of %s now: %s", watch.target.path, exc.message)
+                self._watch = watch
+                return
             log.info("watchdog window of %s passed", watch.target.path)
 
     async def _serve_at_start(self, state: JournalState) -> JournalState:
@@ -473,7 +544,10 @@ class UpdateTask:
         detail = "served again after a restart"
         if state.probation is not None:
             if self._config.watchdog.enabled:
-                self._arm_watch(active)  # a clean stop paused it: watch a full window again
+                # A clean stop paused it: watch a full window again, also in the journal,
+                # so that a process dying in this window blames the model again.
+                state = await reconciler.watch_again(active)
+                self._arm_watch(active)
                 detail += f"; on watch for {self._config.watchdog.window_s:g}s again"
             else:
                 state = await reconciler.end_probation(active)
@@ -537,6 +611,8 @@ class UpdateTask:
                 detail=report.text[:_MAX_STATUS_DETAIL],
                 director_sequence=report.sequence,
                 at=at,
+                reason=report.reason or "",
+                facts=dict(report.facts),
             )
         )
         self._last_status = message

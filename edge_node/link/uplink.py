@@ -18,6 +18,7 @@ import anyio.to_thread
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from edge_node.clock import Clock
+from edge_node.errors import StorageError
 from edge_node.link.base import (
     Backoff,
     LinkRefusedError,
@@ -145,7 +146,10 @@ class Uplink:
             ids = [r.id for r in batch]
             self._in_flight = set(ids)
             self._acked = anyio.Event()
-            await anyio.to_thread.run_sync(self._outbox.mark_attempt, ids)
+            try:
+                await anyio.to_thread.run_sync(self._outbox.mark_attempt, ids)
+            except StorageError as exc:  # bookkeeping only: a full disk must not stop us
+                log.warning("outbox attempt not recorded: %s", exc.message)
             message = node_message(
                 records=link_pb2.RecordBatch(
                     records=[to_wire(r, config.content_type) for r in batch]
@@ -167,7 +171,13 @@ class Uplink:
             kind = message.WhichOneof("body")
             if kind == "ack":
                 ids = list(message.ack.record_ids)
-                deleted = await anyio.to_thread.run_sync(self._outbox.ack, ids)
+                try:
+                    deleted = await anyio.to_thread.run_sync(self._outbox.ack, ids)
+                except StorageError as exc:
+                    # A full disk: the records stay and go again after the ack timeout (the
+                    # control plane stores each once); the uplink, and the node, go on.
+                    log.warning("acked records not deleted yet: %s", exc.message)
+                    continue
                 self.stats.records_acked += deleted
                 self._in_flight.difference_update(ids)
                 if not self._in_flight:

@@ -15,9 +15,11 @@ told), test assertions.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import io
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,7 +42,8 @@ from tuf.api.metadata import (
 from edge_node.agent.update_task import UpdateTask, UpdateTaskSettings
 from edge_node.clock import ManualClock, TaskClock
 from edge_node.enroll import EnrollmentFiles
-from edge_node.link.base import NodeLink
+from edge_node.fsutil import atomic_write
+from edge_node.link.base import Backoff, NodeLink
 from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.host import ModelBundle, ModelHost, Trial
@@ -377,6 +380,8 @@ class UpdateWorld:
     sequence: int = 0
     free: int = 10**12
     """Free bytes the node's model store sees."""
+    full: bool = False
+    """The node's disk is full: journal writes fail with ENOSPC, the store sees 0 free."""
     reports: list[UpdateReport] = field(default_factory=list)
     """What the reconcilers built by `reconciler()` reported, in order."""
     host: FakeModelHost = field(default_factory=FakeModelHost)
@@ -594,13 +599,23 @@ class UpdateWorld:
     @property
     def store(self) -> ModelStore:
         """The node's model store (`tmp/node/models`), seeing `free` bytes free."""
-        return ModelStore(
-            self.node_dir / "models", disk_usage=lambda _: DiskUsage(10**13, 0, self.free)
-        )
+        return ModelStore(self.node_dir / "models", disk_usage=self.disk_usage)
+
+    def disk_usage(self, path: Path) -> DiskUsage:
+        """What the node's filesystem reports: `free`, or nothing while `full`."""
+        return DiskUsage(10**13, 0, 0 if self.full else self.free)
+
+    def write_journal(self, path: Path, data: bytes) -> None:
+        """The journal's atomic write on the node's disk: ENOSPC while `full`."""
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        atomic_write(path, data, mode=0o600)
 
     @property
     def journal(self) -> Journal:
-        return Journal(self.node_dir / "journal.json", ManualClock(self.now))
+        return Journal(
+            self.node_dir / "journal.json", ManualClock(self.now), write=self.write_journal
+        )
 
     def write_trust_anchors(self, directory: Path | None = None) -> None:
         """What enrollment leaves in a node's data dir: the fleet root and the director key."""
@@ -620,10 +635,15 @@ class UpdateWorld:
         host: ModelHost | None = None,
         store: ModelStore | None = None,
         watchdog_s: float = 0.0,
+        clock: ManualClock | None = None,
+        retry: Backoff | None = None,
     ) -> Reconciler:
         """A reconciler of the node over `link` (default: a fresh `MemoryNodeLink` to
         `peer`), whose reports go to `reports` and whose download backoff takes no time.
-        Call it on the running event loop (TUF runs in its worker threads)."""
+        `clock` (default: a fresh one at `now` whose sleeps advance it) is the
+        reconciler's and its journal's; `retry` the backoff of a failed trial's retry
+        (default: none, a retry is due at once). Call it on the running event loop (TUF
+        runs in its worker threads)."""
         link = link or MemoryNodeLink(self.peer)
         tuf = TufClient(
             link,
@@ -642,18 +662,22 @@ class UpdateWorld:
                 load, ref, atol=atol, rtol=rtol, latency_budget_s=5.0, memory_budget_bytes=1 << 34
             )
 
+        clock = clock or ManualClock(self.now, sleeps_advance=True)
         return Reconciler(
-            journal=self.journal,
+            journal=Journal(self.node_dir / "journal.json", clock, write=self.write_journal),
             store=store or self.store,
             source=link,
             tuf_client_factory=tuf.refresh,
             trust=AssignmentTrust(NODE, FLEET, self.director.public_key),
-            clock=ManualClock(self.now, sleeps_advance=True),
+            clock=clock,
             selftest=selftest or default_selftest,
             host=host or self.host,
             report=report,
             limits=ReconcilerLimits(
-                space_margin_bytes=1000, download_attempts=2, watchdog_s=watchdog_s
+                space_margin_bytes=1000,
+                download_attempts=2,
+                watchdog_s=watchdog_s,
+                retry_backoff=retry or Backoff(initial_s=0.0, cap_s=0.0),
             ),
         )
 

@@ -29,6 +29,11 @@ class UpdaterConfig:
     """Free disk that must remain after a download; less refuses it ("disk-full")."""
     max_attempts: int = 3
     """Failed trials of one target after which a re-delivery is no longer retried."""
+    retry_initial_s: float = 10.0
+    retry_max_s: float = 600.0
+    """The backoff (capped, full jitter) before a refused assignment or a trial that
+    failed for a reason that may pass is tried again: `retry_initial_s` doubling per
+    attempt, up to `retry_max_s`."""
     selftest_latency_budget_s: float = 1.0
     """Median latency of the reference input on the candidate model, at most."""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
@@ -41,6 +46,16 @@ class UpdaterConfig:
         margin = self.space_margin_bytes
         if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
             raise InvalidInputError(f"updater space_margin_bytes must be >= 0, got {margin!r}")
+        if not (
+            math.isfinite(self.retry_initial_s)
+            and math.isfinite(self.retry_max_s)
+            and 0 < self.retry_initial_s <= self.retry_max_s <= 86_400
+        ):
+            raise InvalidInputError(
+                "updater retry_initial_s and retry_max_s must satisfy "
+                f"0 < retry_initial_s <= retry_max_s <= 86400, got {self.retry_initial_s!r} "
+                f"and {self.retry_max_s!r}"
+            )
         budget = self.selftest_latency_budget_s
         if not (math.isfinite(budget) and 0 < budget <= 600):
             raise InvalidInputError(

@@ -10,17 +10,27 @@ that is the updater's reconcile loop.
 Targets are referenced by TUF path and sha256; the sha256 names the file in the
 `ModelStore`. `attempts` counts consecutive failed trials of `failed` (the target of
 the last reverted trial), so the updater can stop retrying a target that keeps failing.
+`retry_at` is set when that failure may pass (a cut link, a restart, a full disk): the
+earliest time a re-delivery may try `failed` again (the updater's backoff, kept across
+restarts), and the reason its files stay in the store meanwhile (`referenced_sha256s`).
+Without it `failed` failed on its merits: only a new assignment tries it again.
 
 `probation` is the watchdog window of the active model after a commit: written in the
 same atomic save as the commit, so a restart always knows whether the model it is about
-to serve was still being watched (and whether that stop was clean: `paused`).
+to serve was still being watched (and whether that stop was clean: `paused`). Beside the
+journal, `journal.json.watch` is reserved (64 bytes) while a window runs, so that its end
+can be recorded *in place* when the disk is too full for a new journal
+(`mark_watch_passed`): a restart then does not blame a model that passed its window.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -53,6 +63,7 @@ __all__ = [
 
 JOURNAL_FORMAT: Final = 1
 MAX_JOURNAL_BYTES: Final = 1 << 20
+_WATCH_MARK_BYTES: Final = 64
 _MAX_PATH: Final = 1024
 _MAX_ERROR: Final = 500
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
@@ -135,10 +146,24 @@ class JournalState:
     failed: ModelRef | None = None
     last_error: str | None = None
     probation: Probation | None = None
+    retry_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.retry_at is not None and self.retry_at.tzinfo is None:
+            raise InvalidInputError("retry_at must be timezone-aware")
+
+    @property
+    def retry_pending(self) -> bool:
+        """`failed` may be tried again (from `retry_at` on)."""
+        return self.failed is not None and self.retry_at is not None
 
     def referenced_sha256s(self) -> frozenset[str]:
-        """The store entries this state needs: never garbage-collect these."""
-        return frozenset(r.sha256 for r in (self.active, self.previous, self.trial) if r)
+        """The store entries this state needs: never garbage-collect these. A failed
+        target that will be retried is kept, so the retry downloads nothing again."""
+        kept = [self.active, self.previous, self.trial]
+        if self.retry_pending:
+            kept.append(self.failed)
+        return frozenset(r.sha256 for r in kept if r)
 
     def to_dict(self) -> dict[str, Any]:
         def ref(value: ModelRef | None) -> dict[str, str] | None:
@@ -156,6 +181,7 @@ class JournalState:
             "failed": ref(self.failed),
             "last_error": self.last_error,
             "probation": None if self.probation is None else self.probation.to_dict(),
+            "retry_at": None if self.retry_at is None else _iso(self.retry_at),
         }
 
 
@@ -180,6 +206,7 @@ def begin_trial(state: JournalState, target: ModelRef) -> JournalState:
         attempts=state.attempts if retry else 0,
         failed=state.failed if retry else None,
         last_error=state.last_error if retry else None,
+        retry_at=None,
     )
 
 
@@ -199,19 +226,32 @@ def commit_trial(state: JournalState, probation_until: datetime | None = None) -
         failed=None,
         last_error=None,
         probation=None if probation_until is None else Probation(probation_until),
+        retry_at=None,
     )
 
 
-def revert_trial(state: JournalState, reason: str) -> JournalState:
-    """The trial failed (self-test, load, crash): drop it, count the attempt."""
+def revert_trial(
+    state: JournalState,
+    reason: str,
+    *,
+    retry_at: datetime | None = None,
+    counted: bool = True,
+) -> JournalState:
+    """The trial failed (self-test, load, crash): drop it, count the attempt.
+
+    `retry_at`: the failure may pass, and a re-delivery may try it again from then on.
+    `counted=False`: the failure is the box's, not the model's (a full disk): it does
+    not count as an attempt of the target.
+    """
     trial = _require_trial(state, "revert")
     return dataclasses.replace(
         state,
         trial=None,
         phase=Phase.IDLE,
-        attempts=state.attempts + 1,
+        attempts=state.attempts + 1 if counted else state.attempts,
         failed=trial,
         last_error=str(reason)[:_MAX_ERROR],
+        retry_at=retry_at,
     )
 
 
@@ -229,13 +269,15 @@ def rollback(state: JournalState) -> JournalState:
     return dataclasses.replace(state, active=state.previous, previous=None, probation=None)
 
 
-def revert_active(state: JournalState, reason: str) -> JournalState:
+def revert_active(
+    state: JournalState, reason: str, *, retry_at: datetime | None = None
+) -> JournalState:
     """The active model failed after its commit (watchdog, or the process died while it
     was on watch): `previous` becomes active again — or nothing runs when there is none.
 
     The reverted model counts as a failed attempt of that target (`failed`, `attempts`,
     `last_error`), exactly like a failed trial: a re-delivery of its assignment retries
-    it only within the updater's attempt limit.
+    it only within the updater's attempt limit, and only with `retry_at`.
     """
     if state.phase is not Phase.IDLE or state.trial is not None:
         raise IllegalTransitionError(
@@ -252,6 +294,7 @@ def revert_active(state: JournalState, reason: str) -> JournalState:
         attempts=state.attempts + 1,
         last_error=str(reason)[:_MAX_ERROR],
         probation=None,
+        retry_at=retry_at,
     )
 
 
@@ -292,9 +335,18 @@ def _require_trial(state: JournalState, what: str) -> ModelRef:
 class Journal:
     """The journal file (`journal.json`); every `save` is atomic and durable."""
 
-    def __init__(self, path: Path, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        clock: Clock | None = None,
+        *,
+        write: Callable[[Path, bytes], None] | None = None,
+    ) -> None:
+        """`write(path, data)` replaces the file atomically (default: `fsutil.atomic_write`
+        with mode 0600); a seam for tests that fake a full disk."""
         self._path = Path(path)
         self._clock = clock or SystemClock()
+        self._write = write or _write_private
 
     @property
     def path(self) -> Path:
@@ -338,19 +390,65 @@ class Journal:
         data = json.dumps(stamped.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self._path, data, mode=0o600)
+            self._write(self._path, data)
         except OSError as exc:
             # The old journal is intact: the rename either happened or it did not.
             raise StorageError(
-                f"cannot write update journal {self._path}: {exc}", path=str(self._path)
+                f"cannot write update journal {self._path}: {exc}",
+                path=str(self._path),
+                errno=exc.errno,
             ) from exc
+        self._keep_watch_mark(stamped)
         return stamped
+
+    @property
+    def watch_mark_path(self) -> Path:
+        return self._path.with_name(f"{self._path.name}.watch")
+
+    def mark_watch_passed(self, until: datetime) -> bool:
+        """Record, without a new file or block, that the watchdog window ending at `until`
+        passed: for when the journal itself cannot be written (a full disk). Overwrites
+        the mark reserved by the save that opened the window; False when it cannot."""
+        data = _iso(until).encode()[:_WATCH_MARK_BYTES].ljust(_WATCH_MARK_BYTES, b"\0")
+        try:
+            fd = os.open(self.watch_mark_path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.pwrite(fd, data, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        return True
+
+    def watch_passed(self, until: datetime) -> bool:
+        """Whether `mark_watch_passed(until)` was recorded."""
+        try:
+            with self.watch_mark_path.open("rb") as f:
+                raw = f.read(_WATCH_MARK_BYTES + 1)
+        except OSError:
+            return False
+        return raw.rstrip(b"\0") == _iso(until).encode()
+
+    def _keep_watch_mark(self, state: JournalState) -> None:
+        """Reserve the watch mark while a window runs (there was room: the journal was
+        just written), drop it once none does; best effort."""
+        path = self.watch_mark_path
+        with contextlib.suppress(OSError):
+            if state.probation is None:
+                path.unlink(missing_ok=True)
+            elif not state.probation.paused:
+                atomic_write(path, bytes(_WATCH_MARK_BYTES), mode=0o600)
 
     def _keep_copy(self, raw: bytes) -> Path:
         stamp = self._clock.now().astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         copy = self._path.with_name(f"{self._path.name}.corrupt-{stamp}")
         atomic_write(copy, raw, mode=0o600)
         return copy
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    atomic_write(path, data, mode=0o600)
 
 
 def _parse(raw: bytes) -> JournalState:
@@ -378,6 +476,7 @@ def _parse(raw: bytes) -> JournalState:
         failed=_ref(obj.get("failed")),
         last_error=_text(obj.get("last_error")),
         probation=_probation(obj.get("probation")),
+        retry_at=_time(obj.get("retry_at"), "retry_at"),
     )
     if (state.phase is Phase.TRIAL) != (state.trial is not None):
         raise ValueError(f"phase {state.phase.value} does not match the trial")
@@ -399,7 +498,7 @@ def _probation(value: object) -> Probation | None:
         return None
     if not isinstance(value, dict):
         raise TypeError("probation must be an object")
-    until = _time(value.get("until"))
+    until = _time(value.get("until"), "probation.until")
     paused = value.get("paused", False)
     if until is None or not isinstance(paused, bool):
         raise ValueError("probation needs `until` and a boolean `paused`")
@@ -412,14 +511,14 @@ def _count(value: object, name: str) -> int:
     return value
 
 
-def _time(value: object) -> datetime | None:
+def _time(value: object, name: str = "updated_at") -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise TypeError("updated_at must be a string")
+        raise TypeError(f"{name} must be a string")
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
-        raise ValueError("updated_at has no time zone")
+        raise ValueError(f"{name} has no time zone")
     return parsed.astimezone(UTC)
 
 

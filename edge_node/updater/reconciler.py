@@ -18,20 +18,35 @@ Not here: the hot swap itself, the runtime, when to call `apply` or judge the wa
 (the agent's update task, `edge_node.agent.update_task`).
 
 Decisions:
-- A trial found in the journal at start-up is **reverted**, not retried: the process may
-  have died *because of* the trial (a model that exhausts memory at load), and retrying
-  it blindly would loop. It counts as a failed attempt of that target.
+- A trial found in the journal at start-up is **reverted**, not retried at once: the
+  process may have died *because of* the trial (a model that exhausts memory at load),
+  and retrying it blindly would loop. It counts as a failed attempt of that target.
 - Re-delivery of the very assignment last accepted (same sequence, e.g. the retained MQTT
   doorbell or a reconnect) is a no-op when its target is active, and a bounded retry
   (`max_attempts`) when its last trial failed for a reason that may pass (`RETRIED`: a
-  cut link, a restart, an activation refused while stopping) — so those are retried
-  without the director having to re-sign. A model that failed on its merits (hash,
-  self-test, watchdog) is not retried by re-delivery: a new pin retries it.
+  cut link, a restart, an activation refused while stopping, a full disk) — so those are
+  retried without the director having to re-sign, but not before the backoff written
+  with the failure (`JournalState.retry_at`; earlier: `DEFERRED`, the agent's timer
+  retries then). A model that failed on its merits (hash, self-test, a runtime that
+  refuses it, watchdog) is not retried by re-delivery: a new pin retries it. A retried
+  target's files stay in the store and its partial downloads in staging, so a retry
+  fetches only what is missing.
 - A refusal for lack of disk space happens before the sequence is accepted, so the same
-  assignment is applied once space is free.
+  assignment is applied once space is free. A version already in the store needs no
+  free space (a rollback on a full disk).
+- A full disk never stops the node: a journal write that fails *after* the step it
+  records (a commit, a revert, the end of a watch window) keeps the new state in memory
+  (`journal_pending`) and `flush_journal()` writes it later; only the write that must
+  come *before* its step (a trial's start) refuses the step (`disk-full`), except for a
+  rollback to `previous`, which goes ahead unjournalled (a restart then serves what the
+  disk says). Failures of the box (`disk-full`, `storage-error`) do not count against
+  the model.
 - A restart that finds the active model still on watch (a probation not `paused` by a
   clean stop) blames that model — unless a trial was running too, which takes the blame
-  instead — and reverts it to `previous` (or to nothing, rather than a crash loop).
+  instead, or the window had passed (its end recorded in place, `Journal.
+  mark_watch_passed`, when the journal could not be written), or the journal cannot be
+  written now (a full disk is the likely cause: the model is watched again instead) —
+  and reverts it to `previous` (or to nothing, rather than a crash loop).
 - The staging directory holds at most one trial's partial downloads: a trial drops the
   others when it starts, a commit drops all.
 """
@@ -39,6 +54,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -62,13 +78,14 @@ from edge_node.updater.director import (
     VerifiedAssignment,
     verify_assignment,
 )
-from edge_node.updater.download import ArtifactRejectedError, download_target
+from edge_node.updater.download import ArtifactRejectedError, download_target, partial_path
 from edge_node.updater.host import ModelBundle, ModelHost, bundle_from_record, name_and_version
 from edge_node.updater.journal import (
     Journal,
     JournalState,
     ModelRef,
     Phase,
+    Probation,
     accept_assignment,
     begin_trial,
     commit_trial,
@@ -85,6 +102,8 @@ from protos.bundle.spec import BundleError, RuntimeSpec, runtime_of_custom
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 
 __all__ = [
+    "NOT_COUNTED",
+    "RETRIED",
     "AssignmentTrust",
     "Outcome",
     "OutcomeKind",
@@ -101,12 +120,20 @@ __all__ = [
 _log = logging.getLogger(__name__)
 _GIB: Final = 1 << 30
 _MAX_DETAIL: Final = 400
+_MAX_FACTS: Final = 32
+_MAX_FACT_KEY: Final = 64
+_MAX_FACT_VALUE: Final = 256
 RESTART_REASON: Final = "interrupted by a restart"
 PROBATION_RESTART_REASON: Final = "restarted-on-watch"
+DISK_FULL: Final = "disk-full"
+STORAGE_ERROR: Final = "storage-error"
+NOT_COUNTED: Final = frozenset({DISK_FULL, STORAGE_ERROR})
+"""Failures of the box, not of the model: retried, never counted as attempts."""
 RETRIED: Final = frozenset(
-    {"link-unavailable", "activate-failed", RESTART_REASON, PROBATION_RESTART_REASON}
+    {"link-unavailable", "activate-failed", RESTART_REASON, PROBATION_RESTART_REASON} | NOT_COUNTED
 )
-"""Failure reasons (journal `last_error`) that a re-delivery of the assignment retries."""
+"""Failure reasons (journal `last_error`) that may pass: a re-delivery of the assignment
+retries them once their backoff passed. Anything else failed on its merits."""
 
 
 class UpdatePhase(StrEnum):
@@ -123,6 +150,8 @@ class OutcomeKind(StrEnum):
     """The target passed its trial and is now active."""
     UNCHANGED = "unchanged"
     """Nothing to do: already active, or a re-delivery of what was already handled."""
+    DEFERRED = "deferred"
+    """A re-delivery of a target whose retry is not due yet (`Outcome.retry_at`)."""
     REJECTED = "rejected"
     """Refused before any trial (bad assignment, metadata, disk full); nothing changed."""
     REVERTED = "reverted"
@@ -135,7 +164,10 @@ class UpdateReport:
 
     `target_path` and `sequence` are empty (`""`, 0) for an assignment refused before it
     was authenticated and verified: nothing unverified is repeated. `reason` is a short
-    code for FAILED and REVERTED (e.g. `hash-mismatch`, `self-test: output-mismatch`).
+    code for FAILED and REVERTED (e.g. `hash-mismatch`, `self-test: output-mismatch`), and
+    for an ACTIVE step with a problem beside it (`disk-full`: the journal cannot be
+    written). `facts` are the numbers behind the reason, as text (a self-test's
+    `max_abs_err`, a refusal's `free` bytes): bounded, for the control plane to show.
     """
 
     phase: UpdatePhase
@@ -143,6 +175,7 @@ class UpdateReport:
     sequence: int = 0
     reason: str | None = None
     detail: str = ""
+    facts: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -158,6 +191,8 @@ class Outcome:
     reason: str | None = None
     target: ModelRef | None = None
     sequence: int | None = None
+    retry_at: datetime | None = None
+    """REVERTED or DEFERRED: when a re-delivery may try the target again (None: never)."""
 
 
 class TargetsView(Protocol):
@@ -194,6 +229,9 @@ class ReconcilerLimits:
     """Failed trials of one target after which a re-delivery is no longer retried."""
     download_attempts: int = 4
     backoff: Backoff = field(default_factory=lambda: Backoff(initial_s=1.0, cap_s=30.0))
+    """Between the download attempts of one trial."""
+    retry_backoff: Backoff = field(default_factory=lambda: Backoff(initial_s=10.0, cap_s=600.0))
+    """Before a re-delivery retries a trial that failed for a reason that may pass."""
     watchdog_s: float = 0.0
     """A commit puts the new model on watch for this long (0: no watchdog window)."""
 
@@ -209,7 +247,18 @@ class SelfTestFailedError(EdgeNodeError):
 
 
 class _ActivationError(EdgeNodeError):
+    """The runtime did not serve the model: `activate-refused` when it refuses the model
+    itself (it does not load, or does not fit the configuration: on its merits), else
+    `activate-failed` (the agent is stopping, ...: may pass)."""
+
     title = "activation failed"
+
+    def __init__(self, cause: Exception) -> None:
+        refused = isinstance(cause, InvalidInputError | ValueError)
+        self.reason = "activate-refused" if refused else "activate-failed"
+        what = "the runtime refuses the model" if refused else "activation failed"
+        fields = cause.fields if isinstance(cause, EdgeNodeError) else {}
+        super().__init__(f"{what}: {_message_of(cause)}", **fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,11 +328,31 @@ class Reconciler:
         self._limits = limits or ReconcilerLimits()
         self._lock = asyncio.Lock()
         self._state: JournalState | None = None
+        # The journal as it is on disk, while `_state` could not be written (a full disk).
+        self._on_disk: JournalState | None = None
+        self._journal_error: StorageError | None = None
+        self._box_failures = 0  # consecutive failures of the box (NOT_COUNTED), for backoff
 
     @property
     def state(self) -> JournalState | None:
-        """The journal as last read or written by this reconciler (None before that)."""
+        """The journal as last read or written by this reconciler (None before that);
+        while `journal_pending`, what the node runs, ahead of the file."""
         return self._state
+
+    @property
+    def journal_pending(self) -> bool:
+        """A state change is held in memory: the journal could not be written."""
+        return self._journal_error is not None
+
+    @property
+    def journal_problem(self) -> StorageError | None:
+        """Why the journal could not be written, while `journal_pending`."""
+        return self._journal_error
+
+    async def flush_journal(self) -> bool:
+        """Write a state held in memory (`journal_pending`); True when none is left."""
+        async with self._lock:
+            return self._flush()
 
     @property
     def store(self) -> ModelStore:
@@ -307,8 +376,7 @@ class Reconciler:
         except OSError as exc:
             # The TUF cache could not be written (a full disk, a read-only data dir):
             # refused like any other, never fatal to the agent.
-            reason = "disk-full" if exc.errno == errno.ENOSPC else "storage-error"
-            return await self._rejected(reason, exc)
+            return await self._rejected(_storage_reason(exc), exc)
         target = plan.target
         sequence = plan.assignment.sequence
         if plan.redelivered:
@@ -322,56 +390,104 @@ class Reconciler:
                 return Outcome(OutcomeKind.UNCHANGED, "replayed", target, sequence)
             if state.attempts >= self._limits.max_attempts:
                 return await self._rejected("too-many-attempts", None, target, sequence)
+            if self._not_due(state.retry_at):
+                return Outcome(
+                    OutcomeKind.DEFERRED, state.last_error, target, sequence, state.retry_at
+                )
         if state.active is not None and state.active.sha256 == target.sha256:
             if not plan.redelivered:
-                self._save(accept_assignment(state, sequence))
+                state = self._record(accept_assignment(state, sequence))
             await self._report(
-                UpdateReport(UpdatePhase.ACTIVE, target.path, sequence, detail="already active")
+                self._noted(
+                    UpdateReport(UpdatePhase.ACTIVE, target.path, sequence, detail="already active")
+                )
             )
             return Outcome(OutcomeKind.UNCHANGED, "already-active", target, sequence)
         try:
-            self._check_space(plan)
+            await asyncio.to_thread(self._check_space, plan)
         except DiskFullError as exc:
-            return await self._rejected("disk-full", exc, target, sequence)
+            return await self._rejected(DISK_FULL, exc, target, sequence)
 
-        if not plan.redelivered:
-            state = accept_assignment(state, sequence)
-        state = self._save(begin_trial(state, target))
+        trial = begin_trial(
+            state if plan.redelivered else accept_assignment(state, sequence), target
+        )
+        try:
+            state = self._save(trial)
+        except StorageError as exc:
+            if state.previous is None or state.previous.sha256 != target.sha256:
+                return await self._rejected(_storage_reason(exc), exc, target, sequence)
+            # A rollback to the model kept for it, on a disk too full for the journal: it
+            # goes ahead in memory; a restart before the journal catches up serves what
+            # the disk says and is assigned the rollback again.
+            state = self._hold(trial, exc)
         try:
             await self._trial(plan)
         except Exception as exc:
-            reason = _reason_of(exc)
-            _log.warning("trial of %s failed: %s", target.path, exc)
-            state = self._save(revert_trial(state, reason))
-            message = _message_of(exc)
-            await self._report(
-                UpdateReport(UpdatePhase.FAILED, target.path, sequence, reason, message)
+            return await self._trial_failed(state, plan, exc)
+        until = None
+        if self._limits.watchdog_s > 0:
+            until = self._clock.now() + timedelta(seconds=self._limits.watchdog_s)
+        state = self._record(commit_trial(state, until))
+        self._box_failures = 0
+        self._gc(state, clear_staging=True)
+        await self._report(
+            self._noted(
+                UpdateReport(
+                    UpdatePhase.ACTIVE,
+                    target.path,
+                    sequence,
+                    detail="" if until is None else f"on watch until {_iso(until)}",
+                )
             )
-            await self._report(
+        )
+        return Outcome(OutcomeKind.APPLIED, None, target, sequence)
+
+    async def _trial_failed(self, state: JournalState, plan: _Plan, exc: Exception) -> Outcome:
+        """Revert the trial, say why (with the numbers), keep its files if it is retried."""
+        target, sequence = plan.target, plan.assignment.sequence
+        reason = _reason_of(exc)
+        _log.warning("trial of %s failed: %s", target.path, exc)
+        counted = reason not in NOT_COUNTED
+        reverted = revert_trial(state, reason, counted=counted)
+        retry_at = self._retry_at(reason, reverted.attempts, counted=counted)
+        state = self._record(dataclasses.replace(reverted, retry_at=retry_at))
+        message, facts = _message_of(exc), _facts_of(exc)
+        await self._report(
+            UpdateReport(UpdatePhase.FAILED, target.path, sequence, reason, message, facts)
+        )
+        await self._report(
+            self._noted(
                 UpdateReport(
                     UpdatePhase.REVERTED,
                     target.path,
                     sequence,
                     reason,
-                    _still_running(state),
+                    _joined(message, _still_running(state)),
+                    facts,
                 )
             )
-            self._gc(state)
-            return Outcome(OutcomeKind.REVERTED, reason, target, sequence)
-        until = None
-        if self._limits.watchdog_s > 0:
-            until = self._clock.now() + timedelta(seconds=self._limits.watchdog_s)
-        state = self._save(commit_trial(state, until))
-        self._gc(state, clear_staging=True)
-        await self._report(
-            UpdateReport(
-                UpdatePhase.ACTIVE,
-                target.path,
-                sequence,
-                detail="" if until is None else f"on watch until {_iso(until)}",
-            )
         )
-        return Outcome(OutcomeKind.APPLIED, None, target, sequence)
+        self._gc(state)
+        return Outcome(OutcomeKind.REVERTED, reason, target, sequence, retry_at)
+
+    def _retry_at(self, reason: str, attempts: int, *, counted: bool = True) -> datetime | None:
+        """When a failure of `reason` may be retried (None: not by a re-delivery)."""
+        if reason not in RETRIED or attempts >= self._limits.max_attempts:
+            return None
+        if counted:
+            tries = max(0, attempts - 1)
+        else:
+            tries = self._box_failures
+            self._box_failures += 1
+        delay = self._limits.retry_backoff.delay(tries)
+        return self._clock.now() + timedelta(seconds=delay)
+
+    def _not_due(self, retry_at: datetime | None) -> bool:
+        """A retry written for later; one absurdly far ahead (the clock was set back) is due."""
+        if retry_at is None:
+            return False
+        wait = retry_at - self._clock.now()
+        return timedelta(0) < wait <= timedelta(seconds=self._limits.retry_backoff.cap_s)
 
     def _plan(self, signed: SignedDirectorAssignment, state: JournalState) -> _Plan:
         """In a worker thread: refresh TUF, verify the assignment, find its reference."""
@@ -412,10 +528,28 @@ class Reconciler:
         return _Plan(verified, reference, atol, rtol, redelivered, runtime)
 
     def _check_space(self, plan: _Plan) -> None:
+        """Room for what is still to download, with the margin; nothing to download (a
+        version in the store, a rollback) needs no free space at all."""
+        store = self._store
         needed = 0
-        if not self._store.exists(plan.assignment.sha256):
-            needed = plan.assignment.length + plan.reference.length
-        self._store.check_space(needed, self._limits.space_margin_bytes)
+        if not store.exists(plan.assignment.sha256):
+            needed += self._missing(plan.assignment.target) + self._missing(plan.reference)
+        elif not store.reference_path_of(plan.assignment.sha256).is_file():
+            needed += self._missing(plan.reference)
+        if needed > 0:
+            store.check_space(needed, self._limits.space_margin_bytes)
+
+    def _missing(self, target: TargetInfo) -> int:
+        """Bytes of `target` not yet in staging (a partial download is resumed)."""
+        try:
+            have = partial_path(self._store.staging_dir, target.sha256).stat().st_size
+        except OSError:
+            have = 0
+        return max(0, target.length - min(have, target.length))
+
+    def _room_for(self, needed: int) -> None:
+        if needed > 0:
+            self._store.check_space(needed, self._limits.space_margin_bytes)
 
     async def _trial(self, plan: _Plan) -> Path:
         store = self._store
@@ -453,10 +587,10 @@ class Reconciler:
         try:
             result = await self._host.serve(bundle, trial=trial)
         except Exception as exc:
-            raise _ActivationError(f"activation failed: {exc}", reason="activate-failed") from exc
+            raise _ActivationError(exc) from exc
         if result is None:
             raise _ActivationError(
-                f"{bundle.label} was served without its self-test", reason="activate-failed"
+                EdgeNodeError(f"{bundle.label} was served without its self-test")
             )
         if not result.ok:
             raise SelfTestFailedError(result)
@@ -472,7 +606,7 @@ class Reconciler:
                     target,
                     self._store.staging_dir,
                     max_bytes=limits.max_artifact_bytes,
-                    check_space=lambda n: self._store.check_space(n, limits.space_margin_bytes),
+                    check_space=self._room_for,
                 )
             except LinkUnavailableError:
                 if attempt + 1 >= limits.download_attempts:
@@ -492,34 +626,27 @@ class Reconciler:
             sequence = state.director_sequence
             if state.phase is Phase.TRIAL and state.trial is not None:
                 trial = state.trial
-                state = self._save(revert_trial(state, RESTART_REASON))
-                if state.probation is not None and not state.probation.paused:
+                reverted = revert_trial(state, RESTART_REASON)
+                retry_at = self._retry_at(RESTART_REASON, reverted.attempts)
+                reverted = dataclasses.replace(reverted, retry_at=retry_at)
+                if reverted.probation is not None and not reverted.probation.paused:
                     # The trial takes the blame for the restart; the model on watch is
                     # watched again from the start.
-                    state = self._save(pause_probation(state))
+                    reverted = pause_probation(reverted)
+                state = self._record(reverted)
                 await self._report(
-                    UpdateReport(
-                        UpdatePhase.REVERTED,
-                        trial.path,
-                        sequence,
-                        "restarted",
-                        f"the agent restarted during the trial; {_still_running(state)}",
+                    self._noted(
+                        UpdateReport(
+                            UpdatePhase.REVERTED,
+                            trial.path,
+                            sequence,
+                            "restarted",
+                            f"the agent restarted during the trial; {_still_running(state)}",
+                        )
                     )
                 )
             elif state.probation is not None and not state.probation.paused:
-                died_on = state.active
-                assert died_on is not None  # the journal refuses a probation without one
-                state = self._save(revert_active(state, PROBATION_RESTART_REASON))
-                await self._report(
-                    UpdateReport(
-                        UpdatePhase.REVERTED,
-                        died_on.path,
-                        sequence,
-                        PROBATION_RESTART_REASON,
-                        "the agent restarted while the model was in its watchdog window; "
-                        + _still_running(state),
-                    )
-                )
+                state = await self._restarted_on_watch(state, state.probation)
             active = state.active
             store_verify = self._store.verify
             if active is not None and not await asyncio.to_thread(store_verify, active.sha256):
@@ -527,7 +654,7 @@ class Reconciler:
                 if previous is not None and await asyncio.to_thread(
                     self._store.verify, previous.sha256
                 ):
-                    state = self._save(rollback(state))
+                    state = self._record(rollback(state))
                     await self._report(
                         UpdateReport(
                             UpdatePhase.REVERTED,
@@ -550,6 +677,61 @@ class Reconciler:
                     )
             self._gc(state)
             return state
+
+    async def _restarted_on_watch(self, state: JournalState, probation: Probation) -> JournalState:
+        """The process died while the active model was on watch: blame the model, unless
+        its window had passed (recorded in place when the journal could not be written)
+        or the journal cannot be written now (the disk is the likely cause)."""
+        died_on = state.active
+        assert died_on is not None  # the journal refuses a probation without one
+        sequence = state.director_sequence
+        if self._journal.watch_passed(probation.until):
+            state = self._record(end_probation(state))
+            await self._report(
+                self._noted(
+                    UpdateReport(
+                        UpdatePhase.ACTIVE,
+                        died_on.path,
+                        sequence,
+                        detail="watchdog window passed before the restart",
+                    )
+                )
+            )
+            return state
+        reverted = revert_active(state, PROBATION_RESTART_REASON)
+        retry_at = self._retry_at(PROBATION_RESTART_REASON, reverted.attempts)
+        try:
+            state = self._save(dataclasses.replace(reverted, retry_at=retry_at))
+        except StorageError as exc:
+            _log.warning(
+                "cannot record the revert of %s (%s): it keeps serving, watched again",
+                died_on.path,
+                exc.message,
+            )
+            state = self._hold(pause_probation(state), exc)
+            await self._report(
+                self._noted(
+                    UpdateReport(
+                        UpdatePhase.ACTIVE,
+                        died_on.path,
+                        sequence,
+                        detail="the agent restarted in the watchdog window with its journal "
+                        "unwritable: not blamed on the model, watched again",
+                    )
+                )
+            )
+            return state
+        await self._report(
+            UpdateReport(
+                UpdatePhase.REVERTED,
+                died_on.path,
+                sequence,
+                PROBATION_RESTART_REASON,
+                "the agent restarted while the model was in its watchdog window; "
+                + _still_running(state),
+            )
+        )
+        return state
 
     # ------------------------------------------------------------ watchdog
 
@@ -581,7 +763,7 @@ class Reconciler:
                     problem = f"the previous model {previous.path} cannot be served: {exc}"
             if problem is not None:
                 _log.error("cannot revert %s (%s): %s", expected.path, reason, problem)
-                state = self._save(end_probation(state))
+                state = self._record(end_probation(state))
                 await self._report(
                     UpdateReport(
                         UpdatePhase.FAILED,
@@ -592,14 +774,16 @@ class Reconciler:
                     )
                 )
                 return Outcome(OutcomeKind.REJECTED, "revert-impossible", expected, sequence)
-            state = self._save(revert_active(state, f"{reason}: {detail}"))
+            state = self._record(revert_active(state, f"{reason}: {detail}"))
             await self._report(
-                UpdateReport(
-                    UpdatePhase.REVERTED,
-                    expected.path,
-                    sequence,
-                    reason,
-                    f"{detail}; {_still_running(state)}",
+                self._noted(
+                    UpdateReport(
+                        UpdatePhase.REVERTED,
+                        expected.path,
+                        sequence,
+                        reason,
+                        f"{detail}; {_still_running(state)}",
+                    )
                 )
             )
             self._gc(state)
@@ -609,16 +793,32 @@ class Reconciler:
         """The watchdog window of `expected` passed: the commit is final."""
         async with self._lock:
             state = self._load()
-            if state.active == expected and state.probation is not None:
-                state = self._save(end_probation(state))
+            probation = state.probation
+            if state.active == expected and probation is not None:
+                state = self._record(end_probation(state))
+                if self.journal_pending and not self._journal.mark_watch_passed(probation.until):
+                    _log.warning("the end of the watch window could not be recorded either")
                 await self._report(
-                    UpdateReport(
-                        UpdatePhase.ACTIVE,
-                        expected.path,
-                        state.director_sequence,
-                        detail="watchdog window passed",
+                    self._noted(
+                        UpdateReport(
+                            UpdatePhase.ACTIVE,
+                            expected.path,
+                            state.director_sequence,
+                            detail="watchdog window passed",
+                        )
                     )
                 )
+            return state
+
+    async def watch_again(self, expected: ModelRef) -> JournalState:
+        """The active model, stopped cleanly on watch, is watched again from now for a full
+        window: a process that dies in it blames the model again."""
+        async with self._lock:
+            state = self._load()
+            window = self._limits.watchdog_s
+            if state.active == expected and state.probation is not None and window > 0:
+                until = self._clock.now() + timedelta(seconds=window)
+                state = self._record(dataclasses.replace(state, probation=Probation(until)))
             return state
 
     async def pause_probation(self) -> JournalState:
@@ -626,7 +826,7 @@ class Reconciler:
         async with self._lock:
             state = self._load()
             if state.probation is not None and not state.probation.paused:
-                state = self._save(pause_probation(state))
+                state = self._record(pause_probation(state))
             return state
 
     # -------------------------------------------------------------- helpers
@@ -664,16 +864,65 @@ class Reconciler:
             return fallback
 
     def _load(self) -> JournalState:
-        self._state = self._journal.load()
+        """The state to go on from: the journal's, or the one held in memory while the
+        journal cannot be written (an attempt to write it is made first)."""
+        if self._journal_error is not None:
+            self._flush()
+            assert self._state is not None
+            return self._state
+        self._state = self._on_disk = self._journal.load()
         return self._state
 
     def _save(self, state: JournalState) -> JournalState:
-        self._state = self._journal.save(state)
+        """Write `state` before acting on it; raises StorageError (nothing changes)."""
+        self._state = self._on_disk = self._journal.save(state)
+        self._journal_error = None
         return self._state
 
-    def _gc(self, state: JournalState, *, clear_staging: bool = False) -> None:
+    def _record(self, state: JournalState) -> JournalState:
+        """Write `state`, which already happened (a commit after the swap, a revert, the end
+        of a watch window): a failure holds it in memory instead, never raises."""
         try:
-            self._store.gc(state.referenced_sha256s())
+            return self._save(state)
+        except StorageError as exc:
+            return self._hold(state, exc)
+
+    def _hold(self, state: JournalState, exc: StorageError) -> JournalState:
+        if self._journal_error is None:
+            _log.error("%s; the node goes on and writes it once it can", exc.message)
+        self._state = state
+        self._journal_error = exc
+        return state
+
+    def _flush(self) -> bool:
+        if self._journal_error is None or self._state is None:
+            return True
+        try:
+            self._save(self._state)
+        except StorageError as exc:
+            self._journal_error = exc
+            return False
+        _log.info("update journal written again: %s", self._journal.path)
+        return True
+
+    def _noted(self, report: UpdateReport) -> UpdateReport:
+        """`report`, saying so when the journal could not be written."""
+        problem = self._journal_error
+        if problem is None:
+            return report
+        note = f"the journal cannot be written ({problem.message}): kept in memory, retried"
+        return dataclasses.replace(
+            report,
+            reason=report.reason or _storage_reason(problem),
+            detail=_joined(report.detail, note),
+        )
+
+    def _gc(self, state: JournalState, *, clear_staging: bool = False) -> None:
+        keep = state.referenced_sha256s()
+        if self._journal_error is not None and self._on_disk is not None:
+            keep |= self._on_disk.referenced_sha256s()  # a restart would go on from that
+        try:
+            self._store.gc(keep)
             if clear_staging:
                 self._store.clear_staging(())
         except EdgeNodeError as exc:  # gc is housekeeping: never fail an update for it
@@ -697,6 +946,7 @@ class Reconciler:
                 sequence or 0,
                 reason,
                 message,
+                {} if exc is None else _facts_of(exc),
             )
         )
         return Outcome(OutcomeKind.REJECTED, reason, target, sequence)
@@ -738,8 +988,81 @@ def _still_running(state: JournalState) -> str:
 
 
 def _message_of(exc: BaseException) -> str:
-    message = exc.message if isinstance(exc, EdgeNodeError) else str(exc)
+    """What an operator reads: a self-test's own detail, else the error's message."""
+    if isinstance(exc, SelfTestFailedError):
+        message = exc.result.detail or exc.message
+    elif isinstance(exc, EdgeNodeError):
+        message = exc.message
+    else:
+        message = str(exc) or type(exc).__name__
     return message[:_MAX_DETAIL]
+
+
+def _facts_of(exc: BaseException) -> dict[str, str]:
+    """The numbers behind a failure, as text: every measured field a self-test result
+    has (whatever fields it grows), or an error's structured fields; bounded."""
+    values: dict[str, object]
+    if isinstance(exc, SelfTestFailedError):
+        result = exc.result
+        skip = {"ok", "reason", "detail"}
+        values = (
+            {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+            if dataclasses.is_dataclass(result)
+            else {}
+        )
+        values = {k: v for k, v in values.items() if k not in skip}
+    elif isinstance(exc, EdgeNodeError):
+        values = {k: v for k, v in exc.fields.items() if k != "reason"}
+    else:
+        return {}
+    return bounded_facts(values)
+
+
+def bounded_facts(values: Mapping[str, object]) -> dict[str, str]:
+    """Scalars as text, a mapping's scalars as `key.inner` (None and anything else left
+    out), at most 32, keys up to 64 and values up to 256 characters: what an UpdateStatus
+    carries."""
+    flat: list[tuple[str, object]] = []
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            flat.extend((f"{key}.{inner}", v) for inner, v in value.items())
+        else:
+            flat.append((str(key), value))
+    facts: dict[str, str] = {}
+    for key, value in sorted(flat, key=lambda item: item[0]):
+        if len(facts) >= _MAX_FACTS:
+            break
+        if value is None or not isinstance(value, str | int | float | bool):
+            continue
+        facts[key[:_MAX_FACT_KEY]] = _fact_text(value)[:_MAX_FACT_VALUE]
+    return facts
+
+
+def _fact_text(value: str | int | float | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _joined(first: str, second: str) -> str:
+    return f"{first}; {second}" if first and second else first or second
+
+
+def _storage_reason(exc: BaseException) -> str:
+    """`disk-full` when an ENOSPC (or EDQUOT) is behind `exc`, else `storage-error`."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return DISK_FULL
+        if isinstance(seen, EdgeNodeError) and seen.fields.get("errno") in (
+            errno.ENOSPC,
+            errno.EDQUOT,
+        ):
+            return DISK_FULL
+        seen = seen.__cause__
+    return STORAGE_ERROR
 
 
 def _iso(value: datetime) -> str:
@@ -749,14 +1072,14 @@ def _iso(value: datetime) -> str:
 def _reason_of(exc: BaseException) -> str:
     if isinstance(exc, SelfTestFailedError):
         return f"self-test: {exc.result.reason}"
-    if isinstance(exc, ArtifactRejectedError | _PlanError):
+    if isinstance(exc, ArtifactRejectedError | _PlanError | _ActivationError):
         return exc.reason
-    if isinstance(exc, _ActivationError):
-        return "activate-failed"
     if isinstance(exc, DiskFullError):
-        return "disk-full"
+        return DISK_FULL
     if isinstance(exc, StoreIntegrityError):
         return "integrity"
+    if isinstance(exc, StorageError | OSError):
+        return _storage_reason(exc)
     if isinstance(exc, LinkError):
         return "link-unavailable"
     return type(exc).__name__

@@ -126,3 +126,40 @@ async def test_heartbeats_flow_while_idle(outbox: Outbox) -> None:
         tasks.start_soon(uplink.run, hello, stop)
         await until(lambda: sum(m.WhichOneof("body") == "heartbeat" for m in peer.sent) >= 2)
         stop.set()
+
+
+async def test_a_full_disk_under_the_outbox_does_not_stop_the_uplink(outbox: Outbox) -> None:
+    """Recording an attempt or deleting acked records fails (SQLite: disk full): the
+    records stay, are sent again after the ack timeout, and go once the disk has room."""
+    from edge_node.errors import StorageError
+
+    sent = {outbox.append("event", b"x").id for _ in range(3)}
+    full = {"on": True}
+    real_ack, real_mark = outbox.ack, outbox.mark_attempt
+
+    def ack(ids: object = (), **kwargs: object) -> int:
+        if full["on"]:
+            raise StorageError("outbox ack failed: database or disk is full")
+        return real_ack(ids, **kwargs)  # type: ignore[arg-type]
+
+    def mark_attempt(ids: object) -> int:
+        if full["on"]:
+            raise StorageError("outbox mark_attempt failed: database or disk is full")
+        return real_mark(ids)  # type: ignore[arg-type]
+
+    outbox.ack = ack  # type: ignore[method-assign]
+    outbox.mark_attempt = mark_attempt  # type: ignore[method-assign]
+    peer = MemoryLinkPeer()
+    stored: set[str] = set()
+    uplink = Uplink(outbox, MemoryNodeLink(peer), clock=SystemClock(), config=FAST)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(control_plane, peer, stored)
+        tasks.start_soon(uplink.run, hello, stop)
+        await until(lambda: uplink.stats.batches_sent >= 2)  # sent again after the timeout
+        assert outbox.stats().pending_events == 3 and uplink.stats.connects == 1
+        full["on"] = False
+        await until(lambda: outbox.stats().pending_events == 0)
+        stop.set()
+        tasks.cancel_scope.cancel()
+    assert stored == sent

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, status
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from control_plane.api.deps import (
     CertificateAuthorityDep,
@@ -25,7 +25,13 @@ from control_plane.api.deps import (
     RestInboxDep,
 )
 from control_plane.identity.bootstrap import parse_selector
-from control_plane.nodes.model import BootstrapTokenInfo, Node
+from control_plane.nodes.model import (
+    LAST_FAILURE,
+    UPDATE,
+    BootstrapTokenInfo,
+    Node,
+    update_summary,
+)
 
 router = APIRouter(prefix="/v1", tags=["nodes"])
 
@@ -81,6 +87,21 @@ class EnrollmentOut(BaseModel):
     )
 
 
+class UpdateStatusOut(BaseModel):
+    """An update status as the node sent it, and the line an operator reads."""
+
+    phase: str
+    target_path: str = ""
+    director_sequence: int = 0
+    reason: str = Field(default="", description='the node\'s short code; "" from older nodes')
+    detail: str = Field(default="", description="`reason: message`, as the node wrote it")
+    facts: dict[str, str] = Field(
+        default_factory=dict, description="the numbers behind the reason, as text"
+    )
+    at: datetime | None = None
+    summary: str = Field(description="`phase — detail`, e.g. `failed — self-test: ...`")
+
+
 class NodeOut(BaseModel):
     id: str
     fleet: str
@@ -95,6 +116,13 @@ class NodeOut(BaseModel):
     cert_expires_at: datetime | None
     revoked: bool
     revoked_at: datetime | None
+    last_update: UpdateStatusOut | None = Field(
+        default=None, description="the node's latest update status (`reported_state.update`)"
+    )
+    last_failure: UpdateStatusOut | None = Field(
+        default=None,
+        description="its latest failed or reverted one, kept across reconnects",
+    )
 
 
 class NodeLabelsPatch(BaseModel):
@@ -104,7 +132,28 @@ class NodeLabelsPatch(BaseModel):
     replace: bool = False
 
 
+def _status_out(status: object) -> UpdateStatusOut | None:
+    summary = update_summary(status)
+    if summary is None or not isinstance(status, dict):
+        return None
+    facts = status.get("facts")
+    try:
+        return UpdateStatusOut(
+            phase=status["phase"],
+            target_path=status.get("target_path") or "",
+            director_sequence=status.get("director_sequence") or 0,
+            reason=status.get("reason") or "",
+            detail=status.get("detail") or "",
+            facts=facts if isinstance(facts, dict) else {},
+            at=status.get("at"),
+            summary=summary,
+        )
+    except ValidationError:  # stored by an older server in another shape: left out
+        return None
+
+
 def _node_out(node: Node) -> NodeOut:
+    state = node.reported_state or {}
     return NodeOut(
         id=node.id,
         fleet=node.fleet,
@@ -119,6 +168,8 @@ def _node_out(node: Node) -> NodeOut:
         cert_expires_at=node.cert_expires_at,
         revoked=node.revoked,
         revoked_at=node.revoked_at,
+        last_update=_status_out(state.get(UPDATE)),
+        last_failure=_status_out(state.get(LAST_FAILURE)),
     )
 
 

@@ -322,10 +322,44 @@ def _series_row(point: dict[str, Any]) -> dict[str, Any]:
 
 @nodes_app.command("show")
 def nodes_show(ctx: typer.Context, node_id: str) -> None:
-    """One node in detail, with its last reported state."""
+    """One node in detail, with its last reported state and why its last update failed."""
     cli = cli_context(ctx)
     with cli.client() as api:
-        _emit(cli, api.json("GET", f"/v1/nodes/{node_id}"), NODE_DETAIL_COLUMNS)
+        node = api.json("GET", f"/v1/nodes/{node_id}")
+    _emit(cli, node, NODE_DETAIL_COLUMNS)
+    if cli.output == "json":
+        return
+    for line in update_lines(node):
+        # Not wrapped, no markup: a detail quotes names and brackets ('scores', [1, 3]).
+        cli.console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def update_lines(node: dict[str, Any]) -> list[str]:
+    """`last update: <phase> — <detail>` and, when it is another one, `last failure: ...`,
+    each followed by what it was about (target, sequence, time)."""
+    lines: list[str] = []
+    update, failure = node.get("last_update"), node.get("last_failure")
+    shown = [("last update", update)]
+    if failure and (not update or _status_key(failure) != _status_key(update)):
+        shown.append(("last failure", failure))
+    for label, status in shown:
+        if not isinstance(status, dict) or not status.get("summary"):
+            continue
+        lines.append(f"{label}: {status['summary']}")
+        about = [status.get("target_path") or "-"]
+        if status.get("director_sequence"):
+            about.append(f"sequence {status['director_sequence']}")
+        if status.get("at"):
+            about.append(f"at {_time_text(status['at'])}")
+        facts = status.get("facts") or {}
+        if facts:
+            about.append(", ".join(f"{k}={v}" for k, v in sorted(facts.items())))
+        lines.append("  " + "; ".join(about))
+    return lines
+
+
+def _status_key(status: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(status.get(k) for k in ("phase", "target_path", "director_sequence", "at"))
 
 
 @nodes_app.command("label")

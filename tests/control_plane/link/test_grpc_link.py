@@ -374,6 +374,8 @@ async def test_heartbeat_and_update_status_are_recorded(
         "detail": "",
         "director_sequence": 4,
         "at": None,
+        "reason": "",
+        "facts": {},
     }
     await link.close()
 

@@ -7,7 +7,8 @@ itself at one step (EDGEFLEET_NODE_TEST_KILL_AT, the test hook of edge_node.__ma
 a third process, started plainly, must end with a consistent journal, the active model
 in the store with the right hash, the previous one kept, no partial download left over
 — and here, 1.1.0 active: the step the kill interrupted counts as a retryable failure,
-and the assignment the control plane sends again at the Hello is retried.
+and the assignment the control plane sends again at the Hello is retried once its
+backoff passed.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def write_config(fp: FleetPlane, tmp_path: Path) -> Path:
         "runtime": {"streams": [{"name": "cam", "target_fps": 5}]},
         "updater": {
             "selftest_latency_budget_ms": 5000,
+            "retry_initial_s": 0.5,  # the retry after the restart: soon
+            "retry_max_s": 2,
             "watchdog": {"window_s": 1, "max_errors": 3},
         },
     }

@@ -226,7 +226,10 @@ async def test_a_pin_is_downloaded_self_tested_hot_swapped_and_shown(
 
 
 async def test_bad_updates_leave_the_node_on_its_model_and_say_why(
-    tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    sqlite_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """One node through the cases a node must refuse or undo by itself; after each it
     still serves 1.0.0 and the control plane shows why."""
@@ -271,6 +274,18 @@ async def test_bad_updates_leave_the_node_on_its_model_and_say_why(
             await fp.pin(node_id, "2.0.0")
             await refused(node_id, "self-test: output-mismatch", "2.0.0")
             assert serving(agent) == good
+            # The operator reads why, with the numbers, where the node's log had it alone.
+            await until(lambda: last_update(fp, node_id).get("phase") == "reverted")
+            update = last_update(fp, node_id)
+            assert update["reason"] == "self-test: output-mismatch"
+            assert "out of tolerance" in update["detail"]
+            assert float(update["facts"]["max_abs_err"]) == pytest.approx(0.5, rel=0.01)
+            monkeypatch.setenv("COLUMNS", "100")
+            capsys.readouterr()
+            assert await anyio.to_thread.run_sync(cli, fp, "nodes", "show", node_id) == 0
+            shown = capsys.readouterr().out
+            assert "last update: reverted — self-test: output-mismatch: " in shown
+            assert f"serving {target_path('1.0.0')}" in shown
 
             # Another node's assignment, delivered to this one (a routing bug upstream).
             token, _ = services.nodes.tokens.create_bootstrap_token(

@@ -333,7 +333,7 @@ async def test_reports_name_the_target_and_the_sequence(world: UpdateWorld) -> N
         bad.path,
         2,
     )
-    assert reverted.detail == f"serving {rel.path}"
+    assert reverted.detail == f"{failed.detail}; serving {rel.path}"  # why, as it stays
 
 
 # --------------------------------------------------------------- staging

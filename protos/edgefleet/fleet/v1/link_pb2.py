@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from protos.edgefleet.fleet.v1 import director_pb2 as protos_dot_edgefleet_dot_fleet_dot_v1_dot_director__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$protos/edgefleet/fleet/v1/link.proto\x12\x12\x65\x64gefleet.fleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a(protos/edgefleet/fleet/v1/director.proto\"c\n\rEnrollRequest\x12\x17\n\x0f\x62ootstrap_token\x18\x01 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x02 \x01(\x0c\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x11\n\ttransport\x18\x04 \x01(\t\"\xd4\x02\n\x0e\x45nrollResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05\x66leet\x18\x02 \x01(\t\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x04 \x01(\x0c\x12-\n\tnot_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12>\n\x06labels\x18\x06 \x03(\x0b\x32..edgefleet.fleet.v1.EnrollResponse.LabelsEntry\x12\x10\n\x08tuf_root\x18\x07 \x01(\x0c\x12\x15\n\rmqtt_username\x18\x08 \x01(\t\x12\x15\n\rmqtt_password\x18\t \x01(\t\x12\x1b\n\x13\x64irector_public_key\x18\n \x01(\x0c\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"W\n\rRenewResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12-\n\tnot_after\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfe\x01\n\x0bNodeMessage\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12*\n\x05hello\x18\x02 \x01(\x0b\x32\x19.edgefleet.fleet.v1.HelloH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.edgefleet.fleet.v1.HeartbeatH\x00\x12\x32\n\x07records\x18\x04 \x01(\x0b\x32\x1f.edgefleet.fleet.v1.RecordBatchH\x00\x12\x39\n\rupdate_status\x18\x05 \x01(\x0b\x32 .edgefleet.fleet.v1.UpdateStatusH\x00\x42\x06\n\x04\x62ody\"\xe7\x01\n\x05Hello\x12\x15\n\ragent_version\x18\x01 \x01(\t\x12\x35\n\x06labels\x18\x02 \x03(\x0b\x32%.edgefleet.fleet.v1.Hello.LabelsEntry\x12\x19\n\x11installed_targets\x18\x03 \x03(\t\x12\x15\n\ractive_target\x18\x04 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x05 \x03(\t\x12\x19\n\x11\x64irector_sequence\x18\x06 \x01(\x04\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"8\n\tHeartbeat\x12+\n\x07sent_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa6\x01\n\x06Record\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12,\n\x04kind\x18\x03 \x01(\x0e\x32\x1e.edgefleet.fleet.v1.RecordKind\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ontent_type\x18\x05 \x01(\t\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\":\n\x0bRecordBatch\x12+\n\x07records\x18\x01 \x03(\x0b\x32\x1a.edgefleet.fleet.v1.Record\"\x85\x01\n\x0cUpdateStatus\x12\x13\n\x0btarget_path\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x19\n\x11\x64irector_sequence\x18\x04 \x01(\x04\x12&\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xbf\x01\n\x0e\x43ontrolMessage\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12&\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x17.edgefleet.fleet.v1.AckH\x00\x12\x33\n\x07\x64\x65sired\x18\x03 \x01(\x0b\x32 .edgefleet.fleet.v1.DesiredStateH\x00\x12.\n\x07\x63ommand\x18\x04 \x01(\x0b\x32\x1b.edgefleet.fleet.v1.CommandH\x00\x42\x06\n\x04\x62ody\"\x19\n\x03\x41\x63k\x12\x12\n\nrecord_ids\x18\x01 \x03(\t\"P\n\x0c\x44\x65siredState\x12@\n\nassignment\x18\x01 \x01(\x0b\x32,.edgefleet.fleet.v1.SignedDirectorAssignment\"y\n\x07\x43ommand\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x04\x61rgs\x18\x02 \x03(\x0b\x32%.edgefleet.fleet.v1.Command.ArgsEntry\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x14\x46\x65tchArtifactRequest\x12\x13\n\x0btarget_path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"-\n\rArtifactChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"(\n\x14\x46\x65tchMetadataRequest\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\"\x1f\n\x0cMetadataFile\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c*X\n\nRecordKind\x12\x1b\n\x17RECORD_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11RECORD_KIND_EVENT\x10\x01\x12\x16\n\x12RECORD_KIND_HEALTH\x10\x02\x32\xc2\x03\n\x08NodeLink\x12O\n\x06\x45nroll\x12!.edgefleet.fleet.v1.EnrollRequest\x1a\".edgefleet.fleet.v1.EnrollResponse\x12W\n\x10RenewCertificate\x12 .edgefleet.fleet.v1.RenewRequest\x1a!.edgefleet.fleet.v1.RenewResponse\x12O\n\x04Sync\x12\x1f.edgefleet.fleet.v1.NodeMessage\x1a\".edgefleet.fleet.v1.ControlMessage(\x01\x30\x01\x12^\n\rFetchArtifact\x12(.edgefleet.fleet.v1.FetchArtifactRequest\x1a!.edgefleet.fleet.v1.ArtifactChunk0\x01\x12[\n\rFetchMetadata\x12(.edgefleet.fleet.v1.FetchMetadataRequest\x1a .edgefleet.fleet.v1.MetadataFileb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$protos/edgefleet/fleet/v1/link.proto\x12\x12\x65\x64gefleet.fleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a(protos/edgefleet/fleet/v1/director.proto\"c\n\rEnrollRequest\x12\x17\n\x0f\x62ootstrap_token\x18\x01 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x02 \x01(\x0c\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x11\n\ttransport\x18\x04 \x01(\t\"\xd4\x02\n\x0e\x45nrollResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05\x66leet\x18\x02 \x01(\t\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x04 \x01(\x0c\x12-\n\tnot_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12>\n\x06labels\x18\x06 \x03(\x0b\x32..edgefleet.fleet.v1.EnrollResponse.LabelsEntry\x12\x10\n\x08tuf_root\x18\x07 \x01(\x0c\x12\x15\n\rmqtt_username\x18\x08 \x01(\t\x12\x15\n\rmqtt_password\x18\t \x01(\t\x12\x1b\n\x13\x64irector_public_key\x18\n \x01(\x0c\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"W\n\rRenewResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12-\n\tnot_after\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfe\x01\n\x0bNodeMessage\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12*\n\x05hello\x18\x02 \x01(\x0b\x32\x19.edgefleet.fleet.v1.HelloH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.edgefleet.fleet.v1.HeartbeatH\x00\x12\x32\n\x07records\x18\x04 \x01(\x0b\x32\x1f.edgefleet.fleet.v1.RecordBatchH\x00\x12\x39\n\rupdate_status\x18\x05 \x01(\x0b\x32 .edgefleet.fleet.v1.UpdateStatusH\x00\x42\x06\n\x04\x62ody\"\xe7\x01\n\x05Hello\x12\x15\n\ragent_version\x18\x01 \x01(\t\x12\x35\n\x06labels\x18\x02 \x03(\x0b\x32%.edgefleet.fleet.v1.Hello.LabelsEntry\x12\x19\n\x11installed_targets\x18\x03 \x03(\t\x12\x15\n\ractive_target\x18\x04 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x05 \x03(\t\x12\x19\n\x11\x64irector_sequence\x18\x06 \x01(\x04\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"8\n\tHeartbeat\x12+\n\x07sent_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa6\x01\n\x06Record\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12,\n\x04kind\x18\x03 \x01(\x0e\x32\x1e.edgefleet.fleet.v1.RecordKind\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ontent_type\x18\x05 \x01(\t\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\":\n\x0bRecordBatch\x12+\n\x07records\x18\x01 \x03(\x0b\x32\x1a.edgefleet.fleet.v1.Record\"\xff\x01\n\x0cUpdateStatus\x12\x13\n\x0btarget_path\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x19\n\x11\x64irector_sequence\x18\x04 \x01(\x04\x12&\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12:\n\x05\x66\x61\x63ts\x18\x07 \x03(\x0b\x32+.edgefleet.fleet.v1.UpdateStatus.FactsEntry\x1a,\n\nFactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbf\x01\n\x0e\x43ontrolMessage\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12&\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x17.edgefleet.fleet.v1.AckH\x00\x12\x33\n\x07\x64\x65sired\x18\x03 \x01(\x0b\x32 .edgefleet.fleet.v1.DesiredStateH\x00\x12.\n\x07\x63ommand\x18\x04 \x01(\x0b\x32\x1b.edgefleet.fleet.v1.CommandH\x00\x42\x06\n\x04\x62ody\"\x19\n\x03\x41\x63k\x12\x12\n\nrecord_ids\x18\x01 \x03(\t\"P\n\x0c\x44\x65siredState\x12@\n\nassignment\x18\x01 \x01(\x0b\x32,.edgefleet.fleet.v1.SignedDirectorAssignment\"y\n\x07\x43ommand\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x04\x61rgs\x18\x02 \x03(\x0b\x32%.edgefleet.fleet.v1.Command.ArgsEntry\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x14\x46\x65tchArtifactRequest\x12\x13\n\x0btarget_path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"-\n\rArtifactChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"(\n\x14\x46\x65tchMetadataRequest\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\"\x1f\n\x0cMetadataFile\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c*X\n\nRecordKind\x12\x1b\n\x17RECORD_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11RECORD_KIND_EVENT\x10\x01\x12\x16\n\x12RECORD_KIND_HEALTH\x10\x02\x32\xc2\x03\n\x08NodeLink\x12O\n\x06\x45nroll\x12!.edgefleet.fleet.v1.EnrollRequest\x1a\".edgefleet.fleet.v1.EnrollResponse\x12W\n\x10RenewCertificate\x12 .edgefleet.fleet.v1.RenewRequest\x1a!.edgefleet.fleet.v1.RenewResponse\x12O\n\x04Sync\x12\x1f.edgefleet.fleet.v1.NodeMessage\x1a\".edgefleet.fleet.v1.ControlMessage(\x01\x30\x01\x12^\n\rFetchArtifact\x12(.edgefleet.fleet.v1.FetchArtifactRequest\x1a!.edgefleet.fleet.v1.ArtifactChunk0\x01\x12[\n\rFetchMetadata\x12(.edgefleet.fleet.v1.FetchMetadataRequest\x1a .edgefleet.fleet.v1.MetadataFileb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENROLLRESPONSE_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_HELLO_LABELSENTRY']._loaded_options = None
   _globals['_HELLO_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_UPDATESTATUS_FACTSENTRY']._loaded_options = None
+  _globals['_UPDATESTATUS_FACTSENTRY']._serialized_options = b'8\001'
   _globals['_COMMAND_ARGSENTRY']._loaded_options = None
   _globals['_COMMAND_ARGSENTRY']._serialized_options = b'8\001'
-  _globals['_RECORDKIND']._serialized_start=2240
-  _globals['_RECORDKIND']._serialized_end=2328
+  _globals['_RECORDKIND']._serialized_start=2362
+  _globals['_RECORDKIND']._serialized_end=2450
   _globals['_ENROLLREQUEST']._serialized_start=135
   _globals['_ENROLLREQUEST']._serialized_end=234
   _globals['_ENROLLRESPONSE']._serialized_start=237
@@ -64,25 +66,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECORDBATCH']._serialized_start=1419
   _globals['_RECORDBATCH']._serialized_end=1477
   _globals['_UPDATESTATUS']._serialized_start=1480
-  _globals['_UPDATESTATUS']._serialized_end=1613
-  _globals['_CONTROLMESSAGE']._serialized_start=1616
-  _globals['_CONTROLMESSAGE']._serialized_end=1807
-  _globals['_ACK']._serialized_start=1809
-  _globals['_ACK']._serialized_end=1834
-  _globals['_DESIREDSTATE']._serialized_start=1836
-  _globals['_DESIREDSTATE']._serialized_end=1916
-  _globals['_COMMAND']._serialized_start=1918
-  _globals['_COMMAND']._serialized_end=2039
-  _globals['_COMMAND_ARGSENTRY']._serialized_start=1996
-  _globals['_COMMAND_ARGSENTRY']._serialized_end=2039
-  _globals['_FETCHARTIFACTREQUEST']._serialized_start=2041
-  _globals['_FETCHARTIFACTREQUEST']._serialized_end=2116
-  _globals['_ARTIFACTCHUNK']._serialized_start=2118
-  _globals['_ARTIFACTCHUNK']._serialized_end=2163
-  _globals['_FETCHMETADATAREQUEST']._serialized_start=2165
-  _globals['_FETCHMETADATAREQUEST']._serialized_end=2205
-  _globals['_METADATAFILE']._serialized_start=2207
-  _globals['_METADATAFILE']._serialized_end=2238
-  _globals['_NODELINK']._serialized_start=2331
-  _globals['_NODELINK']._serialized_end=2781
+  _globals['_UPDATESTATUS']._serialized_end=1735
+  _globals['_UPDATESTATUS_FACTSENTRY']._serialized_start=1691
+  _globals['_UPDATESTATUS_FACTSENTRY']._serialized_end=1735
+  _globals['_CONTROLMESSAGE']._serialized_start=1738
+  _globals['_CONTROLMESSAGE']._serialized_end=1929
+  _globals['_ACK']._serialized_start=1931
+  _globals['_ACK']._serialized_end=1956
+  _globals['_DESIREDSTATE']._serialized_start=1958
+  _globals['_DESIREDSTATE']._serialized_end=2038
+  _globals['_COMMAND']._serialized_start=2040
+  _globals['_COMMAND']._serialized_end=2161
+  _globals['_COMMAND_ARGSENTRY']._serialized_start=2118
+  _globals['_COMMAND_ARGSENTRY']._serialized_end=2161
+  _globals['_FETCHARTIFACTREQUEST']._serialized_start=2163
+  _globals['_FETCHARTIFACTREQUEST']._serialized_end=2238
+  _globals['_ARTIFACTCHUNK']._serialized_start=2240
+  _globals['_ARTIFACTCHUNK']._serialized_end=2285
+  _globals['_FETCHMETADATAREQUEST']._serialized_start=2287
+  _globals['_FETCHMETADATAREQUEST']._serialized_end=2327
+  _globals['_METADATAFILE']._serialized_start=2329
+  _globals['_METADATAFILE']._serialized_end=2360
+  _globals['_NODELINK']._serialized_start=2453
+  _globals['_NODELINK']._serialized_end=2903
 # @@protoc_insertion_point(module_scope)

@@ -386,17 +386,52 @@ class UpdateStatus(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class FactsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TARGET_PATH_FIELD_NUMBER: _builtins.int
     PHASE_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     DIRECTOR_SEQUENCE_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
     target_path: _builtins.str
     phase: _builtins.str
     detail: _builtins.str
+    """What an operator reads: `reason: message` when there is a reason (older nodes send
+    only this field).
+    """
     director_sequence: _builtins.int
+    reason: _builtins.str
+    """The short code of a failure, a revert or a problem ("" when none), e.g.
+    `self-test: output-mismatch`, `hash-mismatch`, `disk-full`; also the start of `detail`.
+    """
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def facts(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The numbers behind the reason, as text (e.g. `output`, `max_abs_err`, `atol`,
+        `free_bytes`); at most 32 entries, keys up to 64 and values up to 256 characters.
+        """
+
     def __init__(
         self,
         *,
@@ -405,10 +440,12 @@ class UpdateStatus(_message.Message):
         detail: _builtins.str = ...,
         director_sequence: _builtins.int = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
+        facts: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "detail", b"detail", "director_sequence", b"director_sequence", "phase", b"phase", "target_path", b"target_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "detail", b"detail", "director_sequence", b"director_sequence", "facts", b"facts", "phase", b"phase", "reason", b"reason", "target_path", b"target_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
