@@ -19,6 +19,7 @@ from edge_node.link.base import Backoff
 from edge_node.runtime.errors import ModelSignatureError
 from edge_node.testing.memory_link import MemoryNodeLink
 from edge_node.testing.update_world import FakeModelHost, Release, UpdateWorld
+from edge_node.updater.host import ModelBundle, Trial
 from edge_node.updater.journal import ModelRef, Phase, accept_assignment, begin_trial
 from edge_node.updater.reconciler import OutcomeKind, UpdatePhase
 from edge_node.updater.selftest import SelfTestResult
@@ -67,10 +68,12 @@ class RefusingHost(FakeModelHost):
         self.error = error
         self.refusing = None if refusing is None else set(refusing)
 
-    async def serve(self, path: Path) -> None:
-        if self.refusing is None or path in self.refusing:
+    async def serve(
+        self, bundle: ModelBundle, *, trial: Trial | None = None
+    ) -> SelfTestResult | None:
+        if self.refusing is None or bundle.path in self.refusing:
             raise self.error
-        await super().serve(path)
+        return await super().serve(bundle, trial=trial)
 
 
 def enospc() -> OSError:
@@ -367,9 +370,12 @@ async def test_a_full_disk_at_the_commit_keeps_the_new_model_serving(world: Upda
     new = world.releases["1.1.0"]
 
     class FillingHost(FakeModelHost):
-        async def serve(self, path: Path) -> None:
-            await world.host.serve(path)
+        async def serve(
+            self, bundle: ModelBundle, *, trial: Trial | None = None
+        ) -> SelfTestResult | None:
+            result = await world.host.serve(bundle, trial=trial)
             world.full = True  # the swap done, the commit's journal write fails
+            return result
 
     rec = world.reconciler(host=FillingHost())
     outcome = await rec.apply(world.assign(new))
@@ -394,9 +400,12 @@ async def test_a_restart_before_a_commit_reached_the_disk_converges(world: Updat
     new = world.releases["1.1.0"]
 
     class FillingHost(FakeModelHost):
-        async def serve(self, path: Path) -> None:
-            await world.host.serve(path)
+        async def serve(
+            self, bundle: ModelBundle, *, trial: Trial | None = None
+        ) -> SelfTestResult | None:
+            result = await world.host.serve(bundle, trial=trial)
             world.full = True
+            return result
 
     signed = world.assign(new)
     await world.reconciler(host=FillingHost()).apply(signed)
