@@ -103,6 +103,10 @@ class OutboxCounts(Protocol):
     def refused_events(self) -> int: ...
     @property
     def alarm(self) -> bool: ...
+    @property
+    def pending_results(self) -> int: ...
+    @property
+    def dropped_results(self) -> int: ...
 
 
 class UplinkCounts(Protocol):
@@ -360,6 +364,8 @@ def outbox_section(outbox: OutboxCounts | None) -> dict[str, Any] | None:
         "dropped_health": outbox.dropped_health,
         "refused_events": outbox.refused_events,
         "alarm": outbox.alarm,
+        "pending_results": outbox.pending_results,
+        "dropped_results": outbox.dropped_results,
     }
 
 

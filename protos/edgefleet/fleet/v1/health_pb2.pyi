@@ -883,6 +883,8 @@ class Outbox(_message.Message):
     DROPPED_HEALTH_FIELD_NUMBER: _builtins.int
     REFUSED_EVENTS_FIELD_NUMBER: _builtins.int
     ALARM_FIELD_NUMBER: _builtins.int
+    PENDING_RESULTS_FIELD_NUMBER: _builtins.int
+    DROPPED_RESULTS_FIELD_NUMBER: _builtins.int
     pending_events: _builtins.int
     pending_health: _builtins.int
     bytes: _builtins.int
@@ -891,6 +893,9 @@ class Outbox(_message.Message):
     dropped_health: _builtins.int
     refused_events: _builtins.int
     alarm: _builtins.bool
+    pending_results: _builtins.int
+    """Sampled inference results waiting, and those dropped to make room (best effort)."""
+    dropped_results: _builtins.int
     def __init__(
         self,
         *,
@@ -902,10 +907,12 @@ class Outbox(_message.Message):
         dropped_health: _builtins.int = ...,
         refused_events: _builtins.int = ...,
         alarm: _builtins.bool = ...,
+        pending_results: _builtins.int = ...,
+        dropped_results: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_fill_ratio", b"_fill_ratio", "fill_ratio", b"fill_ratio"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fill_ratio", b"_fill_ratio", "alarm", b"alarm", "budget_bytes", b"budget_bytes", "bytes", b"bytes", "dropped_health", b"dropped_health", "fill_ratio", b"fill_ratio", "pending_events", b"pending_events", "pending_health", b"pending_health", "refused_events", b"refused_events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fill_ratio", b"_fill_ratio", "alarm", b"alarm", "budget_bytes", b"budget_bytes", "bytes", b"bytes", "dropped_health", b"dropped_health", "dropped_results", b"dropped_results", "fill_ratio", b"fill_ratio", "pending_events", b"pending_events", "pending_health", b"pending_health", "pending_results", b"pending_results", "refused_events", b"refused_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__fill_ratio: _TypeAlias = _typing.Literal["fill_ratio"]  # noqa: Y015
     _WhichOneofArgType__fill_ratio: _TypeAlias = _typing.Literal["_fill_ratio", b"_fill_ratio"]  # noqa: Y015
