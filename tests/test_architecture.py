@@ -72,6 +72,7 @@ PURE_CORES = (
     "edge_node/telemetry/report.py",
     "edge_node/capture/config.py",
     "edge_node/capture/schedule.py",
+    "edge_node/results/sampling.py",
 )
 
 
