@@ -61,6 +61,7 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         mqtt=settings.mqtt_bridge_config(),
         health=settings.health_config(),
         health_processor=settings.health_processor,
+        results_per_node=settings.results_per_node,
     )
 
 

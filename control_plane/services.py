@@ -35,6 +35,7 @@ from control_plane.link.hub import LinkHub
 from control_plane.link.ingest import RecordIngest
 from control_plane.link.mqtt_bridge import MqttBridge, MqttBridgeConfig
 from control_plane.link.node_inbox import NodeInbox
+from control_plane.link.records import IngestLimits
 from control_plane.nodes.model import NodeConfig
 from control_plane.nodes.wiring import NodeServices, build_node_services
 from control_plane.registry.service import RegistryConfig, RegistryService
@@ -58,6 +59,8 @@ class ServiceConfig:
     health_processor: bool = True
     # The MQTT bridge runs (in the API's lifespan) only when this is set.
     mqtt: MqttBridgeConfig | None = None
+    # Sampled inference results kept per node (node_results).
+    results_per_node: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +179,9 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         clock=clock,
         ca=ca,
         nodes=nodes,
-        records=RecordIngest(sessions, clock),
+        records=RecordIngest(
+            sessions, clock, IngestLimits(results_per_node=config.results_per_node)
+        ),
         health=build_health(sessions, clock, config.health),
         director=DirectorService(
             sessions,

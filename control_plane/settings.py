@@ -75,6 +75,8 @@ class ServerSettings(BaseSettings):
     alert_leak_slope_mb_per_h: float | None = Field(
         default=None, gt=0, description="default: the node's own leak flag only"
     )
+    # Sampled inference results (`edgefleet nodes results`) kept per node, newest first.
+    results_per_node: int = Field(default=100, ge=1, le=10_000)
 
     def health_config(self) -> HealthConfig:
         """The health store's config; an inconsistent retention fails here, at start."""

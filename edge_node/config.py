@@ -45,6 +45,13 @@ from edge_node.identity import RenewalConfig
 from edge_node.link.base import Backoff
 from edge_node.link.grpc_link import GrpcLinkSettings
 from edge_node.link.uplink import UplinkConfig
+from edge_node.results.sampling import (
+    MAX_INTERVAL_S,
+    MAX_PER_MINUTE,
+    MAX_STREAMS,
+    MIN_INTERVAL_S,
+    ResultsConfig,
+)
 from edge_node.runtime.config import (
     RuntimeConfig,
     parse_preprocess_config,
@@ -66,6 +73,7 @@ __all__ = [
     "ConfigError",
     "MqttTransportConfig",
     "NodeSettings",
+    "ResultsSettings",
     "RuntimeSettings",
     "UpdaterSettings",
     "WatchdogSettings",
@@ -146,6 +154,32 @@ class UpdaterSettings(BaseModel):
         return self
 
 
+class ResultsSettings(BaseModel):
+    """The sample of inference results the control plane shows (`edgefleet nodes results`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    # Per stream, at most one result this often (one with detections preferred).
+    interval_s: float = Field(default=10.0, ge=MIN_INTERVAL_S, le=MAX_INTERVAL_S)
+    # All streams together.
+    max_per_minute: int = Field(default=30, ge=1, le=MAX_PER_MINUTE)
+    max_streams: int = Field(default=64, ge=1, le=MAX_STREAMS)
+    # Waiting in the outbox at most: this many, and this share of its budget.
+    max_pending: int = Field(default=500, ge=1, le=100_000)
+    outbox_share: float = Field(default=0.1, ge=0.001, le=1.0)
+
+    def config(self) -> ResultsConfig:
+        return ResultsConfig(
+            enabled=self.enabled,
+            interval_s=self.interval_s,
+            max_per_minute=self.max_per_minute,
+            max_streams=self.max_streams,
+            max_pending=self.max_pending,
+            outbox_share=self.outbox_share,
+        )
+
+
 class NodeSettings(BaseSettings):
     """Everything a node's ``node.yaml`` holds; see docs/operator-guide.md."""
 
@@ -177,6 +211,7 @@ class NodeSettings(BaseSettings):
     shutdown_deadline_s: float = Field(default=10.0, gt=0, le=600)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     updater: UpdaterSettings = Field(default_factory=UpdaterSettings)
+    results: ResultsSettings = Field(default_factory=ResultsSettings)
     # Health report windows and thresholds: edge_node.telemetry.TelemetryConfig's keys.
     telemetry: dict[str, Any] = Field(default_factory=dict)
 
@@ -239,6 +274,7 @@ class AgentConfig:
     camera_sources: tuple[StreamSource, ...] = ()
     updater: UpdaterConfig = field(default_factory=UpdaterConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    results: ResultsConfig = field(default_factory=ResultsConfig)
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
     renewal: RenewalConfig = field(default_factory=RenewalConfig)
     agent_version: str = AGENT_VERSION
@@ -377,6 +413,7 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
             ),
         ),
         telemetry=telemetry,
+        results=settings.results.config(),
         uplink=UplinkConfig(backoff=Backoff(initial_s=0.5, cap_s=30.0)),
     )
 

@@ -1,4 +1,5 @@
-"""The edge node's outbox: a durable store-and-forward queue for events and health reports.
+"""The edge node's outbox: a durable store-and-forward queue for events, health reports and
+sampled inference results.
 
 What it is for (design §4, "Nothing lost"): every record the agent must deliver to the
 control plane is written here first, gets a UUIDv7 and a per-node sequence, and stays until
@@ -13,8 +14,8 @@ Guarantees
     * ``seq`` is strictly increasing per node and never reused, across restarts and after
       every row was acked (the high-water mark lives in ``meta``, written in the same
       transaction as the row). ``id`` is a UUIDv7 whose timestamp is ``created_at``.
-    * A record leaves the outbox only by ``ack`` or, for health reports, by thinning.
-      Stored events are never removed except by ack.
+    * A record leaves the outbox only by ``ack`` or, for health reports and results, by
+      the rules below. Stored events are never removed except by ack.
     * After a crash (SIGKILL, power loss) reopening yields exactly the committed state.
 
 Disk budget and the thinning rule
@@ -44,9 +45,11 @@ Disk budget and the thinning rule
     append thins them away). A record fits when, with it, both the estimate and the real
     pages stay within the record budget. When one would not:
 
-    1. If deleting every pending health report would still not make room by the estimate,
-       go to step 3: health is never thinned for a record that cannot be stored anyway.
-    2. Thin health in passes. A pass takes the oldest half (``n // 2``) of the ``n`` pending
+    1. If deleting every pending result and health report would still not make room by the
+       estimate, go to step 4: nothing is deleted for a record that cannot be stored anyway.
+    2. Delete pending results, oldest first, until the record fits or none is left; each
+       adds one to ``dropped_results``. Results are best-effort samples: they go first.
+    3. Thin health in passes. A pass takes the oldest half (``n // 2``) of the ``n`` pending
        health reports and, counting from the oldest, keeps the 1st, (k+1)-th, (2k+1)-th …
        — one in ``k = health_keep_every`` — and deletes the others. Passes repeat until the
        record fits or a pass deletes nothing. The newest half is never touched by a pass,
@@ -55,10 +58,17 @@ Disk budget and the thinning rule
        being lost; the control plane raises ``outbox_near_budget``). ``k = 1`` disables
        thinning. Passes made for the real pages are undone with the record when it still
        does not fit.
-    3. If the record still does not fit: a health report is not stored (``dropped_health``
+    4. If the record still does not fit: a health report is not stored (``dropped_health``
        += 1); an event is refused (``refused_events`` += 1 and the alarm is set). Both raise
        :class:`~edge_node.errors.OutboxFullError`; the caller decides (the agent raises an
        alarm to the control plane). A disk that is physically full is handled the same way.
+
+    Results (kind ``results``) have a share of their own besides: at most
+    ``max_pending_results`` of them and ``results_share * budget_bytes`` of their bytes are
+    pending at once. A new result makes room by deleting the oldest pending results; one
+    that cannot fit even so (the others' records fill the budget, or it is larger than the
+    whole share) is not stored. Either way ``dropped_results`` counts what was lost, a
+    result never deletes a health report or an event, and never sets the alarm.
 
     The alarm is persisted and clears on the ack that brings the estimate to at most
     ``alarm_clear_ratio`` of the record budget (hysteresis, so it does not flap at the edge).
@@ -98,6 +108,8 @@ __all__ = [
     "DEFAULT_ALARM_CLEAR_RATIO",
     "DEFAULT_HEALTH_KEEP_EVERY",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_MAX_PENDING_RESULTS",
+    "DEFAULT_RESULTS_SHARE",
     "ROW_OVERHEAD_BYTES",
     "SCHEMA_VERSION",
     "Kind",
@@ -109,14 +121,17 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-Kind = Literal["event", "health"]
+Kind = Literal["event", "health", "results"]
 _KINDS: Final[tuple[str, ...]] = get_args(Kind)
 
-SCHEMA_VERSION: Final = 1
+# 2: kind "results" (a v1 file is migrated when it is opened).
+SCHEMA_VERSION: Final = 2
 APPLICATION_ID: Final = 0x45464F42  # "EFOB" in SQLite's header: marks the file as ours
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 256 * 1024
 DEFAULT_HEALTH_KEEP_EVERY: Final = 4
 DEFAULT_ALARM_CLEAR_RATIO: Final = 0.8
+DEFAULT_RESULTS_SHARE: Final = 0.1
+DEFAULT_MAX_PENDING_RESULTS: Final = 1000
 ROW_OVERHEAD_BYTES: Final = 128
 _WAL_SIZE_LIMIT_BYTES: Final = 4 * 1024 * 1024
 _WAL_RESERVE_DIVISOR: Final = 8
@@ -128,31 +143,49 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # SQLite primary result codes (the low byte of the extended code Python 3.11 exposes).
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 11, 13, 26
 
-_SCHEMA_V1: Final = (
-    """
-    CREATE TABLE outbox (
+_OUTBOX_TABLE: Final = """
+    CREATE TABLE {table} (
         seq             INTEGER PRIMARY KEY,
         id              TEXT    NOT NULL UNIQUE,
-        kind            TEXT    NOT NULL CHECK (kind IN ('event', 'health')),
+        kind            TEXT    NOT NULL CHECK (kind IN ('event', 'health', 'results')),
         created_at      INTEGER NOT NULL,               -- unix ms, the id's timestamp
         payload         BLOB    NOT NULL,
         size            INTEGER NOT NULL CHECK (size >= 0),  -- bytes counted in the budget
         attempts        INTEGER NOT NULL DEFAULT 0,
         last_attempt_at INTEGER                         -- unix ms
     )
-    """,
-    "CREATE INDEX outbox_kind_seq ON outbox (kind, seq)",
+    """
+_OUTBOX_INDEX: Final = "CREATE INDEX outbox_kind_seq ON outbox (kind, seq)"
+_SCHEMA: Final = (
+    _OUTBOX_TABLE.format(table="outbox"),
+    _OUTBOX_INDEX,
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL) WITHOUT ROWID",
+)
+_ROW_COLUMNS: Final = "seq, id, kind, created_at, payload, size, attempts, last_attempt_at"
+# Version 1 allowed kinds event and health only; SQLite cannot change a CHECK in place.
+_MIGRATE_V1: Final = (
+    _OUTBOX_TABLE.format(table="outbox_v2"),
+    f"INSERT INTO outbox_v2 ({_ROW_COLUMNS}) SELECT {_ROW_COLUMNS} FROM outbox",  # noqa: S608
+    "DROP TABLE outbox",
+    "ALTER TABLE outbox_v2 RENAME TO outbox",
+    _OUTBOX_INDEX,
+    "INSERT OR IGNORE INTO meta (key, value) VALUES ('dropped_results', 0)",
 )
 _COLUMNS: Final = "seq, id, kind, created_at, payload, attempts, last_attempt_at"
 _PENDING_ALL: Final = f"SELECT {_COLUMNS} FROM outbox ORDER BY seq LIMIT ?"  # noqa: S608
-_PENDING_KIND: Final = f"SELECT {_COLUMNS} FROM outbox WHERE kind = ? ORDER BY seq LIMIT ?"  # noqa: S608
+_PENDING_KINDS: Final = {
+    n: f"SELECT {_COLUMNS} FROM outbox WHERE kind IN ({','.join('?' * n)}) "  # noqa: S608
+    "ORDER BY seq LIMIT ?"
+    for n in range(1, len(_KINDS))
+}
+_OLDEST_RESULTS: Final = "SELECT seq, size FROM outbox WHERE kind = 'results' ORDER BY seq"
 _COUNTER_KEYS: Final = (
     "high_water_seq",
     "dropped_health",
     "refused_events",
     "last_acked_seq",
     "alarm",
+    "dropped_results",
 )
 
 
@@ -189,6 +222,8 @@ class OutboxStats:
     """The part of ``budget_bytes`` set aside for the write-ahead log."""
     stored_bytes: int = 0
     """The database pages the records really take (beyond an empty outbox's)."""
+    pending_results: int = 0
+    dropped_results: int = 0
 
     @property
     def record_budget_bytes(self) -> int:
@@ -209,6 +244,7 @@ class _Counters:
     refused_events: int = 0
     last_acked_seq: int = 0
     alarm: bool = False
+    dropped_results: int = 0
 
     def as_rows(self) -> dict[str, int]:
         return {key: int(getattr(self, key)) for key in _COUNTER_KEYS}
@@ -222,14 +258,20 @@ class _Backlog:
     health: int = 0
     event_bytes: int = 0
     health_bytes: int = 0
+    results: int = 0
+    results_bytes: int = 0
 
     @property
     def bytes(self) -> int:
-        return self.event_bytes + self.health_bytes
+        return self.event_bytes + self.health_bytes + self.results_bytes
 
     def add(self, kind: str, count: int, size: int) -> _Backlog:
         if kind == "event":
             return replace(self, events=self.events + count, event_bytes=self.event_bytes + size)
+        if kind == "results":
+            return replace(
+                self, results=self.results + count, results_bytes=self.results_bytes + size
+            )
         return replace(self, health=self.health + count, health_bytes=self.health_bytes + size)
 
 
@@ -257,6 +299,8 @@ class Outbox:
         backlog: _Backlog,
         page_size: int = 4096,
         base_pages: int = 0,
+        results_share: float = DEFAULT_RESULTS_SHARE,
+        max_pending_results: int = DEFAULT_MAX_PENDING_RESULTS,
     ) -> None:
         self._conn: sqlite3.Connection | None = conn
         self._page_size = page_size
@@ -276,6 +320,8 @@ class Outbox:
         self._health_keep_every = health_keep_every
         self._max_payload = max_payload_bytes
         self._alarm_clear_bytes = int(self._record_budget * alarm_clear_ratio)
+        self._results_budget = int(budget_bytes * results_share)
+        self._max_pending_results = max_pending_results
         self._clock = clock
         self._ids = UUIDv7Generator(clock)
         self._counters = counters
@@ -298,6 +344,8 @@ class Outbox:
         alarm_clear_ratio: float = DEFAULT_ALARM_CLEAR_RATIO,
         busy_timeout_s: float = 1.0,
         wal_reserve_bytes: int | None = None,
+        results_share: float = DEFAULT_RESULTS_SHARE,
+        max_pending_results: int = DEFAULT_MAX_PENDING_RESULTS,
     ) -> Outbox:
         """Open (creating if absent) the outbox at ``path`` for ``node_id``.
 
@@ -305,7 +353,8 @@ class Outbox:
         :func:`default_wal_reserve`) is the WAL's, and 0 checkpoints after every write.
         Raises :class:`InvalidInputError` for unsafe settings, and a :class:`StorageError`
         subclass when the file is corrupt, newer than this agent, held by another process,
-        or belongs to another node. A bad file is never deleted or rewritten.
+        or belongs to another node. A bad file is never deleted or rewritten; a file of an
+        older schema version is migrated in one transaction.
         """
         if wal_reserve_bytes is None:
             wal_reserve_bytes = default_wal_reserve(budget_bytes)
@@ -317,6 +366,10 @@ class Outbox:
             max_payload_bytes,
             alarm_clear_ratio,
         )
+        if not 0.0 < results_share <= 1.0:
+            raise InvalidInputError("results_share must be in (0, 1]", value=results_share)
+        if isinstance(max_pending_results, bool) or max_pending_results < 1:
+            raise InvalidInputError("max_pending_results must be >= 1", value=max_pending_results)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         creating = not path.exists() or path.stat().st_size == 0
@@ -354,6 +407,8 @@ class Outbox:
             backlog=backlog,
             page_size=page_size,
             base_pages=base_pages,
+            results_share=results_share,
+            max_pending_results=max_pending_results,
         )
 
     @property
@@ -401,17 +456,31 @@ class Outbox:
     ) -> Record:
         backlog, counters = self._backlog, self._counters
         budget = self._record_budget
-        # Thin only if dropping every health report could make room at all (rule, step 1).
-        thinnable = backlog.bytes - backlog.health_bytes + size <= budget
+        # Delete only if dropping every result and health report could make room at all
+        # (rule, step 1); a result never deletes anything but older results.
+        thinnable = (
+            kind != "results"
+            and backlog.bytes - backlog.results_bytes - backlog.health_bytes + size <= budget
+        )
         uid = self._ids.new()
         created_ms = uuid7_unix_ms(uid)
-        # One transaction: thinning, the row, and every counter commit together or not at all.
+        # One transaction: deletions, the row, and every counter commit together or not at all.
         with _transaction(conn):
-            if backlog.bytes + size > budget and thinnable:
-                backlog, counters = self._thin_health(
-                    conn, backlog, counters, lambda b: b.bytes + size > budget
+            if kind == "results":
+                backlog, counters = self._room_for_result(conn, size, backlog, counters)
+                fits = (
+                    backlog.bytes + size <= budget
+                    and backlog.results_bytes + size <= self._results_budget
+                    and backlog.results < self._max_pending_results
                 )
-            fits = backlog.bytes + size <= budget
+            else:
+                over = backlog.bytes + size - budget
+                if over > 0 and thinnable:
+                    backlog, counters = self._drop_results(conn, over, 0, backlog, counters)
+                    backlog, counters = self._thin_health(
+                        conn, backlog, counters, lambda b: b.bytes + size > budget
+                    )
+                fits = backlog.bytes + size <= budget
             if fits:
                 before = backlog, counters
                 conn.execute("SAVEPOINT record")
@@ -458,6 +527,47 @@ class Outbox:
         (free,) = conn.execute("PRAGMA freelist_count").fetchone()
         return max(0, int(pages) - int(free) - self._base_pages) * self._page_size
 
+    def _room_for_result(
+        self, conn: sqlite3.Connection, size: int, backlog: _Backlog, counters: _Counters
+    ) -> tuple[_Backlog, _Counters]:
+        """Delete the oldest pending results a new one needs to fit (module docstring)."""
+        if size > self._results_budget or backlog.bytes - backlog.results_bytes + size > (
+            self._record_budget
+        ):
+            return backlog, counters  # it cannot fit, whatever is deleted
+        need_bytes = max(
+            backlog.results_bytes + size - self._results_budget,
+            backlog.bytes + size - self._record_budget,
+        )
+        need_rows = backlog.results + 1 - self._max_pending_results
+        return self._drop_results(conn, need_bytes, need_rows, backlog, counters)
+
+    def _drop_results(
+        self,
+        conn: sqlite3.Connection,
+        need_bytes: int,
+        need_rows: int,
+        backlog: _Backlog,
+        counters: _Counters,
+    ) -> tuple[_Backlog, _Counters]:
+        """Delete pending results, oldest first, until ``need_bytes`` and ``need_rows`` are
+        freed or none is left, inside the caller's transaction."""
+        if (need_bytes <= 0 and need_rows <= 0) or backlog.results == 0:
+            return backlog, counters
+        victims: list[int] = []
+        freed = 0
+        cur = conn.execute(_OLDEST_RESULTS)
+        for seq, sz in cur:
+            if freed >= need_bytes and len(victims) >= need_rows:
+                break
+            victims.append(seq)
+            freed += sz
+        cur.close()
+        conn.executemany("DELETE FROM outbox WHERE seq = ?", [(seq,) for seq in victims])
+        backlog = backlog.add("results", -len(victims), -freed)
+        counters = replace(counters, dropped_results=counters.dropped_results + len(victims))
+        return backlog, counters
+
     def _thin_health(
         self,
         conn: sqlite3.Connection,
@@ -503,7 +613,11 @@ class Outbox:
     def _full_error(
         self, kind: Kind, size: int, *, reason: str, stored: int | None = None
     ) -> OutboxFullError:
-        what = "event refused" if kind == "event" else "health report dropped"
+        what = {
+            "event": "event refused",
+            "health": "health report dropped",
+            "results": "result sample dropped",
+        }[kind]
         pages = "" if stored is None else f", {stored} in the database's pages"
         return OutboxFullError(
             f"outbox full ({reason}): {what}; of the records' {self._record_budget} bytes "
@@ -518,6 +632,7 @@ class Outbox:
             record_budget_bytes=self._record_budget,
             refused_events=self._counters.refused_events,
             dropped_health=self._counters.dropped_health,
+            dropped_results=self._counters.dropped_results,
         )
 
     def mark_attempt(self, ids: Iterable[str]) -> int:
@@ -648,7 +763,7 @@ class Outbox:
         if len(wanted) == len(_KINDS):
             query, params = _PENDING_ALL, (limit,)
         else:
-            query, params = _PENDING_KIND, (wanted[0], limit)
+            query, params = _PENDING_KINDS[len(wanted)], (*wanted, limit)
         records: list[Record] = []
         total = 0
         with self._lock:
@@ -694,6 +809,8 @@ class Outbox:
             disk_bytes=_disk_bytes(self._path),
             wal_reserve_bytes=self._wal_reserve,
             stored_bytes=stored,
+            pending_results=backlog.results,
+            dropped_results=counters.dropped_results,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -761,6 +878,8 @@ class Outbox:
 def _refused(counters: _Counters, kind: Kind) -> _Counters:
     if kind == "event":
         return replace(counters, refused_events=counters.refused_events + 1, alarm=True)
+    if kind == "results":
+        return replace(counters, dropped_results=counters.dropped_results + 1)
     return replace(counters, dropped_health=counters.dropped_health + 1)
 
 
@@ -849,7 +968,7 @@ def _ensure_schema(conn: sqlite3.Connection, path: Path, node_id: str) -> _Count
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         (tables,) = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
         if app_id == 0 and version == 0 and tables == 0:
-            for statement in _SCHEMA_V1:
+            for statement in _SCHEMA:
                 conn.execute(statement)
             conn.executemany(
                 "INSERT INTO meta (key, value) VALUES (?, ?)",
@@ -873,13 +992,16 @@ def _ensure_schema(conn: sqlite3.Connection, path: Path, node_id: str) -> _Count
                 found=version,
                 supported=SCHEMA_VERSION,
             )
-        if version < SCHEMA_VERSION:
-            # No older schema has shipped; migrations step by step go here when one does.
+        if version < 1:
             raise OutboxCorruptError(
                 f"{path} has outbox schema version {version}, which never existed",
                 path=str(path),
                 found=version,
             )
+        if version == 1:  # within this transaction: all of it or nothing
+            for statement in _MIGRATE_V1:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     missing = {"node_id", *_COUNTER_KEYS} - meta.keys()
     if missing:
@@ -900,6 +1022,7 @@ def _ensure_schema(conn: sqlite3.Connection, path: Path, node_id: str) -> _Count
         refused_events=int(meta["refused_events"]),
         last_acked_seq=int(meta["last_acked_seq"]),
         alarm=bool(meta["alarm"]),
+        dropped_results=int(meta["dropped_results"]),
     )
 
 

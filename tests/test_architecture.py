@@ -79,6 +79,7 @@ PURE_CORES = (
     "protos/bundle/geometry.py",
     "protos/bundle/preprocess.py",
     "protos/bundle/decoders.py",
+    "edge_node/results/sampling.py",
 )
 
 # Modules that need numpy (the node's and the CLI's, never the server's). The rest of

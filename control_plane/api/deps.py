@@ -21,6 +21,7 @@ from control_plane.health.queries import HealthQueries
 from control_plane.identity.ca import CertificateAuthority
 from control_plane.link.node_inbox import NodeInbox
 from control_plane.nodes.inventory import NodeInventory
+from control_plane.nodes.results import NodeResults
 from control_plane.nodes.tokens import BootstrapTokens
 from control_plane.registry.service import RegistryService
 from control_plane.services import ServiceConfig, Services
@@ -69,6 +70,10 @@ async def get_node_inventory(services: ServicesDep) -> NodeInventory:
     return services.nodes.inventory
 
 
+async def get_node_results(services: ServicesDep) -> NodeResults:
+    return services.nodes.results
+
+
 async def get_node_tokens(services: ServicesDep) -> BootstrapTokens:
     return services.nodes.tokens
 
@@ -99,6 +104,7 @@ ClockDep = Annotated[Clock, Depends(get_clock)]
 DirectorDep = Annotated[DirectorService, Depends(get_director)]
 HealthQueriesDep = Annotated[HealthQueries, Depends(get_health_queries)]
 NodeInventoryDep = Annotated[NodeInventory, Depends(get_node_inventory)]
+NodeResultsDep = Annotated[NodeResults, Depends(get_node_results)]
 NodeTokensDep = Annotated[BootstrapTokens, Depends(get_node_tokens)]
 ReadinessDep = Annotated[Callable[[], dict[str, str]], Depends(get_readiness)]
 RegistryDep = Annotated[RegistryService, Depends(get_registry)]

@@ -22,6 +22,13 @@ for a group holding a resend (the COPY fails on the primary key) a `COPY` into a
 per-connection staging table plus `INSERT … SELECT … ON CONFLICT DO NOTHING`; on SQLite
 one `executemany` of `INSERT … ON CONFLICT DO NOTHING` with timestamps written in the
 form `UTCDateTime` reads back.
+
+Records of kind ``results`` (sampled inference results) are not raw history: they go to
+``node_results`` in the same transaction (`INSERT … ON CONFLICT DO NOTHING` on (node,
+record id), so a resend is stored once), and each node keeps only its newest
+`IngestLimits.results_per_node` by sequence, pruned as they are inserted. A results
+document that cannot be read is acked and left out (`ValidatedBatch.unreadable`; the
+inbox counts and logs it).
 """
 
 from __future__ import annotations
@@ -37,15 +44,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, Insert, func, select, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import Clock
 from control_plane.errors import InvalidInputError, UnavailableError
-from control_plane.link.records import IncomingRecord, IngestLimits, validate_batch
+from control_plane.link.records import (
+    IncomingRecord,
+    IngestLimits,
+    ResultRow,
+    UnreadableResult,
+    split_results,
+    validate_batch,
+)
 from control_plane.storage.copy import BinaryCopy, WriteRow, copy_with, server_version
-from control_plane.storage.models import NodeRecordRow
+from control_plane.storage.models import NodeRecordRow, NodeResultRow
 
 __all__ = ["LoopGroupCommit", "Outcome", "RecordIngest", "ValidatedBatch"]
 
@@ -103,18 +118,39 @@ _POSTGRESQL_TIMEOUTS: Final = "SET LOCAL lock_timeout = '2s'; SET LOCAL statemen
 # Set in a pooled connection's info once its temporary staging table has committed.
 _STAGE_READY: Final = "edgefleet.node_records_stage"
 _UNIQUE_VIOLATION: Final = "23505"
+# Keep a node's newest results: delete those below the K-th highest sequence (none when
+# the node has fewer than K; the subquery is then NULL).
+_PRUNE_RESULTS: Final = text(
+    "DELETE FROM node_results WHERE node_id = :node_id AND seq < ("
+    "SELECT seq FROM node_results WHERE node_id = :node_id "
+    "ORDER BY seq DESC LIMIT 1 OFFSET :offset)"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class ValidatedBatch:
-    """A node's batch that passed `validate_batch`; only `RecordIngest.validated` makes one."""
+    """A node's batch that passed `validate_batch`; only `RecordIngest.validated` makes one.
+
+    `records` go to ``node_records``, `results` to ``node_results``; `unreadable` results
+    are stored nowhere. Every one of them is acked (`ids`) once the batch committed.
+    """
 
     node_id: str
     records: Sequence[IncomingRecord]
+    results: Sequence[ResultRow] = ()
+    unreadable: Sequence[UnreadableResult] = ()
 
     @property
     def ids(self) -> list[str]:
-        return [r.id for r in self.records]
+        ids = [r.id for r in self.records]
+        if self.results or self.unreadable:
+            ids += [r.record_id for r in self.results]
+            ids += [u.record_id for u in self.unreadable]
+        return ids
+
+    @property
+    def empty(self) -> bool:
+        return not (self.records or self.results or self.unreadable)
 
 
 # What committing a group gives each of its batches: the ids to ack, or why not.
@@ -159,9 +195,11 @@ class RecordIngest:
         return batch.ids
 
     def validated(self, node_id: str, records: Sequence[IncomingRecord]) -> ValidatedBatch:
-        """The batch, checked against this ingest's limits (raises on a malformed one)."""
+        """The batch, checked against this ingest's limits (raises on a malformed one),
+        with its results read (`records.split_results`)."""
         validate_batch(records, self.limits)
-        return ValidatedBatch(node_id, records)
+        others, results, unreadable = split_results(records)
+        return ValidatedBatch(node_id, others, results, unreadable)
 
     def commit_group(self, batches: Sequence[ValidatedBatch]) -> list[Outcome]:
         """Store many batches in one transaction; an outcome per batch, in order.
@@ -188,9 +226,12 @@ class RecordIngest:
         error that kept it from committing. Raises `UnavailableError` when closed or when
         `max_queued_batches` are already waiting.
         """
-        batch = self.validated(node_id, records)
+        return self.submit_validated(self.validated(node_id, records))
+
+    def submit_validated(self, batch: ValidatedBatch) -> Future[list[str]]:
+        """`submit` for a batch `validated` already (the inbox looks at it first)."""
         future: Future[list[str]] = Future()
-        if not records:
+        if batch.empty:
             future.set_result([])
             return future
         if self._closed.is_set():
@@ -263,7 +304,7 @@ class RecordIngest:
             # A future whose caller gave up (a cancelled gRPC stream) is dropped: nobody
             # would ack it, and the node resends what is not acked.
             group = [first] if first.future.set_running_or_notify_cancel() else []
-            rows = len(first.batch.records)
+            rows = _rows(first.batch)
             while rows < self.limits.max_group_rows:
                 try:
                     item = self._queue.get_nowait()
@@ -271,7 +312,7 @@ class RecordIngest:
                     break
                 if item.future.set_running_or_notify_cancel():
                     group.append(item)
-                    rows += len(item.batch.records)
+                    rows += _rows(item.batch)
             if group:
                 self._commit(group)
 
@@ -296,11 +337,17 @@ class RecordIngest:
 
     def _store_group(self, batches: Sequence[ValidatedBatch]) -> None:
         received_at = self._clock.now()
+        if not any(batch.records for batch in batches):  # results only: no COPY
+            with self._sessions() as session:
+                self._store_results(session.connection(), batches, received_at)
+                session.commit()
+            return
         with self._sessions() as session:
             connection = session.connection()
             if connection.dialect.name == "postgresql":
                 try:
                     _copy_postgresql(connection, batches, received_at, staged=False)
+                    self._store_results(connection, batches, received_at)
                     session.commit()
                     return
                 except IntegrityError as exc:
@@ -311,10 +358,57 @@ class RecordIngest:
             connection = session.connection()
             info = connection.connection.info  # stays with the pooled DBAPI connection
             _insert(connection, batches, received_at)
+            self._store_results(connection, batches, received_at)
             session.commit()
             # The staging table exists on this connection from now on (a rollback before
             # this line would have taken it with it).
             info[_STAGE_READY] = True
+
+    def _store_results(
+        self, connection: Connection, batches: Sequence[ValidatedBatch], received_at: datetime
+    ) -> None:
+        """Insert the group's results (a resend is stored once) and keep each node's newest
+        `results_per_node`; in the caller's transaction."""
+        rows = [
+            {
+                "node_id": batch.node_id,
+                "record_id": r.record_id,
+                "seq": r.seq,
+                "created_at": r.created_at,
+                "received_at": received_at,
+                "captured_at": r.captured_at,
+                "stream": r.stream,
+                "model": r.model,
+                "version": r.version,
+                "kind": r.kind,
+                "document": r.document,
+            }
+            for batch in batches
+            for r in batch.results
+        ]
+        if not rows:
+            return
+        dialect = connection.dialect.name
+        statement: Insert
+        if dialect == "postgresql":
+            connection.exec_driver_sql(_POSTGRESQL_TIMEOUTS)
+            statement = postgresql.insert(NodeResultRow).on_conflict_do_nothing(
+                index_elements=["node_id", "record_id"]
+            )
+        elif dialect == "sqlite":
+            statement = sqlite.insert(NodeResultRow).on_conflict_do_nothing(
+                index_elements=["node_id", "record_id"]
+            )
+        else:
+            raise InvalidInputError(f"record ingestion does not support the {dialect} dialect")
+        connection.execute(statement, rows)
+        offset = self.limits.results_per_node - 1
+        for node_id in sorted({batch.node_id for batch in batches if batch.results}):
+            connection.execute(_PRUNE_RESULTS, {"node_id": node_id, "offset": offset})
+
+
+def _rows(batch: ValidatedBatch) -> int:
+    return len(batch.records) + len(batch.results)
 
 
 def _backlog_full(limits: IngestLimits) -> UnavailableError:
@@ -444,8 +538,11 @@ class LoopGroupCommit:
 
     async def store(self, node_id: str, records: Sequence[IncomingRecord]) -> list[str]:
         """Validate (raises on a malformed batch), then return the ids once committed."""
-        batch = self._ingest.validated(node_id, records)
-        if not records:
+        return await self.store_validated(self._ingest.validated(node_id, records))
+
+    async def store_validated(self, batch: ValidatedBatch) -> list[str]:
+        """`store` for a batch `RecordIngest.validated` already."""
+        if batch.empty:
             return []
         if len(self._parked) >= self._ingest.limits.max_queued_batches:
             raise _backlog_full(self._ingest.limits)
@@ -493,9 +590,9 @@ class LoopGroupCommit:
         rows = 0
         count = 0
         for batch, _ in self._parked:
-            if count and rows + len(batch.records) > limit:
+            if count and rows + _rows(batch) > limit:
                 break
-            rows += len(batch.records)
+            rows += _rows(batch)
             count += 1
         group, self._parked = self._parked[:count], self._parked[count:]
         return group

@@ -6,7 +6,8 @@ Pure: names only, no broker. The tree is ``edgefleet/v1/<fleet>/<node>/<leaf>``:
     status   Hello, Heartbeat,     desired  retained doorbell (ControlMessage: the signed
              UpdateStatus, and              assignment, or Command "pull-desired")
              the Last Will         ack      Ack of committed records (QoS 1, not retained)
-    health   RecordBatch (health)  cmd      Command (QoS 1, not retained)
+    health   RecordBatch (health,  cmd      Command (QoS 1, not retained)
+             and sampled results)
     events   RecordBatch (events)
 
 Every payload is a serialized ``NodeMessage`` / ``ControlMessage`` (link.proto). The

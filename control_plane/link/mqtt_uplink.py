@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from control_plane.link import wire
 from control_plane.link.mqtt_topics import Leaf, NodeTopic, TopicError, node_topic, parse_topic
 from control_plane.link.node_inbox import NodeClaim, NodeInbox
+from control_plane.link.records import RECORD_KINDS, RESULTS_KIND
 from control_plane.nodes.model import Node
 from protos.edgefleet.fleet.v1 import link_pb2
 
@@ -31,6 +32,8 @@ log = logging.getLogger("control_plane.link.mqtt_bridge")
 PRESENCE_PROPERTY: Final = "edgefleet-presence"
 OFFLINE: Final = "offline"
 _RECORD_LEAVES: Final = (f"/{Leaf.HEALTH.value}", f"/{Leaf.EVENTS.value}")
+# The record kinds each record leaf carries.
+_LEAF_KINDS: Final = {Leaf.EVENTS: ("event",), Leaf.HEALTH: ("health", RESULTS_KIND)}
 
 
 class Counters:
@@ -164,9 +167,13 @@ class MqttUplink:
         # A malformed batch raises (reason bad-batch): refused whole and not acked, as
         # over gRPC, so the node keeps it and the problem stays visible in its backlog.
         records = self._inbox.decode_records(body.records)
-        expected, other = ("event", "health") if where.leaf is Leaf.EVENTS else ("health", "event")
-        if any(r.kind == other for r in records):
-            raise MqttRefusal("wrong-leaf", f"{where.leaf.value} carries {expected} records only")
+        # Sampled results travel on `health` (an ACL written before them lets them pass);
+        # a kind this server does not know is the record validation's to refuse.
+        allowed = _LEAF_KINDS[where.leaf]
+        if any(r.kind in RECORD_KINDS and r.kind not in allowed for r in records):
+            raise MqttRefusal(
+                "wrong-leaf", f"{where.leaf.value} carries {' and '.join(allowed)} records only"
+            )
         future = self._inbox.submit_records(node.id, records)
         return future, PendingAck(where.fleet, node.id)
 

@@ -30,7 +30,7 @@ from control_plane.errors import (
 )
 from control_plane.identity.ca import IssuedCert, NodeIdentity
 from control_plane.link import wire
-from control_plane.link.ingest import LoopGroupCommit, RecordIngest
+from control_plane.link.ingest import LoopGroupCommit, RecordIngest, ValidatedBatch
 from control_plane.link.records import IncomingRecord
 from control_plane.nodes.authentication import NodeAuthentication
 from control_plane.nodes.enrollment import Enrollments
@@ -326,17 +326,37 @@ class NodeInbox:
 
     def submit_records(self, node_id: str, records: Sequence[IncomingRecord]) -> Future[list[str]]:
         """Hand a batch to the group commit; the future holds the ids once committed."""
+        batch = self._validated(node_id, records)
         try:
-            return self._records.submit(node_id, records)
+            return self._records.submit_validated(batch)
         except InvalidInputError as exc:
             raise _as_reason(exc, "bad-batch") from exc
 
     async def store_records(self, node_id: str, records: Sequence[IncomingRecord]) -> list[str]:
         """`submit_records` for callers on one event loop: the ids once committed."""
+        batch = self._validated(node_id, records)
         try:
-            return await self._group_commit.store(node_id, records)
+            return await self._group_commit.store_validated(batch)
         except InvalidInputError as exc:
             raise _as_reason(exc, "bad-batch") from exc
+
+    def _validated(self, node_id: str, records: Sequence[IncomingRecord]) -> ValidatedBatch:
+        """The batch checked (malformed: ``bad-batch``, refused whole). A results document
+        that cannot be read is refused alone, as ``bad-results`` (counted, logged with
+        what is wrong), and acked with the batch: a sample is not worth a resend loop."""
+        try:
+            batch = self._records.validated(node_id, records)
+        except InvalidInputError as exc:
+            raise _as_reason(exc, "bad-batch") from exc
+        for bad in batch.unreadable:
+            self.refuse(
+                "bad-results",
+                bad.message,
+                node_id=node_id,
+                where="results",
+                fields={"record_id": bad.record_id, "index": bad.index},
+            )
+        return batch
 
 
 def _as_reason(exc: InvalidInputError, reason: str) -> InvalidInputError:

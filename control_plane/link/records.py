@@ -2,26 +2,41 @@
 
 Pure (no database, no transport): `wire` builds `IncomingRecord`s from protobuf and
 `ingest.RecordIngest` validates and stores them; storing is not done here.
+
+Records of kind ``results`` (sampled inference results, ``edgefleet.agent.results/1``)
+are read here too (`split_results`): they go to their own bounded table, not to
+``node_records``. A results document that cannot be read is not a reason to refuse the
+batch: it is a best-effort sample, so it is left out, named (`UnreadableResult`) and
+acked with the rest, and the node does not send it again.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, NamedTuple, NoReturn
+from operator import itemgetter
+from typing import Any, Final, NamedTuple, NoReturn
 
 from control_plane.errors import InvalidInputError, PayloadTooLargeError
+from protos.bundle.results import ResultWireError, result_from_wire
 
 __all__ = [
     "RECORD_KINDS",
+    "RESULTS_KIND",
     "IncomingRecord",
     "IngestLimits",
+    "ResultRow",
+    "UnreadableResult",
+    "read_result",
+    "split_results",
     "validate_batch",
 ]
 
-RECORD_KINDS = frozenset({"event", "health"})
+RESULTS_KIND: Final = "results"
+RECORD_KINDS = frozenset({"event", "health", RESULTS_KIND})
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 _CONTENT_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]{1,32}/[A-Za-z0-9!#$&^_.+-]{1,31}\Z")
 # What agents send (checked against _CONTENT_TYPE by a test); others go through the regex.
@@ -58,6 +73,15 @@ class IngestLimits:
     # Writer threads of `submit`, each committing its own group on its own connection:
     # one writes while another waits for its commit.
     writers: int = 2
+    # Sampled inference results kept per node (the newest by the node's sequence).
+    results_per_node: int = 100
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.results_per_node <= 10_000:
+            raise InvalidInputError(
+                f"results_per_node must be in [1, 10000], got {self.results_per_node}",
+                field="results_per_node",
+            )
 
 
 def validate_batch(records: Sequence[IncomingRecord], limits: IngestLimits) -> None:
@@ -105,3 +129,94 @@ def _refuse_record(index: int, record: IncomingRecord, limits: IngestLimits) -> 
         )
     # Only if validate_batch's one-pass check and these rules ever disagree.
     raise InvalidInputError(f"{where}: refused", index=index)
+
+
+class ResultRow(NamedTuple):
+    """A readable ``results`` record: what ``node_results`` stores of it."""
+
+    record_id: str
+    seq: int
+    created_at: datetime
+    stream: str
+    model: str
+    version: str | None
+    kind: str
+    captured_at: datetime
+    document: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableResult:
+    """A ``results`` record left out of a batch, and why (the message names the field)."""
+
+    index: int
+    record_id: str
+    message: str
+
+
+_KIND_OF = itemgetter(2)
+
+
+def split_results(
+    records: Sequence[IncomingRecord],
+) -> tuple[Sequence[IncomingRecord], list[ResultRow], list[UnreadableResult]]:
+    """The batch's records for ``node_records``, its readable results, its unreadable ones.
+
+    Call on a batch that passed `validate_batch`. A batch without results (nearly every
+    one) is returned as it is, after one pass over the kinds in C.
+    """
+    if RESULTS_KIND not in set(map(_KIND_OF, records)):
+        return records, [], []
+    others: list[IncomingRecord] = []
+    results: list[ResultRow] = []
+    unreadable: list[UnreadableResult] = []
+    for index, record in enumerate(records):
+        if record.kind != RESULTS_KIND:
+            others.append(record)
+            continue
+        try:
+            results.append(read_result(record))
+        except ResultWireError as exc:
+            unreadable.append(UnreadableResult(index, record.id, str(exc)))
+    return others, results, unreadable
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_result(record: IncomingRecord) -> ResultRow:
+    """One ``results`` record read as ``edgefleet.agent.results/1``; ResultWireError names
+    what is wrong with it."""
+    if record.content_type != "application/json":
+        raise ResultWireError(
+            f"results: content type {record.content_type!r}, expected application/json"
+        )
+    try:
+        doc = json.loads(record.payload, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ResultWireError(f"results: the payload is not JSON ({exc})") from None
+    if not isinstance(doc, Mapping):
+        raise ResultWireError("results: the payload is not a JSON object")
+    clean = result_from_wire(doc)
+    # Neither database column takes a NUL character (PostgreSQL refuses it in text and
+    # JSONB): a document holding one could never be stored, so it is not read.
+    if "\\u0000" in json.dumps(clean):
+        raise ResultWireError("results: a string holds a NUL character")
+    try:
+        captured_at = datetime.fromisoformat(clean["captured_at"])
+    except ValueError:
+        captured_at = None
+    if captured_at is None or captured_at.tzinfo is None:
+        raise ResultWireError("results.captured_at: expected an ISO 8601 time with a UTC offset")
+    return ResultRow(
+        record_id=record.id,
+        seq=record.seq,
+        created_at=record.created_at,
+        stream=clean["stream"],
+        model=clean["model"],
+        version=clean["version"],
+        kind=clean["kind"],
+        captured_at=captured_at,
+        document=clean,
+    )

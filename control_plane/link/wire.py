@@ -31,7 +31,11 @@ MAX_STATUS_FACTS: Final = 32
 MAX_FACT_KEY: Final = 64
 MAX_FACT_VALUE: Final = 256
 
-_KINDS: Final = {link_pb2.RECORD_KIND_EVENT: "event", link_pb2.RECORD_KIND_HEALTH: "health"}
+_KINDS: Final = {
+    link_pb2.RECORD_KIND_EVENT: "event",
+    link_pb2.RECORD_KIND_HEALTH: "health",
+    link_pb2.RECORD_KIND_RESULTS: "results",
+}
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 # Timestamp's own range: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
 _MIN_SECONDS: Final = -62_135_596_800

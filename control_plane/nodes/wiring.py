@@ -1,4 +1,4 @@
-"""Builds the five node role services over one store, one CA, one clock and one refusal count.
+"""Builds the node role services over one store, one CA, one clock and one refusal count.
 
 For the composition root (`control_plane.services`) and tests; adapters are handed the
 single role they use, never this bundle.
@@ -17,6 +17,7 @@ from control_plane.nodes.enrollment import Enrollments
 from control_plane.nodes.inventory import NodeInventory
 from control_plane.nodes.model import NodeConfig, NodeRefusals
 from control_plane.nodes.presence import NodePresence
+from control_plane.nodes.results import NodeResults
 from control_plane.nodes.tokens import BootstrapTokens
 
 __all__ = ["NodeServices", "build_node_services"]
@@ -29,6 +30,8 @@ class NodeServices:
     authentication: NodeAuthentication
     presence: NodePresence
     inventory: NodeInventory
+    # The sampled inference results nodes sent (what their models saw).
+    results: NodeResults
     # Refused enrollments and node calls of every role (`edgefleet_node_refusals_total`).
     refusals: NodeRefusals
 
@@ -48,5 +51,6 @@ def build_node_services(
         authentication=NodeAuthentication(sessions, ca, clock, refusals),
         presence=presence,
         inventory=NodeInventory(sessions, clock, presence),
+        results=NodeResults(sessions),
         refusals=refusals,
     )

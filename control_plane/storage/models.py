@@ -50,6 +50,7 @@ __all__ = [
     "ModelFloorRow",
     "ModelVersionRow",
     "NodeRecordRow",
+    "NodeResultRow",
     "NodeRow",
     "TufMetadataRow",
 ]
@@ -282,6 +283,34 @@ class NodeRecordRow(Base):
     payload: Mapped[bytes] = mapped_column(LargeBinary, repr=False)
 
     __table_args__ = (CheckConstraint("kind IN ('event', 'health')", name="kind"),)
+
+
+class NodeResultRow(Base):
+    """A sampled inference result of a node (``edgefleet.agent.results/1``), the newest K
+    per node: what an operator sees with ``edgefleet nodes results``.
+
+    Written by the record ingest in the group commit that acks it (ON CONFLICT DO NOTHING
+    on (node, record id), like ``node_records``), which also deletes the node's results
+    below its K newest by ``seq``. ``document`` is the result as ``result_from_wire``
+    read it; the columns beside it are what queries filter and sort by.
+    """
+
+    __tablename__ = "node_results"
+    __table_args__ = (Index("ix_node_results_node_id_seq", "node_id", "seq"),)
+
+    node_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    record_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    received_at: Mapped[datetime]
+    captured_at: Mapped[datetime]
+    stream: Mapped[str] = mapped_column(String(256))
+    model: Mapped[str] = mapped_column(String(256))
+    version: Mapped[str | None] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(256))
+    document: Mapped[dict[str, Any]]
 
 
 class DirectorAssignmentRow(Base):

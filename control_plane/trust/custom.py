@@ -153,6 +153,18 @@ def parse_target_path(path: str) -> TargetPath | None:
     return None
 
 
+def target_label(path: str | None) -> str | None:
+    """How people name what a node runs: ``name@version`` for a model target
+    (``models/<name>/<version>/model.onnx``), the file's name for anything else (a model
+    served from a local file); None for no target ("" or None)."""
+    if not path:
+        return None
+    parsed = parse_target_path(path)
+    if parsed is not None and parsed.kind == "model":
+        return f"{parsed.model}@{parsed.version}"
+    return path.rstrip("/").rsplit("/", 1)[-1] or path
+
+
 # ------------------------------------------------------------------------ dataclasses
 
 

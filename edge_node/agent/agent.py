@@ -15,6 +15,9 @@ whose `exit_code` the entry point returns. `shutdown()` sets stop, lets the task
 until a deadline, then cancels what remains; it is safe to call twice and before or
 after `run()`.
 
+The results feed (`edge_node.results`) is one more task: a bounded sample of what the
+model saw goes into the outbox as best-effort `results` records.
+
 The update task is built in rather than a `Component`: it builds the Hello (what the
 node runs), and needs the control messages and the reconnects, which components do not
 see. A component named "updater" replaces it (tests do that).
@@ -57,6 +60,8 @@ from edge_node.link.base import (
 )
 from edge_node.link.uplink import ControlHandler, Uplink
 from edge_node.outbox import Outbox
+from edge_node.results.feed import ResultsFeed
+from edge_node.results.sampling import ResultSampler
 from edge_node.runtime.pipeline import InferencePipeline
 from edge_node.runtime.timing import SystemTicker
 from edge_node.telemetry import (
@@ -127,6 +132,7 @@ class Agent:
         self.ready = anyio.Event()  # set once enrolled, the outbox open and tasks started
         self.files: EnrollmentFiles | None = None
         self.uplink: Uplink | None = None
+        self.results_feed: ResultsFeed | None = None
         self.link: NodeLink | None = None  # the transport's link, once enrolled
         self.updater: UpdateTask | None = None
         self.health_dropped = 0
@@ -142,6 +148,9 @@ class Agent:
             probe=SystemProbe(config.data_dir, ticker=ticker),
             ticker=ticker,
         )
+        # Every result is offered; a bounded sample reaches the control plane (the
+        # `results` task below). Offering is O(1) on the pipeline's threads.
+        self.results = ResultSampler(config.results)
 
     @property
     def stopping(self) -> bool:
@@ -211,6 +220,8 @@ class Agent:
                 node_id=files.node_id,
                 budget_bytes=config.outbox_budget_bytes,
                 clock=self._clock,
+                results_share=config.results.outbox_share,
+                max_pending_results=config.results.max_pending,
             )
         )
         try:
@@ -260,6 +271,9 @@ class Agent:
         }
         if config.camera_sources:
             tasks["capture"] = lambda: self.capture.run(stop)
+        if config.results.enabled:
+            feed = self.results_feed = ResultsFeed(self.results, outbox, self._clock.monotonic)
+            tasks["results"] = lambda: feed.run(stop)
         grpc_link = transport.grpc
         if grpc_link is not None:  # an MQTT node presents its certificate nowhere
             tasks["renewal"] = lambda: run_renewal(
@@ -507,9 +521,10 @@ class Agent:
         await self._stop.wait()
 
     def _count_result(self, result: InferenceResult) -> None:
-        # Latency per model version for health reports; the results themselves go nowhere
-        # yet (aggregation and events come with their own issue).
+        """Every result, on the pipeline's threads (both calls O(1)): latency per model
+        version for health reports, and the results sampler (what the operator sees)."""
         self.telemetry.record_result(result)
+        self.results.offer(result)
 
     async def _close(self, transport: NodeTransport, outbox: Outbox) -> None:
         await self._host.close()

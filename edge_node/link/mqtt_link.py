@@ -9,7 +9,8 @@ TUF repository, and `fetch_metadata` / `fetch_artifact` raise `LinkUnsupportedEr
 Wire (docs/protocol.md, "MQTT"): topics ``edgefleet/v1/<fleet>/<node>/<leaf>``.
 
 - Up, QoS 1: Hello, Heartbeat and UpdateStatus on ``status``; a RecordBatch on ``events``
-  or ``health`` by record kind (a mixed batch is split in two messages).
+  or ``health`` by record kind (a mixed batch is split in two messages); sampled results
+  travel on ``health`` too, so a broker ACL written before them lets them through.
 - Down, QoS 1: ``ack`` (Acks), ``cmd`` (Commands) and the retained ``desired`` doorbell,
   each a serialized ControlMessage; `incoming()` yields them as they are. A doorbell
   carries either the signed assignment (`desired`) or the command ``pull-desired``; the
@@ -87,6 +88,7 @@ _SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _UPLINK_BY_KIND: Final = {
     link_pb2.RECORD_KIND_EVENT: "events",
     link_pb2.RECORD_KIND_HEALTH: "health",
+    link_pb2.RECORD_KIND_RESULTS: "health",
 }
 _DOWNLINK: Final = ("desired", "ack", "cmd")
 # CONNACK / SUBACK / PUBACK reasons that say "not you": retrying cannot help.

@@ -5,6 +5,10 @@ ack arrives within `ack_timeout_s`. Resends are safe (the control plane stores e
 record id once) and the outbox keeps everything until it is acked, so neither a broker
 crash, a control-plane restart nor a node restart loses or duplicates a record.
 Batches are large (hundreds of records), so one round trip per batch costs little.
+
+Sampled inference results (kind ``results``) are best effort and go last: a batch holds
+them only when no event or health report is waiting, so results never delay those, and
+a control plane that does not know the kind (older than the node) holds up only results.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -26,12 +31,19 @@ from edge_node.link.base import (
     NodeLink,
     node_message,
 )
-from edge_node.outbox import Outbox, Record
+from edge_node.outbox import Kind, Outbox, Record
 from protos.edgefleet.fleet.v1 import link_pb2
 
 log = logging.getLogger(__name__)
 
-_KINDS = {"event": link_pb2.RECORD_KIND_EVENT, "health": link_pb2.RECORD_KIND_HEALTH}
+_KINDS = {
+    "event": link_pb2.RECORD_KIND_EVENT,
+    "health": link_pb2.RECORD_KIND_HEALTH,
+    "results": link_pb2.RECORD_KIND_RESULTS,
+}
+# Sent before anything else; results only when none of these waits.
+_FIRST: Final[tuple[Kind, ...]] = ("event", "health")
+_LAST: Final[tuple[Kind, ...]] = ("results",)
 
 ControlHandler = Callable[[link_pb2.ControlMessage], Awaitable[None]]
 
@@ -136,9 +148,7 @@ class Uplink:
     async def _send_batches(self, stop: anyio.Event) -> None:
         config = self._config
         while not stop.is_set():
-            batch = await anyio.to_thread.run_sync(
-                self._outbox.pending, config.batch_records, config.batch_bytes
-            )
+            batch = await anyio.to_thread.run_sync(self._next_batch)
             if not batch:
                 with anyio.move_on_after(config.idle_poll_s):
                     await stop.wait()
@@ -165,6 +175,13 @@ class Uplink:
                 log.warning(
                     "no ack for %d records within %.0fs; resending", len(ids), config.ack_timeout_s
                 )
+
+    def _next_batch(self) -> list[Record]:
+        config = self._config
+        batch = self._outbox.pending(config.batch_records, config.batch_bytes, _FIRST)
+        if batch:
+            return batch
+        return self._outbox.pending(config.batch_records, config.batch_bytes, _LAST)
 
     async def _receive(self) -> None:
         async for message in self._link.incoming():

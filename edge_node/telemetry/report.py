@@ -113,6 +113,10 @@ class OutboxCounts(Protocol):
     def wal_reserve_bytes(self) -> int: ...
     @property
     def stored_bytes(self) -> int: ...
+    @property
+    def pending_results(self) -> int: ...
+    @property
+    def dropped_results(self) -> int: ...
 
 
 class UplinkCounts(Protocol):
@@ -381,6 +385,8 @@ def outbox_section(outbox: OutboxCounts | None) -> dict[str, Any] | None:
         "refused_events": outbox.refused_events,
         "alarm": outbox.alarm,
         "disk_bytes": outbox.disk_bytes,
+        "pending_results": outbox.pending_results,
+        "dropped_results": outbox.dropped_results,
     }
 
 

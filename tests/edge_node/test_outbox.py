@@ -101,17 +101,53 @@ class BudgetModel:
 
     budget: int
     keep_every: int
+    results_share: float = 0.1
+    max_results: int = 1000
     rows: list[tuple[int, str, int]] = field(default_factory=list)  # (seq, kind, size)
     high_water: int = 0
     dropped_health: int = 0
     refused_events: int = 0
+    dropped_results: int = 0
 
     def total(self, kind: str | None = None) -> int:
         return sum(size for _, k, size in self.rows if kind in (None, k))
 
+    def count(self, kind: str) -> int:
+        return sum(1 for _, k, _ in self.rows if k == kind)
+
+    def _drop_oldest_result(self) -> None:
+        oldest = next(r for r in self.rows if r[1] == "results")
+        self.rows.remove(oldest)
+        self.dropped_results += 1
+
+    def _append_result(self, size: int) -> int | None:
+        share = int(self.budget * self.results_share)
+        if size <= share and self.total() - self.total("results") + size <= self.budget:
+            while self.count("results") and (
+                self.total("results") + size > share
+                or self.total() + size > self.budget
+                or self.count("results") >= self.max_results
+            ):
+                self._drop_oldest_result()
+        if (
+            self.total("results") + size > share
+            or self.total() + size > self.budget
+            or self.count("results") >= self.max_results
+        ):
+            self.dropped_results += 1
+            return None
+        self.high_water += 1
+        self.rows.append((self.high_water, "results", size))
+        return self.high_water
+
     def append(self, kind: str, size: int) -> int | None:
+        if kind == "results":
+            return self._append_result(size)
         if self.total() + size > self.budget:
-            if self.total() - self.total("health") + size <= self.budget:
+            reclaimable = self.total("health") + self.total("results")
+            if self.total() - reclaimable + size <= self.budget:
+                while self.count("results") and self.total() + size > self.budget:
+                    self._drop_oldest_result()
                 while self.keep_every > 1 and self.total() + size > self.budget:
                     health = [seq for seq, k, _ in self.rows if k == "health"]
                     window = health[: len(health) // 2]
@@ -277,6 +313,16 @@ def test_pending_respects_limit_max_bytes_and_kinds(open_outbox: OpenOutbox) -> 
     assert seqs(outbox.pending(limit=2, max_bytes=10_000, kinds={"event"})) == [1, 3]
     assert outbox.pending(limit=0, max_bytes=10_000) == []
     assert outbox.pending(limit=10, max_bytes=10_000, kinds=[]) == []
+    outbox.append("results", b"r")
+    both = outbox.pending(limit=10, max_bytes=10_000, kinds=("event", "health"))
+    assert seqs(both) == [1, 2, 3, 4, 5, 6]
+    assert seqs(outbox.pending(limit=10, max_bytes=10_000, kinds=["results"])) == [7]
+    assert seqs(outbox.pending(limit=10, max_bytes=10_000, kinds=["results", "event"])) == [
+        1,
+        3,
+        5,
+        7,
+    ]
     with pytest.raises(InvalidInputError):
         outbox.pending(limit=10, max_bytes=10, kinds=["video"])  # type: ignore[list-item]
 
@@ -676,6 +722,148 @@ def test_a_newer_schema_version_is_refused_clearly(open_outbox: OpenOutbox, tmp_
     assert caught.value.fields["found"] == SCHEMA_VERSION + 1
 
 
+# ---------------------------------------------------------------- results
+
+
+def test_results_go_first_to_make_room_for_health_and_events(open_outbox: OpenOutbox) -> None:
+    outbox = open_outbox(
+        budget_bytes=6 * ROW, max_payload_bytes=PAYLOAD, health_keep_every=2, results_share=0.5
+    )
+    for kind in ["results", "health", "results", "event", "results", "health"]:
+        outbox.append(kind, b"x" * PAYLOAD)  # type: ignore[arg-type]
+
+    outbox.append("event", b"x" * PAYLOAD)
+    # The oldest result (seq 1) made room; no health report was thinned.
+    assert seqs(everything(outbox)) == [2, 3, 4, 5, 6, 7]
+    outbox.append("health", b"x" * PAYLOAD)
+    outbox.append("health", b"x" * PAYLOAD)
+    assert [r.kind for r in everything(outbox)].count("results") == 0
+    stats = outbox.stats()
+    assert (stats.dropped_results, stats.dropped_health, stats.pending_results) == (3, 0, 0)
+    assert not stats.alarm
+
+
+def test_results_keep_to_their_share_and_count_newest_first(open_outbox: OpenOutbox) -> None:
+    outbox = open_outbox(
+        budget_bytes=10 * ROW, max_payload_bytes=PAYLOAD, results_share=0.3, max_pending_results=2
+    )
+    outbox.append("event", b"e" * PAYLOAD)
+    for _ in range(5):
+        outbox.append("results", b"r" * PAYLOAD)
+
+    # At most two results pending (the count), the newest: 5 and 6.
+    assert seqs(everything(outbox)) == [1, 5, 6]
+    assert outbox.stats().dropped_results == 3
+
+    small = open_outbox(
+        path=outbox.path.with_name("small.db"),
+        budget_bytes=10 * ROW,
+        max_payload_bytes=2 * PAYLOAD,
+        results_share=0.12,
+    )
+    small.append("results", b"r" * PAYLOAD)  # one row fits in 1.2 rows' share
+    small.append("results", b"r" * PAYLOAD)  # the share: the older one goes
+    assert seqs(everything(small)) == [2]
+    with pytest.raises(OutboxFullError, match="result sample dropped"):
+        small.append("results", b"r" * (2 * PAYLOAD))  # over the whole share: not stored
+    assert seqs(everything(small)) == [2]
+    assert small.stats().dropped_results == 2
+
+
+def test_a_result_never_pushes_out_health_or_events(open_outbox: OpenOutbox) -> None:
+    outbox = open_outbox(budget_bytes=4 * ROW, max_payload_bytes=PAYLOAD, results_share=1.0)
+    for kind in ["event", "health", "health", "results"]:
+        outbox.append(kind, b"x" * PAYLOAD)  # type: ignore[arg-type]
+
+    outbox.append("results", b"x" * PAYLOAD)  # replaces the older result
+    assert seqs(everything(outbox)) == [1, 2, 3, 5]
+    outbox.append("health", b"x" * PAYLOAD)  # takes the result's room
+    with pytest.raises(OutboxFullError):
+        outbox.append("results", b"x" * PAYLOAD)
+    assert seqs(everything(outbox)) == [1, 2, 3, 6]
+    stats = outbox.stats()
+    assert (stats.dropped_results, stats.dropped_health, stats.refused_events) == (3, 0, 0)
+    assert not stats.alarm
+
+
+def test_results_counters_survive_reopen(open_outbox: OpenOutbox) -> None:
+    outbox = open_outbox(max_pending_results=1)
+    outbox.append("results", b"a")
+    outbox.append("results", b"b")
+    outbox.close()
+    reopened = open_outbox(max_pending_results=1)
+    stats = reopened.stats()
+    assert (stats.pending_results, stats.dropped_results) == (1, 1)
+    assert [r.payload for r in everything(reopened)] == [b"b"]
+
+
+def test_results_settings_are_checked(open_outbox: OpenOutbox) -> None:
+    for bad in ({"results_share": 0.0}, {"results_share": 1.5}, {"max_pending_results": 0}):
+        with pytest.raises(InvalidInputError):
+            open_outbox(**bad)
+
+
+_V1_SCHEMA = (
+    """
+    CREATE TABLE outbox (
+        seq             INTEGER PRIMARY KEY,
+        id              TEXT    NOT NULL UNIQUE,
+        kind            TEXT    NOT NULL CHECK (kind IN ('event', 'health')),
+        created_at      INTEGER NOT NULL,
+        payload         BLOB    NOT NULL,
+        size            INTEGER NOT NULL CHECK (size >= 0),
+        attempts        INTEGER NOT NULL DEFAULT 0,
+        last_attempt_at INTEGER
+    )
+    """,
+    "CREATE INDEX outbox_kind_seq ON outbox (kind, seq)",
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL) WITHOUT ROWID",
+)
+
+
+def test_a_version_1_outbox_is_migrated_with_everything_in_it(
+    open_outbox: OpenOutbox, tmp_path: Path
+) -> None:
+    """An agent before results wrote schema 1; its records and counters carry over."""
+    path = tmp_path / "outbox.db"
+    with sqlite3.connect(path) as raw:
+        for statement in _V1_SCHEMA:
+            raw.execute(statement)
+        raw.execute(
+            "INSERT INTO outbox VALUES (7, '01890000-0000-7000-8000-000000000007', 'event', "
+            "1700000000000, x'6576', 130, 2, 1700000001000)"
+        )
+        raw.executemany(
+            "INSERT INTO meta VALUES (?, ?)",
+            [
+                ("node_id", "node-1"),
+                ("high_water_seq", 7),
+                ("dropped_health", 4),
+                ("refused_events", 1),
+                ("last_acked_seq", 6),
+                ("alarm", 0),
+            ],
+        )
+        raw.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        raw.execute("PRAGMA user_version = 1")
+    raw.close()
+
+    outbox = open_outbox()
+    (kept,) = everything(outbox)
+    assert (kept.seq, kept.kind, kept.payload, kept.attempts) == (7, "event", b"ev", 2)
+    stats = outbox.stats()
+    assert (stats.high_water_seq, stats.dropped_health, stats.refused_events) == (7, 4, 1)
+    assert (stats.bytes, stats.dropped_results) == (130, 0)
+    assert outbox.append("results", b"r").seq == 8
+    outbox.close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        indexes = [row[1] for row in raw.execute("PRAGMA index_list(outbox)")]
+    raw.close()
+    assert "outbox_kind_seq" in indexes
+    assert [r.seq for r in everything(open_outbox())] == [7, 8]
+
+
 # ---------------------------------------------------------------- SIGKILL
 
 _APPEND_FOREVER = textwrap.dedent(
@@ -801,6 +989,8 @@ class OutboxMachine(RuleBasedStateMachine):
 
     BUDGET = 12 * ROW
     KEEP_EVERY = 3
+    RESULTS_SHARE = 0.34  # four rows of the twelve
+    MAX_RESULTS = 3
 
     def __init__(self) -> None:
         super().__init__()
@@ -808,7 +998,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.path = Path(self.dir.name) / "outbox.db"
         self.clock = ManualClock()
         self.outbox = self._open()
-        self.model = BudgetModel(self.BUDGET, self.KEEP_EVERY)
+        self.model = BudgetModel(self.BUDGET, self.KEEP_EVERY, self.RESULTS_SHARE, self.MAX_RESULTS)
         self.appended: dict[str, tuple[int, Kind]] = {}
         self.acked: set[str] = set()
 
@@ -821,12 +1011,14 @@ class OutboxMachine(RuleBasedStateMachine):
             clock=self.clock,
             max_payload_bytes=2 * PAYLOAD,
             health_keep_every=self.KEEP_EVERY,
+            results_share=self.RESULTS_SHARE,
+            max_pending_results=self.MAX_RESULTS,
         )
 
     @rule(
         batch=st.lists(
             st.tuples(
-                st.sampled_from(["event", "health", "health"]),
+                st.sampled_from(["event", "health", "health", "results"]),
                 st.integers(min_value=0, max_value=2 * PAYLOAD),
             ),
             min_size=1,
@@ -837,9 +1029,12 @@ class OutboxMachine(RuleBasedStateMachine):
         for kind, size in batch:
             self.clock.advance(timedelta(milliseconds=1))
             dropped_before = self.model.dropped_health
+            results_before = self.model.dropped_results
             expected_seq = self.model.append(kind, size + ROW_OVERHEAD_BYTES)
             if self.model.dropped_health > dropped_before + (expected_seq is None):
                 event("health thinned")
+            if self.model.dropped_results > results_before + (expected_seq is None):
+                event(f"results dropped for {kind}")
             try:
                 record = self.outbox.append(kind, b"p" * size)
             except OutboxFullError:
@@ -883,9 +1078,16 @@ class OutboxMachine(RuleBasedStateMachine):
         assert seqs(rows) == [seq for seq, _, _ in self.model.rows]
         assert not pending & self.acked
         dropped = set(self.appended) - pending - self.acked
-        assert all(self.appended[i][1] == "health" for i in dropped), "an event was dropped"
+        assert all(self.appended[i][1] != "event" for i in dropped), "an event was dropped"
         assert pending | self.acked | dropped == set(self.appended)
-        assert stats.dropped_health == self.model.dropped_health >= len(dropped)
+        dropped_health = [i for i in dropped if self.appended[i][1] == "health"]
+        assert stats.dropped_health == self.model.dropped_health >= len(dropped_health)
+        assert (
+            stats.dropped_results
+            == self.model.dropped_results
+            >= len(dropped) - len(dropped_health)
+        )
+        assert stats.pending_results == self.model.count("results") <= self.MAX_RESULTS
         assert stats.refused_events == self.model.refused_events
         assert stats.bytes == self.model.total() <= self.BUDGET
         assert stats.high_water_seq == self.model.high_water

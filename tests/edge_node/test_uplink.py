@@ -163,3 +163,42 @@ async def test_a_full_disk_under_the_outbox_does_not_stop_the_uplink(outbox: Out
         stop.set()
         tasks.cancel_scope.cancel()
     assert stored == sent
+
+
+async def test_results_go_last_and_a_plane_that_refuses_them_holds_up_only_results(
+    outbox: Outbox,
+) -> None:
+    results = {outbox.append("results", b'{"r": %d}' % i).id for i in range(3)}
+    first = {outbox.append("event", b"e").id, outbox.append("health", b"h").id}
+    peer = MemoryLinkPeer()
+    batches: list[set[str]] = []
+
+    async def older_control_plane() -> None:
+        """Acks events and health; refuses (never acks) a kind it does not know."""
+        seen = 0
+        while True:
+            await peer.received.wait()
+            for message in peer.sent[seen:]:
+                seen += 1
+                if message.WhichOneof("body") != "records":
+                    continue
+                sent = message.records.records
+                batches.append({r.id for r in sent})
+                if all(r.kind != link_pb2.RECORD_KIND_RESULTS for r in sent):
+                    ids = [r.id for r in sent]
+                    await peer.reply(link_pb2.ControlMessage(ack=link_pb2.Ack(record_ids=ids)))
+
+    uplink = Uplink(outbox, MemoryNodeLink(peer), clock=SystemClock(), config=FAST)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(older_control_plane)
+        tasks.start_soon(uplink.run, hello, stop)
+        await until(lambda: any(b <= results for b in batches))  # results go out once idle
+        later = outbox.append("event", b"later").id  # while the results batch waits
+        await until(lambda: outbox.stats().pending_events == 0)
+        stop.set()
+        tasks.cancel_scope.cancel()
+    assert batches[0] == first  # before the older results
+    assert {later} in batches
+    assert all(b <= results or not b & results for b in batches)  # never mixed
+    assert outbox.stats().pending_results == 3  # kept: best effort, until the outbox drops them

@@ -107,7 +107,12 @@ def _many(field: Any) -> bool:
 # Declared after the report above was captured; tests/edge_node/telemetry/test_telemetry.py
 # shows the node sending each (issue 12: drop-directory files passed over, the outbox's
 # files on disk).
-ADDED_SINCE_CAPTURE = {"streams[].capture_passed_over", "outbox.disk_bytes"}
+ADDED_SINCE_CAPTURE = {
+    "streams[].capture_passed_over",
+    "outbox.disk_bytes",
+    "outbox.pending_results",
+    "outbox.dropped_results",
+}
 
 
 def test_the_schema_declares_nothing_the_node_does_not_send() -> None:

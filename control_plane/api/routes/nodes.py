@@ -1,4 +1,5 @@
-"""Nodes: bootstrap tokens, enrollment (REST fallback for MQTT-only links), inventory.
+"""Nodes: bootstrap tokens, enrollment (REST fallback for MQTT-only links), inventory, and
+the sampled results of each node's model (any valid token reads them).
 
 `POST /v1/enroll` and `GET /v1/ca.pem` are the routes here without an API token: the
 bootstrap token in the body is the credential, and the CA certificate is public. The
@@ -9,9 +10,9 @@ render it.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field, ValidationError
 
@@ -20,6 +21,7 @@ from control_plane.api.deps import (
     ClockDep,
     ContextDep,
     NodeInventoryDep,
+    NodeResultsDep,
     NodeTokensDep,
     PrincipalDep,
     RestInboxDep,
@@ -32,6 +34,8 @@ from control_plane.nodes.model import (
     Node,
     update_summary,
 )
+from control_plane.nodes.results import DEFAULT_LIMIT, MAX_LIMIT, NodeResult
+from control_plane.trust.custom import target_label
 
 router = APIRouter(prefix="/v1", tags=["nodes"])
 
@@ -109,6 +113,10 @@ class NodeOut(BaseModel):
     agent_version: str | None
     transport: str | None
     reported_state: dict[str, Any]
+    active_model: str | None = Field(
+        description="what the node serves, as name@version (from its Hello's active target; "
+        "a local file: its name); null when it serves no release"
+    )
     created_at: datetime
     last_seen: datetime | None
     online: bool
@@ -123,6 +131,27 @@ class NodeOut(BaseModel):
         default=None,
         description="its latest failed or reverted one, kept across reconnects",
     )
+
+
+class NodeResultOut(BaseModel):
+    """One sampled result as the node sent it (``edgefleet.agent.results/1``)."""
+
+    record_id: str
+    seq: int
+    received_at: datetime
+    captured_at: datetime
+    stream: str
+    model: str
+    version: str | None
+    model_label: str = Field(description="name@version (a local file: its name)")
+    kind: str = Field(description="classification | detection | raw")
+    frame_id: int
+    detections: list[dict[str, Any]] = Field(
+        description="class_id, label, score and (detection) box [x1, y1, x2, y2] in [0, 1]"
+    )
+    detections_total: int
+    tensors: list[dict[str, Any]]
+    latency_ms: dict[str, Any] = Field(description="queue, preprocess, inference, decode")
 
 
 class NodeLabelsPatch(BaseModel):
@@ -152,6 +181,31 @@ def _status_out(status: object) -> UpdateStatusOut | None:
         return None
 
 
+def _result_out(result: NodeResult) -> NodeResultOut:
+    doc = result.document
+    return NodeResultOut(
+        record_id=result.record_id,
+        seq=result.seq,
+        received_at=result.received_at,
+        captured_at=result.captured_at,
+        stream=result.stream,
+        model=result.model,
+        version=result.version,
+        model_label=result.model_label,
+        kind=result.kind,
+        frame_id=doc.get("frame_id", 0),
+        detections=doc.get("detections", []),
+        detections_total=doc.get("detections_total", 0),
+        tensors=doc.get("tensors", []),
+        latency_ms=doc.get("latency_ms", {}),
+    )
+
+
+def _active_model(state: dict[str, Any]) -> str | None:
+    target = state.get("active_target")
+    return target_label(target) if isinstance(target, str) else None
+
+
 def _node_out(node: Node) -> NodeOut:
     state = node.reported_state or {}
     return NodeOut(
@@ -161,6 +215,7 @@ def _node_out(node: Node) -> NodeOut:
         agent_version=node.agent_version,
         transport=node.transport,
         reported_state=node.reported_state,
+        active_model=_active_model(node.reported_state),
         created_at=node.created_at,
         last_seen=node.last_seen,
         online=node.online,
@@ -267,6 +322,19 @@ def list_nodes(
 @router.get("/nodes/{node_id}")
 def get_node(node_id: str, _: PrincipalDep, inventory: NodeInventoryDep) -> NodeOut:
     return _node_out(inventory.get_node(node_id))
+
+
+@router.get("/nodes/{node_id}/results")
+def node_results(
+    node_id: str,
+    _: PrincipalDep,
+    results: NodeResultsDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+    stream: Annotated[str | None, Query(max_length=256)] = None,
+) -> list[NodeResultOut]:
+    """The node's newest sampled results (what its model saw), newest first; the node
+    sends a bounded sample and the control plane keeps the last few per node."""
+    return [_result_out(r) for r in results.recent(node_id, limit=limit, stream=stream)]
 
 
 @router.patch("/nodes/{node_id}")

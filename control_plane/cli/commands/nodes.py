@@ -34,6 +34,8 @@ NODE_COLUMNS = [
 ]
 NODE_DETAIL_COLUMNS = [
     *NODE_COLUMNS[:-1],
+    "active",
+    "update",
     "created_at",
     "cert_serial",
     "revoked_at",
@@ -46,6 +48,7 @@ NODE_HEALTH_COLUMNS = [
     "fleet",
     "labels",
     "status",
+    "active",
     "p99_ms",
     "drift",
     "rss_mb",
@@ -55,6 +58,11 @@ NODE_HEALTH_COLUMNS = [
     "agent_version",
     "last_seen",
 ]
+# `nodes results`: what the node's model saw (GET /v1/nodes/{id}/results).
+_LATENCY_SPLIT = "queue/pre/infer/decode_ms"
+RESULT_COLUMNS = ["time", "stream", "model", "kind", "detections", _LATENCY_SPLIT]
+# Top detections shown per result (the JSON output has all the node sent).
+_SHOWN_DETECTIONS = 3
 SERIES_COLUMNS = [
     "at",
     "reports",
@@ -266,8 +274,34 @@ def _number(value: Any, digits: int = 1, scale: float = 1.0) -> str | None:
     return f"{value / scale:.{digits}f}"
 
 
+def _active_text(node: dict[str, Any]) -> str | None:
+    """What the node serves as `name@version` (a server before `active_model`: from the
+    reported target path)."""
+    if node.get("active_model"):
+        return str(node["active_model"])
+    from control_plane.trust.custom import target_label
+
+    target = (node.get("reported_state") or {}).get("active_target")
+    return target_label(target) if isinstance(target, str) else None
+
+
+def _update_text(node: dict[str, Any]) -> str | None:
+    """The node's last update status in one line: `phase name@version: detail`."""
+    from control_plane.trust.custom import target_label
+
+    update = (node.get("reported_state") or {}).get("update")
+    if not isinstance(update, dict) or not update.get("phase"):
+        return None
+    target = update.get("target_path")
+    label = target_label(target) if isinstance(target, str) else None
+    text = " ".join(str(part) for part in (update["phase"], label) if part)
+    detail = update.get("detail")
+    return f"{text}: {detail}" if detail else text
+
+
 def _glance_row(node: dict[str, Any]) -> dict[str, Any]:
     row = _table_row({k: v for k, v in node.items() if k != "health"})
+    row["active"] = _active_text(node)
     health = node.get("health") or {}
     metrics = health.get("metrics") or {}
     row["status"] = health.get("status", "online" if node.get("online") else "offline")
@@ -322,13 +356,15 @@ def _series_row(point: dict[str, Any]) -> dict[str, Any]:
 
 @nodes_app.command("show")
 def nodes_show(ctx: typer.Context, node_id: str) -> None:
-    """One node in detail, with its last reported state and why its last update failed."""
+    """One node in detail: what it serves (`name@version`), its last reported state and
+    why its last update failed."""
     cli = cli_context(ctx)
     with cli.client() as api:
         node = api.json("GET", f"/v1/nodes/{node_id}")
-    _emit(cli, node, NODE_DETAIL_COLUMNS)
     if cli.output == "json":
+        cli.emit(node)
         return
+    _emit(cli, {**node, "active": _active_text(node)}, NODE_DETAIL_COLUMNS)
     for line in update_lines(node):
         # Not wrapped, no markup: a detail quotes names and brackets ('scores', [1, 3]).
         cli.console.print(line, soft_wrap=True, markup=False, highlight=False)
@@ -360,6 +396,85 @@ def update_lines(node: dict[str, Any]) -> list[str]:
 
 def _status_key(status: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(status.get(k) for k in ("phase", "target_path", "director_sequence", "at"))
+
+
+@nodes_app.command("results")
+def nodes_results(
+    ctx: typer.Context,
+    node_id: str,
+    stream: Annotated[str | None, typer.Option(help="only this stream's results")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="newest results to show")] = 20,
+) -> None:
+    """What the node's model saw: its newest sampled results, newest first (the node
+    sends a bounded sample; `-o json` shows every field)."""
+    cli = cli_context(ctx)
+    params: dict[str, Any] = {"limit": limit}
+    if stream:
+        params["stream"] = stream
+    with cli.client() as api:
+        results = api.json("GET", f"/v1/nodes/{node_id}/results", params=params)
+    if cli.output == "json":
+        cli.emit(results)
+        return
+    if not results:
+        cli.console.print(
+            f"node {node_id} has sent no results"
+            + (f" for stream {stream}" if stream else "")
+            + " (it samples what its model sees while it serves one)"
+        )
+        return
+    _table(cli, [_result_row(r) for r in results], RESULT_COLUMNS)
+
+
+def _result_row(result: dict[str, Any]) -> dict[str, Any]:
+    latency = result.get("latency_ms") or {}
+    split = "/".join(
+        "-" if latency.get(k) is None else f"{latency[k]:.1f}"
+        for k in ("queue", "preprocess", "inference", "decode")
+    )
+    return {
+        "time": _precise_time(result.get("captured_at")),
+        "stream": result.get("stream"),
+        "model": result.get("model_label"),
+        "kind": result.get("kind"),
+        "detections": _detections_text(result) or "-",
+        _LATENCY_SPLIT: split,
+    }
+
+
+def _precise_time(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    except ValueError:
+        return value
+
+
+def _detections_text(result: dict[str, Any]) -> str:
+    """The top detections, one a line: `label score [x1,y1,x2,y2]`; a raw result's
+    tensors as `name shape min..max mean`."""
+    lines = []
+    detections = result.get("detections") or []
+    for detection in detections[:_SHOWN_DETECTIONS]:
+        score = detection.get("score")
+        text = f"{detection.get('label') or detection.get('class_id')}"
+        text += "" if score is None else f" {score:.2f}"
+        box = detection.get("box")
+        if isinstance(box, list) and len(box) == 4:
+            text += " [" + ",".join("-" if v is None else f"{v:.2f}" for v in box) + "]"
+        lines.append(text)
+    total = result.get("detections_total") or len(detections)
+    if total > len(lines):
+        lines.append(f"+{total - len(lines)} more")
+    if not detections:
+        for tensor in (result.get("tensors") or [])[:_SHOWN_DETECTIONS]:
+            shape = "x".join(str(d) for d in tensor.get("shape") or [])
+            lines.append(
+                f"{tensor.get('name')} {shape} {_number(tensor.get('min'), 3)}.."
+                f"{_number(tensor.get('max'), 3)} mean {_number(tensor.get('mean'), 3)}"
+            )
+    return "\n".join(lines)
 
 
 @nodes_app.command("label")

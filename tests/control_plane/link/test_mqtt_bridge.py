@@ -6,6 +6,7 @@ paho client where a test needs to misbehave (garbage, other nodes' topics).
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import uuid
@@ -175,6 +176,27 @@ async def test_hello_marks_online_and_records_are_stored_once_and_acked(
     assert await acked_ids(link, ids) == ids
     assert services.records.count(node.node_id) == 9
     assert bridge.refusals.snapshot() == {}
+
+
+async def test_results_travel_on_the_health_leaf_and_only_there(
+    services: Services, bridge: MqttBridge, raw: RawClient, link: MqttNodeLink, node: MqttNode
+) -> None:
+    from tests.control_plane.link.test_results_store import document
+
+    await link.connect(link_pb2.Hello(agent_version="1.0.0"))
+    sample = wire_record(link_pb2.RECORD_KIND_RESULTS, 1, json.dumps(document("gate", 9)).encode())
+    health = wire_record(link_pb2.RECORD_KIND_HEALTH, 2)
+    await link.send(batch([sample, health]))  # one message: both on `health`
+    assert await acked_ids(link, {sample.id, health.id}) == {sample.id, health.id}
+    (shown,) = services.nodes.results.recent(node.node_id)
+    assert (shown.record_id, shown.stream, shown.document["frame_id"]) == (sample.id, "gate", 9)
+    assert services.records.count(node.node_id, "health") == 1
+
+    elsewhere = wire_record(link_pb2.RECORD_KIND_RESULTS, 3, json.dumps(document()).encode())
+    events = node_topic(node.fleet, node.node_id, Leaf.EVENTS)
+    assert raw.publish(events, batch([elsewhere]).SerializeToString()) in {0, 16}
+    await eventually(lambda: bridge.refusals.snapshot() == {"wrong-leaf": 1})
+    assert len(services.nodes.results.recent(node.node_id)) == 1
 
 
 async def test_heartbeat_and_update_status_reach_the_inventory(

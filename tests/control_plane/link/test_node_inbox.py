@@ -164,3 +164,24 @@ def test_one_dispatch_by_kind_answers_a_hello_and_keeps_the_link_up_on_the_rest(
     records = link_pb2.NodeMessage(protocol_version=1, records=link_pb2.RecordBatch())
     with pytest.raises(ValueError, match="store_records"):
         inbox.handle(node_id, records)
+
+
+def test_results_are_stored_and_an_unreadable_one_is_refused_alone_and_acked(
+    services: Services, inbox: NodeInbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.control_plane.link.test_ingest import record
+    from tests.control_plane.link.test_results_store import document, results_record
+
+    node_id, _ = enrolled(services, inbox)
+    good, bad = results_record(2), results_record(3, document(frame_id=None))
+    batch = [record(1), good, bad]
+    with caplog.at_level("WARNING", logger="control_plane.link.node_inbox"):
+        acked = inbox.submit_records(node_id, batch).result(timeout=30)
+    assert set(acked) == {r.id for r in batch}  # the node need not send any of them again
+    assert inbox.refusals.snapshot() == {"bad-results": 1}
+    (logged,) = [r for r in caplog.records if getattr(r, "reason", None) == "bad-results"]
+    assert "results.frame_id" in logged.getMessage()
+    assert getattr(logged, "error_record_id", None) == bad.id
+    shown = services.nodes.results.recent(node_id)
+    assert [r.record_id for r in shown] == [good.id]
+    assert services.records.count(node_id) == 1

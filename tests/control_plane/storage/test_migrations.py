@@ -37,6 +37,7 @@ TABLES = {
     "nodes",
     "bootstrap_tokens",
     "node_records",
+    "node_results",
     "director_assignments",
     "health_cursor",
     "health_points",

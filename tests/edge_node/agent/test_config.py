@@ -249,3 +249,32 @@ def test_the_sample_in_the_operator_guide_shows_every_setting() -> None:
 
     missing = [n for n in _setting_names(NodeSettings) if not present(n)]
     assert missing == []
+
+
+def test_results_sampling_is_on_by_default_and_set_from_the_file_and_env(
+    node_yaml: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = load_agent_config(node_yaml).results
+    assert results.enabled
+    assert (results.interval_s, results.max_per_minute, results.max_pending) == (10.0, 30, 500)
+    node_yaml.write_text(BASE + "results:\n  interval_s: 2\n  max_per_minute: 120\n")
+    monkeypatch.setenv("EDGEFLEET_NODE_RESULTS__ENABLED", "false")
+    results = load_agent_config(node_yaml).results
+    assert (results.interval_s, results.max_per_minute, results.enabled) == (2.0, 120, False)
+
+
+@pytest.mark.parametrize(
+    ("section", "named"),
+    [
+        ("results:\n  interval_s: 0.1\n", "results.interval_s"),
+        ("results:\n  max_per_minute: 100000\n", "results.max_per_minute"),
+        ("results:\n  outbox_share: 2\n", "results.outbox_share"),
+        ("results:\n  sample_every: 3\n", "results.sample_every"),
+    ],
+)
+def test_unsafe_results_settings_are_refused_naming_the_field(
+    node_yaml: Path, section: str, named: str
+) -> None:
+    node_yaml.write_text(BASE + section)
+    with pytest.raises(ConfigError, match=named):
+        load_agent_config(node_yaml)

@@ -47,6 +47,11 @@ def control_plane_services(work: Path, clock: Any = None) -> Services:
     return build_services(config) if clock is None else build_services(config, clock=clock)
 
 
+def stored_by(services: Services, node_id: str) -> int:
+    """Records in node_records plus sampled results in node_results (their own table)."""
+    return services.records.count(node_id) + len(services.nodes.results.recent(node_id, limit=1000))
+
+
 class SilentListener:
     """A loopback port that takes TCP connections (the kernel's backlog does) and never
     answers: no TLS handshake, no CONNACK."""
@@ -228,7 +233,7 @@ class GrpcKit(LinkKit):
         return bool(node.online and node.agent_version == agent_version)
 
     async def stored(self) -> int:
-        return int(await anyio.to_thread.run_sync(self.services.records.count, self.files.node_id))
+        return await anyio.to_thread.run_sync(stored_by, self.services, self.files.node_id)
 
     async def send_command(self, name: str) -> None:
         message = link_pb2.ControlMessage(protocol_version=1, command=link_pb2.Command(name=name))
@@ -313,7 +318,7 @@ class MqttKit(LinkKit):
         return bool(node.online and node.agent_version == agent_version)
 
     async def stored(self) -> int:
-        return int(await anyio.to_thread.run_sync(self.services.records.count, self.node.node_id))
+        return await anyio.to_thread.run_sync(stored_by, self.services, self.node.node_id)
 
     async def send_command(self, name: str) -> None:
         await anyio.to_thread.run_sync(

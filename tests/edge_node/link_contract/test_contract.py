@@ -26,8 +26,10 @@ from edge_node.link.base import (
     NodeLink,
     node_message,
 )
+from edge_node.results.feed import encode_result
 from protos.edgefleet.fleet.v1 import link_pb2
 from tests.edge_node.link_contract._kits import LinkKit
+from tests.edge_node.results.support import result
 
 pytestmark = pytest.mark.anyio
 
@@ -164,6 +166,19 @@ async def test_records_are_acked_on_incoming_once_stored(link_kit: LinkKit, link
     await acked(link, {r.id for r in sent})
     # The ack means stored: the control plane holds every record by then.
     assert await link_kit.stored() == 5
+
+
+async def test_records_of_every_kind_are_acked_once_stored(
+    link_kit: LinkKit, link: NodeLink
+) -> None:
+    await link.connect(hello())
+    sent = records(3)
+    sent[1].kind = link_pb2.RECORD_KIND_HEALTH
+    sent[2].kind = link_pb2.RECORD_KIND_RESULTS  # a sampled result, as the agent's feed sends
+    sent[2].payload = encode_result(result("gate", 7, detections=2))
+    await link.send(batch(sent))
+    await acked(link, {r.id for r in sent})
+    assert await link_kit.stored() == 3
 
 
 async def test_a_resent_batch_is_acked_again_and_stored_once(

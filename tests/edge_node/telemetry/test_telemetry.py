@@ -117,6 +117,8 @@ OUTBOX = OutboxStats(
     high_water_seq=40,
     last_acked_seq=25,
     disk_bytes=65_536,
+    pending_results=4,
+    dropped_results=2,
 )
 
 
@@ -164,6 +166,7 @@ def test_a_report_carries_every_section_with_units_in_the_names() -> None:
     assert report["thermal"]["throttled"] is None and report["thermal"]["max_temp_c"] is None
     assert report["outbox"]["fill_ratio"] == 0.25 and report["outbox"]["pending_events"] == 12
     assert report["outbox"]["disk_bytes"] == 65_536
+    assert (report["outbox"]["pending_results"], report["outbox"]["dropped_results"]) == (4, 2)
     assert report["uplink"]["records_acked"] == 48
     assert report["errors"] == {"count": 0, "last": None}
     assert report["telemetry"]["sketches_dropped"] is False

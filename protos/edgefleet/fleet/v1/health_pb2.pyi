@@ -956,6 +956,8 @@ class Outbox(_message.Message):
     REFUSED_EVENTS_FIELD_NUMBER: _builtins.int
     ALARM_FIELD_NUMBER: _builtins.int
     DISK_BYTES_FIELD_NUMBER: _builtins.int
+    PENDING_RESULTS_FIELD_NUMBER: _builtins.int
+    DROPPED_RESULTS_FIELD_NUMBER: _builtins.int
     pending_events: _builtins.int
     pending_health: _builtins.int
     bytes: _builtins.int
@@ -974,6 +976,9 @@ class Outbox(_message.Message):
     """
     disk_bytes: _builtins.int
     """What the outbox's files take on disk now."""
+    pending_results: _builtins.int
+    """Sampled inference results waiting, and those dropped to make room (best effort)."""
+    dropped_results: _builtins.int
     def __init__(
         self,
         *,
@@ -986,10 +991,12 @@ class Outbox(_message.Message):
         refused_events: _builtins.int = ...,
         alarm: _builtins.bool = ...,
         disk_bytes: _builtins.int | None = ...,
+        pending_results: _builtins.int = ...,
+        dropped_results: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_disk_bytes", b"_disk_bytes", "_fill_ratio", b"_fill_ratio", "disk_bytes", b"disk_bytes", "fill_ratio", b"fill_ratio"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_disk_bytes", b"_disk_bytes", "_fill_ratio", b"_fill_ratio", "alarm", b"alarm", "budget_bytes", b"budget_bytes", "bytes", b"bytes", "disk_bytes", b"disk_bytes", "dropped_health", b"dropped_health", "fill_ratio", b"fill_ratio", "pending_events", b"pending_events", "pending_health", b"pending_health", "refused_events", b"refused_events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_disk_bytes", b"_disk_bytes", "_fill_ratio", b"_fill_ratio", "alarm", b"alarm", "budget_bytes", b"budget_bytes", "bytes", b"bytes", "disk_bytes", b"disk_bytes", "dropped_health", b"dropped_health", "dropped_results", b"dropped_results", "fill_ratio", b"fill_ratio", "pending_events", b"pending_events", "pending_health", b"pending_health", "pending_results", b"pending_results", "refused_events", b"refused_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__disk_bytes: _TypeAlias = _typing.Literal["disk_bytes"]  # noqa: Y015
     _WhichOneofArgType__disk_bytes: _TypeAlias = _typing.Literal["_disk_bytes", b"_disk_bytes"]  # noqa: Y015

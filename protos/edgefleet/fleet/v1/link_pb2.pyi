@@ -37,12 +37,20 @@ class _RecordKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecordKind
     RECORD_KIND_UNSPECIFIED: _RecordKind.ValueType  # 0
     RECORD_KIND_EVENT: _RecordKind.ValueType  # 1
     RECORD_KIND_HEALTH: _RecordKind.ValueType  # 2
+    RECORD_KIND_RESULTS: _RecordKind.ValueType  # 3
+    """A sampled inference result (edgefleet.agent.results/1), best effort: the node drops
+    these first under outbox pressure, the control plane keeps the last few per node.
+    """
 
 class RecordKind(_RecordKind, metaclass=_RecordKindEnumTypeWrapper): ...
 
 RECORD_KIND_UNSPECIFIED: RecordKind.ValueType  # 0
 RECORD_KIND_EVENT: RecordKind.ValueType  # 1
 RECORD_KIND_HEALTH: RecordKind.ValueType  # 2
+RECORD_KIND_RESULTS: RecordKind.ValueType  # 3
+"""A sampled inference result (edgefleet.agent.results/1), best effort: the node drops
+these first under outbox pressure, the control plane keeps the last few per node.
+"""
 Global___RecordKind: _TypeAlias = RecordKind  # noqa: Y015
 
 @_typing.final
