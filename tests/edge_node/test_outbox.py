@@ -727,7 +727,11 @@ def test_a_newer_schema_version_is_refused_clearly(open_outbox: OpenOutbox, tmp_
 
 def test_results_go_first_to_make_room_for_health_and_events(open_outbox: OpenOutbox) -> None:
     outbox = open_outbox(
-        budget_bytes=6 * ROW, max_payload_bytes=PAYLOAD, health_keep_every=2, results_share=0.5
+        budget_bytes=6 * ROW,
+        max_payload_bytes=PAYLOAD,
+        health_keep_every=2,
+        results_share=0.5,
+        wal_reserve_bytes=0,
     )
     for kind in ["results", "health", "results", "event", "results", "health"]:
         outbox.append(kind, b"x" * PAYLOAD)  # type: ignore[arg-type]
@@ -745,7 +749,11 @@ def test_results_go_first_to_make_room_for_health_and_events(open_outbox: OpenOu
 
 def test_results_keep_to_their_share_and_count_newest_first(open_outbox: OpenOutbox) -> None:
     outbox = open_outbox(
-        budget_bytes=10 * ROW, max_payload_bytes=PAYLOAD, results_share=0.3, max_pending_results=2
+        budget_bytes=10 * ROW,
+        max_payload_bytes=PAYLOAD,
+        results_share=0.3,
+        max_pending_results=2,
+        wal_reserve_bytes=0,
     )
     outbox.append("event", b"e" * PAYLOAD)
     for _ in range(5):
@@ -760,6 +768,7 @@ def test_results_keep_to_their_share_and_count_newest_first(open_outbox: OpenOut
         budget_bytes=10 * ROW,
         max_payload_bytes=2 * PAYLOAD,
         results_share=0.12,
+        wal_reserve_bytes=0,
     )
     small.append("results", b"r" * PAYLOAD)  # one row fits in 1.2 rows' share
     small.append("results", b"r" * PAYLOAD)  # the share: the older one goes
@@ -771,7 +780,9 @@ def test_results_keep_to_their_share_and_count_newest_first(open_outbox: OpenOut
 
 
 def test_a_result_never_pushes_out_health_or_events(open_outbox: OpenOutbox) -> None:
-    outbox = open_outbox(budget_bytes=4 * ROW, max_payload_bytes=PAYLOAD, results_share=1.0)
+    outbox = open_outbox(
+        budget_bytes=4 * ROW, max_payload_bytes=PAYLOAD, results_share=1.0, wal_reserve_bytes=0
+    )
     for kind in ["event", "health", "health", "results"]:
         outbox.append(kind, b"x" * PAYLOAD)  # type: ignore[arg-type]
 

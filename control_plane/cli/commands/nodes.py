@@ -35,7 +35,6 @@ NODE_COLUMNS = [
 NODE_DETAIL_COLUMNS = [
     *NODE_COLUMNS[:-1],
     "active",
-    "update",
     "created_at",
     "cert_serial",
     "revoked_at",
@@ -285,20 +284,6 @@ def _active_text(node: dict[str, Any]) -> str | None:
     return target_label(target) if isinstance(target, str) else None
 
 
-def _update_text(node: dict[str, Any]) -> str | None:
-    """The node's last update status in one line: `phase name@version: detail`."""
-    from control_plane.trust.custom import target_label
-
-    update = (node.get("reported_state") or {}).get("update")
-    if not isinstance(update, dict) or not update.get("phase"):
-        return None
-    target = update.get("target_path")
-    label = target_label(target) if isinstance(target, str) else None
-    text = " ".join(str(part) for part in (update["phase"], label) if part)
-    detail = update.get("detail")
-    return f"{text}: {detail}" if detail else text
-
-
 def _glance_row(node: dict[str, Any]) -> dict[str, Any]:
     row = _table_row({k: v for k, v in node.items() if k != "health"})
     row["active"] = _active_text(node)
@@ -373,6 +358,8 @@ def nodes_show(ctx: typer.Context, node_id: str) -> None:
 def update_lines(node: dict[str, Any]) -> list[str]:
     """`last update: <phase> — <detail>` and, when it is another one, `last failure: ...`,
     each followed by what it was about (target, sequence, time)."""
+    from control_plane.trust.custom import target_label
+
     lines: list[str] = []
     update, failure = node.get("last_update"), node.get("last_failure")
     shown = [("last update", update)]
@@ -382,7 +369,8 @@ def update_lines(node: dict[str, Any]) -> list[str]:
         if not isinstance(status, dict) or not status.get("summary"):
             continue
         lines.append(f"{label}: {status['summary']}")
-        about = [status.get("target_path") or "-"]
+        path = status.get("target_path")
+        about = [f"{target_label(path)} ({path})" if isinstance(path, str) and path else "-"]
         if status.get("director_sequence"):
             about.append(f"sequence {status['director_sequence']}")
         if status.get("at"):

@@ -227,6 +227,7 @@ def test_nodes_list_and_show_name_the_active_version(cli: Cli, live_node: str) -
     code, out, err = cli.run("nodes", "show", live_node)
     assert code == 0, err
     assert "detector@1.1.0" in out
-    assert "failed detector@1.2.0: self-test: output-mismatch" in out
+    assert "last update: failed — self-test: output-mismatch" in out
+    assert "detector@1.2.0 (models/detector/1.2.0/model.onnx)" in out
     shown = cli.json("nodes", "show", live_node)
     assert shown["active_model"] == "detector@1.1.0"

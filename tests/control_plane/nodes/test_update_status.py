@@ -176,7 +176,7 @@ def test_the_node_view_and_nodes_show_say_why_the_last_update_failed(
     out = capsys.readouterr().out
     assert "last update: active — served again\n" in out
     assert f"last failure: reverted — {MISMATCH}; serving models/det/1.0.0\n" in out
-    assert "models/det/2.0.0/model.onnx; sequence 3; at 2026-03-01 12:05:00" in out
+    assert "det@2.0.0 (models/det/2.0.0/model.onnx); sequence 3; at 2026-03-01 12:05:00" in out
     assert "max_abs_err=0.031" in out
     assert main([*argv, "-o", "json", "nodes", "show", node_id]) == 0
     assert json.loads(capsys.readouterr().out)["last_failure"]["reason"] == failure["reason"]
@@ -194,6 +194,6 @@ def test_nodes_show_names_the_failure_once_when_it_is_the_last_update() -> None:
     lines = update_lines({"last_update": status, "last_failure": dict(status)})
     assert lines == [
         f"last update: failed — {MISMATCH}",
-        "  models/det/2.0.0/model.onnx; sequence 3",
+        "  det@2.0.0 (models/det/2.0.0/model.onnx); sequence 3",
     ]
     assert update_lines({"last_update": None, "last_failure": None}) == []
