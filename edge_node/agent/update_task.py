@@ -161,8 +161,9 @@ class _Watch:
 
 
 class _FaultingHost:
-    """The host as the reconciler sees it: the fault point "activated" right after each
-    swap it makes (before the journal records it)."""
+    """The host as the reconciler sees it: the fault point "self-tested" when a trial's
+    self-test passed (before the swap), "activated" right after each swap it makes (before
+    the journal records it)."""
 
     def __init__(self, host: ModelHost, fault: Callable[[str], None]) -> None:
         self._host = host
@@ -171,10 +172,20 @@ class _FaultingHost:
     async def serve(
         self, bundle: ModelBundle, *, trial: Trial | None = None
     ) -> SelfTestResult | None:
-        result = await self._host.serve(bundle, trial=trial)
+        tested = None if trial is None else self._faulting(trial)
+        result = await self._host.serve(bundle, trial=tested)
         if result is None or result.ok:
             self._fault("activated")
         return result
+
+    def _faulting(self, trial: Trial) -> Trial:
+        def tested(load: TrialLoader) -> SelfTestResult:
+            result = trial(load)
+            if result.ok:
+                self._fault("self-tested")
+            return result
+
+        return tested
 
     def health(self) -> ModelHealth | None:
         return self._host.health()
