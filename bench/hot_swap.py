@@ -6,9 +6,9 @@ frame wins, the agent's default ``preprocess_threads`` for that many cores) fed 
 thread with JPEG frames at a steady rate. After a warm-up, a steady block with no swap (the
 anchor), then ``--swaps`` hot swaps every ``--every`` seconds between two versions of the
 model, each done as the agent does it, in another thread while the old version serves, on
-the same cores: the **self-test** of the new version on its reference pair (the updater's
-``self_test``, which loads its own session and runs it six times), then the new
-``ModelSession`` is loaded, then ``swap_session``. ``--priority`` runs that work at normal
+the same cores: the new ``ModelSession`` is loaded and **self-tested** on its reference pair
+(the updater's ``self_test``, on the session that then serves, as the agent does since
+issue 12), then ``swap_session``. ``--priority`` runs that work at normal
 priority (what the agent does today) or at background priority
 (``edge_node.runtime.priority.run_in_background``: nice 19, or ``SCHED_IDLE``). Reports:
 
@@ -199,11 +199,11 @@ def write_reference_pair(
     return out
 
 
-def run_self_test(model: Path, reference: Path) -> SelfTestResult:
-    """The updater's self-test as the agent calls it today (its public function): one small
-    piece, to be replaced when the self-test runs on the serving session."""
+def run_self_test(session: ModelSession, reference: Path) -> SelfTestResult:
+    """The updater's self-test as the agent runs it (issue 12): on the session that will
+    serve, loaded first, which then serves if it passes."""
     return self_test(
-        model,
+        lambda: session,
         reference,
         atol=SELF_TEST_TOLERANCE,
         rtol=SELF_TEST_TOLERANCE,
@@ -228,17 +228,21 @@ def prepare_version(
     does in a worker thread while the old one serves; at ``priority`` when it is not
     ``normal`` (the serving session too, when that is safe: ``background_safe``)."""
 
-    def test() -> None:
+    def test(session: ModelSession) -> None:
         if reference is not None:
-            result = run_self_test(path, reference)
+            result = run_self_test(session, reference)
             swap.self_test = "ok" if result.ok else f"{result.reason}: {result.detail}"
             if not result.ok:
+                session.close()
                 raise RuntimeError(f"self-test of {label} failed: {swap.self_test}")
         swap.tested = time.perf_counter()
 
     def load() -> ModelSession:
         session = ModelSession.load(path, session_config, preprocess, label=label)
         swap.loaded = time.perf_counter()
+        return session
+
+    def warm(session: ModelSession) -> ModelSession:
         if warm_input is not None:  # before it takes frames, while the old session serves
             batch = session.preprocessor(warm_input)
             for _ in range(warm_runs):
@@ -246,15 +250,17 @@ def prepare_version(
         return session
 
     def both() -> ModelSession:
-        test()
-        return load()
+        session = load()
+        test(session)
+        return warm(session)
 
     if priority == "normal":
         return run_in_background(both, name=f"swap-{label}", mode="normal")
     if background_safe(session_config):
         return run_in_background(both, name=f"swap-{label}", mode=priority)
-    run_in_background(test, name=f"selftest-{label}", mode=priority)
-    return run_in_background(load, name=f"load-{label}", mode="normal")
+    loaded = run_in_background(load, name=f"load-{label}", mode="normal")
+    run_in_background(lambda: test(loaded), name=f"selftest-{label}", mode=priority)
+    return warm(loaded)
 
 
 def frame_cost_s(session: ModelSession, frames: Sequence[bytes], runs: int = 10) -> float:
@@ -450,10 +456,10 @@ def _run(args: argparse.Namespace, cpus: list[int]) -> Results:
         window_info.append(
             {
                 "label": swap.label,
-                "self_test_ms": (swap.tested - swap.requested) * 1000,
+                "self_test_ms": (swap.tested - swap.loaded) * 1000,
                 "self_test": swap.self_test,
-                "load_ms": (swap.loaded - swap.tested) * 1000,
-                "warm_up_and_swap_call_ms": (swap.swapped - swap.loaded) * 1000,
+                "load_ms": (swap.loaded - swap.requested) * 1000,
+                "warm_up_and_swap_call_ms": (swap.swapped - swap.tested) * 1000,
                 "window_frames": len(ids),
                 "window_p_max_ms": max((latency[f] for f in ids if f in latency), default=0) * 1000,
                 "first_new_inference_ms": first_new.inference_s * 1000 if first_new else None,
