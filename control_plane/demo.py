@@ -246,6 +246,8 @@ runtime:
         after_read: delete
 updater:
   watchdog: {{window_s: 2}}
+results:
+  interval_s: 2
 """
     )
     print(config.read_text())
@@ -300,6 +302,10 @@ updater:
         _wait_for(lambda: _health_seen(url, headers, frames), node, "a health report")
         _cli(env, "nodes", "list")
         _cli(env, "nodes", "health", node_id, "--since", "10m")
+
+        _step("what the model sees: a sample of its decoded results, named by version")
+        _wait_for(lambda: _results_seen(url, headers, node_id, "1.1.0", frames), node, "results")
+        _cli(env, "nodes", "results", node_id, "--limit", "3")
         return True
     finally:
         node.terminate()
@@ -368,6 +374,18 @@ def _updated(
     if update.get("phase") == "active" and update.get("target_path") == target:
         print(f"node {node_id}: {target} active ({update.get('detail') or 'committed'})")
         return target
+    return None
+
+
+def _results_seen(
+    url: str, headers: dict[str, str], node_id: str, version: str, camera: _Camera
+) -> str | None:
+    """A sampled result of `version` reached the control plane."""
+    camera.shoot()
+    response = httpx.get(f"{url}/v1/nodes/{node_id}/results", headers=headers, timeout=10)
+    for result in response.json() if response.status_code == 200 else []:
+        if result.get("version") == version:
+            return str(result["model_label"])
     return None
 
 

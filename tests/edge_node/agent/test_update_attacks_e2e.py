@@ -92,14 +92,25 @@ def statuses_since(fp: FleetPlane, node_id: str, seen: int) -> list[dict[str, An
 
 
 async def refusal(
-    fp: FleetPlane, node_id: str, reason: str, deliver: Callable[[], object]
+    fp: FleetPlane,
+    node_id: str,
+    reason: str,
+    deliver: Callable[[], object],
+    *,
+    again_every_s: float | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run `deliver`, wait for the node's "failed: `reason`" status; return it and every
-    status the node sent since `deliver`."""
+    status the node sent since `deliver`. With `again_every_s`, deliver again that often
+    while waiting: right after a (re)connect the control plane's answer to the node's
+    Hello may replace a delivery still waiting in the node's one-slot mailbox."""
     seen = len(fp.statuses.of(node_id))
-    delivered = deliver()
-    if inspect.isawaitable(delivered):
-        await delivered
+
+    async def send() -> None:
+        delivered = deliver()
+        if inspect.isawaitable(delivered):
+            await delivered
+
+    await send()
 
     def failed() -> dict[str, Any] | None:
         for status in statuses_since(fp, node_id, seen):
@@ -107,6 +118,13 @@ async def refusal(
                 return status
         return None
 
+    if again_every_s is not None:
+        with anyio.fail_after(20):
+            while failed() is None:
+                with anyio.move_on_after(again_every_s):
+                    await until(lambda: failed() is not None, timeout=again_every_s + 1)
+                if failed() is None:
+                    await send()
     await until(lambda: failed() is not None)
     status = failed()
     assert status is not None
@@ -211,7 +229,15 @@ async def test_forged_stale_and_oversized_assignments_are_refused(
         # After a restart the accepted sequence still holds: it lives in the journal.
         async with running_agent(fp, data_dir, bootstrap_token=None, updater=updater) as agent:
             assert serving(agent) == store_path(data_dir, fp.sha256["2.0.0"])
-            await refusal(fp, node_id, "stale", lambda: fp.deliver(node_id, first))
+            # Delivered (again) until refused: just after the restart the link may not be
+            # registered yet, and the answer to its Hello may replace a waiting delivery.
+            await refusal(
+                fp,
+                node_id,
+                "stale",
+                lambda: fp.services.delivery.deliver(node_id, FLEET, first),
+                again_every_s=1.0,
+            )
             assert serving(agent) == store_path(data_dir, fp.sha256["2.0.0"])
 
         state = journal(data_dir)
