@@ -113,6 +113,22 @@ def last_update(fp: FleetPlane, node_id: str) -> dict[str, Any]:
     return update
 
 
+async def update_where(fp: FleetPlane, node_id: str, **wanted: str) -> dict[str, Any]:
+    """The node's last update status once it has `wanted`'s values, from one read: a
+    reconnect's Hello clears the stored status until the node sends it again."""
+    found: dict[str, Any] = {}
+
+    def seen() -> bool:
+        update = last_update(fp, node_id)
+        if all(update.get(k) == v for k, v in wanted.items()):
+            found.update(update)
+            return True
+        return False
+
+    await until(seen)
+    return found
+
+
 def store_path(data_dir: Path, sha256: str) -> Path:
     return data_dir / "models" / "sha256" / sha256 / "model.onnx"
 
@@ -275,8 +291,9 @@ async def test_bad_updates_leave_the_node_on_its_model_and_say_why(
             await refused(node_id, "self-test: output-mismatch", "2.0.0")
             assert serving(agent) == good
             # The operator reads why, with the numbers, where the node's log had it alone.
-            await until(lambda: last_update(fp, node_id).get("phase") == "reverted")
-            update = last_update(fp, node_id)
+            update = await update_where(
+                fp, node_id, phase="reverted", target_path=target_path("2.0.0")
+            )
             assert update["reason"] == "self-test: output-mismatch"
             assert "out of tolerance" in update["detail"]
             assert float(update["facts"]["max_abs_err"]) == pytest.approx(0.5, rel=0.01)
@@ -312,10 +329,10 @@ async def test_bad_updates_leave_the_node_on_its_model_and_say_why(
             await fp.pin(node_id, "3.0.0")
             await until(lambda: serving(agent) == store_path(data_dir, fp.sha256["3.0.0"]))
             camera.level = 255
-            await until(lambda: last_update(fp, node_id).get("phase") == "reverted")
+            update = await update_where(
+                fp, node_id, phase="reverted", target_path=target_path("3.0.0")
+            )
             camera.level = 0
-            update = last_update(fp, node_id)
-            assert update["target_path"] == target_path("3.0.0")
             assert update["detail"].startswith("watchdog-errors: ")
             assert update["detail"].endswith(f"serving {target_path('1.0.0')}")
             assert serving(agent) == good
