@@ -151,6 +151,7 @@ def _make_reference(
         [t.to_sig() for t in info.inputs],
         [t.to_sig() for t in info.outputs],
         where="runtime",
+        metadata=info.metadata,
     )
     # Signed with its size resolved: the version says exactly what it is run at.
     signed = replace(runtime, preprocess=resolved)

@@ -15,7 +15,7 @@ import hashlib
 import io
 import zipfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,8 @@ class ModelInfo:
     producer: str
     sha256: str
     length: int
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    """The model's own metadata (``metadata_props``), e.g. ``edgefleet.preprocess``."""
 
     def to_custom_io(self) -> dict[str, list[dict[str, Any]]]:
         """The JSON-ready I/O signature for the TUF target's ``custom`` field."""
@@ -157,6 +159,7 @@ def inspect_model(path: Path, *, max_bytes: int = DEFAULT_MAX_MODEL_BYTES) -> Mo
     inputs, outputs = _signature(model.graph, where)
     producer = " ".join(p for p in (model.producer_name, model.producer_version) if p)
     ir_version = int(model.ir_version)
+    metadata = {p.key: p.value for p in model.metadata_props}
     # The checker loads its own copy from the path (that is what lets it handle big
     # models); do not hold a second one meanwhile.
     del model
@@ -175,6 +178,7 @@ def inspect_model(path: Path, *, max_bytes: int = DEFAULT_MAX_MODEL_BYTES) -> Mo
         producer=producer,
         sha256=sha256,
         length=length,
+        metadata=metadata,
     )
 
 

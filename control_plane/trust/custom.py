@@ -22,6 +22,7 @@ from protos.bundle.spec import (
     PreprocessConfig,
     RuntimeSpec,
     TensorSig,
+    check_declared_preprocess,
     check_outputs,
     parse_runtime_spec,
     resolve_input,
@@ -335,17 +336,21 @@ def check_runtime(
     outputs: Sequence[TensorSig],
     *,
     where: str = "custom.runtime",
+    metadata: Mapping[str, str] | None = None,
 ) -> tuple[PreprocessConfig, int]:
     """Refuse a runtime spec that every node would refuse when it loads the model.
 
-    The checks are the model bundle's (`resolve_input`, `check_outputs`), the very ones
-    the node runs. Returns the preprocess config with its size resolved and the model's
-    channel count. InvalidInputError names the field (`<where>.preprocess.size`) and
-    carries both sides of the mismatch (`model`, `config`).
+    The checks are the model bundle's (`resolve_input`, `check_outputs`, and with the
+    model's own `metadata`, `check_declared_preprocess`), the very ones the node runs.
+    Returns the preprocess config with its size resolved and the model's channel count.
+    InvalidInputError names the field (`<where>.preprocess.size`) and carries both sides
+    of the mismatch (`model`, `config`).
     """
     try:
         resolved, channels = resolve_input(runtime.preprocess, inputs)
         check_outputs(runtime, outputs)
+        if metadata is not None:
+            check_declared_preprocess(resolved, metadata)
     except BundleError as exc:
         raise bundle_input_error(exc, where, f"{where}.{exc.field}: {exc.message}") from exc
     return resolved, channels

@@ -19,9 +19,7 @@ version, reused for every frame, thread-safe for concurrent ``run`` calls.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,7 +34,15 @@ from edge_node.runtime.errors import InferenceError, ModelLoadError, ModelSignat
 from edge_node.runtime.preprocess import Preprocessor
 from protos.bundle.decoders import Decoder, Geometry, build_decoder
 from protos.bundle.results import Decoded
-from protos.bundle.spec import BundleError, RuntimeSpec, TensorSig, check_outputs, resolve_input
+from protos.bundle.spec import (
+    PREPROCESS_METADATA_KEY,
+    BundleError,
+    RuntimeSpec,
+    TensorSig,
+    check_declared_preprocess,
+    check_outputs,
+    resolve_input,
+)
 
 __all__ = [
     "CPU_PROVIDER",
@@ -49,10 +55,6 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 CPU_PROVIDER: Final = "CPUExecutionProvider"
-PREPROCESS_METADATA_KEY: Final = "edgefleet.preprocess"
-"""Optional model metadata: JSON with any of layout, mean, std, scale, channel_order, dtype.
-
-When a model carries it, the config must agree, so normalisation is checked, not trusted."""
 
 _GRAPH_LEVELS: Final = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -307,18 +309,6 @@ class ModelSession:
 # ----------------------------------------------------------------------------- validation
 
 
-def _mismatch(
-    path: Path, what: str, model_side: object, config_side: object
-) -> ModelSignatureError:
-    return ModelSignatureError(
-        f"{path.name}: {what}: the model has {model_side}, the preprocess config says "
-        f"{config_side}",
-        path=str(path),
-        model=model_side,
-        config=config_side,
-    )
-
-
 def resolve_preprocess(
     session: Any, config: PreprocessConfig, path: Path
 ) -> tuple[PreprocessConfig, int]:
@@ -363,33 +353,12 @@ def _numpy_name(ort_type: str) -> str:
 
 
 def _check_metadata(session: Any, config: PreprocessConfig, path: Path) -> None:
+    """What the model declares about its preprocessing must agree with ``config`` (the
+    bundle's check, the one ``model push`` runs)."""
     meta: Mapping[str, str] = session.get_modelmeta().custom_metadata_map
-    raw = meta.get(PREPROCESS_METADATA_KEY)
-    if raw is None:
-        return
     try:
-        declared = json.loads(raw)
-        if not isinstance(declared, dict):
-            raise TypeError("not a JSON object")
-    except (ValueError, TypeError) as exc:
+        check_declared_preprocess(config, meta)
+    except BundleError as exc:
         raise ModelSignatureError(
-            f"{path.name}: metadata {PREPROCESS_METADATA_KEY} is not a JSON object: {exc}",
-            path=str(path),
+            f"{path.name}: {exc.message}", path=str(path), model=exc.model, config=exc.config
         ) from exc
-    for key in ("layout", "channel_order", "dtype"):
-        if key in declared and declared[key] != getattr(config, key):
-            raise _mismatch(path, f"metadata {key}", declared[key], getattr(config, key))
-    for key in ("mean", "std", "scale"):
-        if key not in declared:
-            continue
-        want = declared[key] if isinstance(declared[key], list) else [declared[key]]
-        have = list(getattr(config, key)) if key != "scale" else [config.scale]
-        if len(want) == 1 and len(have) > 1:
-            want = want * len(have)
-        if len(have) == 1 and len(want) > 1:
-            have = have * len(want)
-        if len(want) != len(have) or not all(
-            isinstance(w, int | float) and math.isclose(w, h, rel_tol=1e-4, abs_tol=1e-6)
-            for w, h in zip(want, have, strict=True)
-        ):
-            raise _mismatch(path, f"metadata {key}", declared[key], getattr(config, key))

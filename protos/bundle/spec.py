@@ -22,6 +22,7 @@ field; each side wraps it into its own error type.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,7 @@ from typing import Any, Final, Literal, TypeVar, get_args
 
 __all__ = [
     "DECODERS",
+    "PREPROCESS_METADATA_KEY",
     "RUNTIME_FORMAT",
     "BundleError",
     "ChannelOrder",
@@ -41,6 +43,7 @@ __all__ = [
     "RuntimeSpec",
     "TensorSig",
     "box_layout",
+    "check_declared_preprocess",
     "check_outputs",
     "parse_output_spec",
     "parse_preprocess_config",
@@ -52,6 +55,10 @@ __all__ = [
 
 RUNTIME_FORMAT: Final = 1
 """``custom.runtime.format``: the version of this contract."""
+PREPROCESS_METADATA_KEY: Final = "edgefleet.preprocess"
+"""An ONNX model's own metadata key declaring what preprocessing it was trained with (a
+JSON object with any of ``layout``, ``channel_order``, ``dtype``, ``mean``, ``std``,
+``scale``): :func:`check_declared_preprocess`."""
 
 Layout = Literal["NCHW", "NHWC"]
 ResizeMode = Literal["bilinear", "nearest"]
@@ -666,6 +673,52 @@ def resolve_input(
             f"{where}: element type", model_input.dtype, f"dtype {config.dtype}", "preprocess.dtype"
         )
     return replace(config, size=size), channels
+
+
+def check_declared_preprocess(config: PreprocessConfig, metadata: Mapping[str, str]) -> None:
+    """Check ``config`` against what the model declares in its own metadata
+    (:data:`PREPROCESS_METADATA_KEY`), if it declares anything; raises
+    :class:`BundleError` naming both sides. Run at push and at every load on the node.
+
+    A declared mean/std of one value stands for every channel; reals agree within a
+    relative 1e-4 (a declaration written with fewer digits).
+    """
+    raw = metadata.get(PREPROCESS_METADATA_KEY)
+    if raw is None:
+        return
+    try:
+        declared = json.loads(raw)
+        if not isinstance(declared, dict):
+            raise TypeError("not a JSON object")
+    except (ValueError, TypeError) as exc:
+        raise BundleError(
+            f"the model's metadata {PREPROCESS_METADATA_KEY} is not a JSON object: {exc}",
+            field="preprocess",
+        ) from exc
+    what = f"metadata {PREPROCESS_METADATA_KEY}"
+    for key in ("layout", "channel_order", "dtype"):
+        if key in declared and declared[key] != getattr(config, key):
+            raise _mismatch(
+                f"{what}: {key}", declared[key], getattr(config, key), f"preprocess.{key}"
+            )
+    for key in ("mean", "std", "scale"):
+        if key not in declared:
+            continue
+        want = declared[key] if isinstance(declared[key], list) else [declared[key]]
+        have = list(getattr(config, key)) if key != "scale" else [config.scale]
+        if len(want) == 1 and len(have) > 1:
+            want = want * len(have)
+        if len(have) == 1 and len(want) > 1:
+            have = have * len(want)
+        if len(want) != len(have) or not all(
+            isinstance(w, int | float)
+            and not isinstance(w, bool)
+            and math.isclose(w, h, rel_tol=1e-4, abs_tol=1e-6)
+            for w, h in zip(want, have, strict=True)
+        ):
+            raise _mismatch(
+                f"{what}: {key}", declared[key], getattr(config, key), f"preprocess.{key}"
+            )
 
 
 def _pick_output(spec: OutputSpec, outputs: Sequence[TensorSig]) -> TensorSig:

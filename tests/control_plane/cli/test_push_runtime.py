@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -152,6 +153,16 @@ def dynamic_model(path: Path) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path.write_bytes(model.SerializeToString())
+    return path
+
+
+def declaring_model(path: Path) -> Path:
+    """The sample detector, declaring in its own metadata that it was trained on inputs
+    normalised with mean 0.5, std 0.5 (RUNTIME says ImageNet's)."""
+    model = onnx.load(sample_models.tiny_detector(path))
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "edgefleet.preprocess", json.dumps({"mean": 0.5, "std": 0.5})
+    onnx.save(model, path)
     return path
 
 
@@ -372,6 +383,12 @@ def test_an_old_style_push_still_works_and_shows_no_runtime(
             id="decoder-fails-on-the-real-outputs",
         ),
         pytest.param(
+            "declaring",
+            RUNTIME,
+            ["runtime.preprocess.mean", "edgefleet.preprocess", "the model has 0.5"],
+            id="normalisation-the-model-declares-otherwise",
+        ),
+        pytest.param(
             "fixed",
             "preprocess: {layout: NCHW\n",
             ["not valid YAML"],
@@ -394,6 +411,7 @@ def test_what_every_node_would_refuse_is_refused_before_any_upload(
         "fixed": lambda p: sample_models.tiny_detector(p),
         "dynamic": dynamic_model,
         "transposed": transposed_model,
+        "declaring": declaring_model,
     }
     model = builders[model_kind](tmp_path / "m.onnx")
     path = tmp_path / "runtime.yaml"

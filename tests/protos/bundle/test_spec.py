@@ -12,12 +12,14 @@ import yaml
 from protos.bundle.spec import (
     MAX_LABEL_CHARS,
     MAX_LABELS,
+    PREPROCESS_METADATA_KEY,
     BundleError,
     OutputSpec,
     PreprocessConfig,
     RuntimeSpec,
     TensorSig,
     box_layout,
+    check_declared_preprocess,
     check_outputs,
     parse_runtime_spec,
     resolve_input,
@@ -370,3 +372,37 @@ def test_yolox_grid_cells_round_up() -> None:
     assert yolox_candidates((640, 640), (8, 16, 32)) == 6400 + 1600 + 400
     assert yolox_candidates((416, 416), (8, 16, 32)) == 2704 + 676 + 169
     assert yolox_candidates((20, 36), (8,)) == 3 * 5
+
+
+@pytest.mark.parametrize(
+    ("declared", "config", "refused"),
+    [
+        ({"mean": 0.5, "std": 0.5}, PreprocessConfig(mean=(0.5,) * 3, std=(0.5,)), None),
+        ({"mean": [0.485, 0.456, 0.406]}, PreprocessConfig(mean=(0.4850001, 0.456, 0.406)), None),
+        ({"layout": "NHWC"}, PreprocessConfig(), "preprocess.layout"),
+        ({"channel_order": "BGR"}, PreprocessConfig(), "preprocess.channel_order"),
+        ({"mean": [0.5, 0.5]}, PreprocessConfig(mean=(0.5,) * 3), "preprocess.mean"),
+        ({"std": True}, PreprocessConfig(std=(1.0,)), "preprocess.std"),
+        ({"scale": 1}, PreprocessConfig(), "preprocess.scale"),
+        ({}, PreprocessConfig(), None),
+    ],
+)
+def test_what_a_model_declares_about_its_preprocessing_must_agree(
+    declared: dict[str, Any], config: PreprocessConfig, refused: str | None
+) -> None:
+    metadata = {PREPROCESS_METADATA_KEY: json.dumps(declared), "other": "x"}
+    if refused is None:
+        check_declared_preprocess(config, metadata)
+        return
+    with pytest.raises(BundleError) as caught:
+        check_declared_preprocess(config, metadata)
+    assert caught.value.field == refused
+    assert PREPROCESS_METADATA_KEY in caught.value.message
+    assert caught.value.model is not None and caught.value.config is not None
+
+
+def test_a_declaration_that_is_not_a_json_object_is_refused() -> None:
+    check_declared_preprocess(PreprocessConfig(), {})  # nothing declared: nothing to check
+    for raw in ("[1]", "{not json"):
+        with pytest.raises(BundleError, match="not a JSON object"):
+            check_declared_preprocess(PreprocessConfig(), {PREPROCESS_METADATA_KEY: raw})
