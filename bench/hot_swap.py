@@ -8,9 +8,10 @@ anchor), then ``--swaps`` hot swaps every ``--every`` seconds between two versio
 model, each done as the agent does it, in another thread while the old version serves, on
 the same cores: the new ``ModelSession`` is loaded and **self-tested** on its reference pair
 (the updater's ``self_test``, on the session that then serves, as the agent does since
-issue 12), then ``swap_session``. ``--priority`` runs that work at normal
-priority (what the agent does today) or at background priority
-(``edge_node.runtime.priority.run_in_background``: nice 19, or ``SCHED_IDLE``). Reports:
+issue 12), then ``swap_session``. ``--priority`` runs that work at background priority
+(``edge_node.runtime.priority.run_in_background``: nice 19, what the agent does by default
+with one intra-op thread, ``runtime.trial_priority``; or ``SCHED_IDLE``) or at normal
+priority (the agent before, and with ``trial_priority: normal``). Reports:
 
 - P50/P95/P99 of submit → result latency in the steady block;
 - the same for the frames of the *swap windows* — a window runs from the swap request (the
@@ -76,7 +77,7 @@ from edge_node.runtime import (
 )
 from edge_node.runtime.config import preprocess_threads_for
 from edge_node.runtime.preprocess import DecodeTarget, PillowDecoder
-from edge_node.runtime.priority import Background, background_safe, run_in_background
+from edge_node.runtime.priority import Background, background_safe, run_in_background, work_time
 from edge_node.runtime.session import session_options
 from edge_node.updater.selftest import SelfTestResult, self_test
 
@@ -93,7 +94,7 @@ class Swap:
     label: str
     requested: float
     warmed: bool = False
-    priority: str = "normal"
+    priority: str = "nice"
     tested: float = 0.0
     loaded: float = 0.0
     swapped: float = 0.0
@@ -209,6 +210,7 @@ def run_self_test(session: ModelSession, reference: Path) -> SelfTestResult:
         rtol=SELF_TEST_TOLERANCE,
         latency_budget_s=10.0,  # judged here: the latency of the frames, not of the test
         memory_budget_bytes=8 << 30,
+        monotonic=work_time,  # as the agent times it: CPU time in a background thread
     )
 
 
@@ -662,9 +664,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--priority",
         choices=("normal", "nice", "idle", "alternate"),
-        default="normal",
-        help="self-test and load at normal priority (the agent today), nice 19 or SCHED_IDLE;"
-        " alternate: normal and nice 19 in turn, compared in the same minutes",
+        default="nice",
+        help="self-test and load at nice 19 (the agent's default), SCHED_IDLE or normal"
+        " priority; alternate: normal and nice 19 in turn, compared in the same minutes",
     )
     parser.add_argument(
         "--cores", type=int, default=1, help="pin the process to the last N CPUs (default 1)"

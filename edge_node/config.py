@@ -61,6 +61,7 @@ from edge_node.runtime.config import (
     preprocess_threads_for,
 )
 from edge_node.runtime.errors import RuntimeConfigError
+from edge_node.runtime.priority import Background
 from edge_node.telemetry.config import TelemetryConfig, parse_telemetry_config
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.https_fetch import HttpsRepositoryConfig
@@ -113,6 +114,8 @@ class RuntimeSettings(BaseModel):
     workers: int = Field(default=1, ge=1, le=64)
     # None: one when the agent may use two or more CPUs, else none (ADR 0027)
     preprocess_threads: int | None = Field(default=None, ge=0, le=64)
+    # The next version's load and self-test during a hot swap (edge_node.runtime.priority)
+    trial_priority: Literal["nice", "idle", "normal"] = "nice"
     session: dict[str, Any] = Field(default_factory=dict)
     preprocess: dict[str, Any] = Field(default_factory=dict)
     scheduler: dict[str, Any] = Field(default_factory=dict)
@@ -269,6 +272,7 @@ class AgentConfig:
     model_path: Path | None = None
     runtime_workers: int = 1
     runtime_preprocess_threads: int = 0
+    runtime_trial_priority: Background = "nice"
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     # Streams fed by a camera source (edge_node.capture); the others are fed by callers.
     camera_sources: tuple[StreamSource, ...] = ()
@@ -394,6 +398,7 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
             if runtime.preprocess_threads is not None
             else preprocess_threads_for(_usable_cpus())
         ),
+        runtime_trial_priority=runtime.trial_priority,
         runtime=runtime_config,
         camera_sources=camera_sources,
         updater=UpdaterConfig(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -26,6 +26,7 @@ from edge_node.errors import ClosedError
 from edge_node.runtime.config import PreprocessConfig, SessionConfig
 from edge_node.runtime.errors import ModelLoadError
 from edge_node.runtime.pipeline import InferencePipeline
+from edge_node.runtime.priority import background_safe, run_in_background
 from edge_node.runtime.session import ModelSession, RuntimeSource
 from edge_node.updater.host import ModelBundle, Trial
 from edge_node.updater.selftest import SelfTestResult
@@ -37,6 +38,7 @@ __all__ = ["RuntimeHost", "RuntimeUse"]
 log = logging.getLogger(__name__)
 
 _STOP_S: Final = 5.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +142,9 @@ class RuntimeHost:
 
         result: SelfTestResult | None = None
         if trial is None:
-            session = await anyio.to_thread.run_sync(load)
+            session = await self._beside_frames(load, f"load {bundle.label}")
         else:
-            result = await anyio.to_thread.run_sync(trial, load)
+            result = await self._beside_frames(lambda: trial(load), f"trial {bundle.label}")
             if not result.ok or not loaded:
                 for unused in loaded:
                     unused.close()
@@ -198,6 +200,23 @@ class RuntimeHost:
             bundle.path,
         )
         return result
+
+    async def _beside_frames(self, work: Callable[[], T], name: str) -> T:
+        """`work()` in a worker thread; while a model serves frames, at the node's
+        `runtime.trial_priority` (background by default), when its session options let
+        a session built there serve (`background_safe`): the frames then preempt the
+        next version's load and self-test, and the self-test times itself on the
+        thread's CPU time (`work_time`)."""
+        mode = self._config.runtime_trial_priority
+        if (
+            self._pipeline is None
+            or mode == "normal"
+            or not background_safe(self._config.runtime.session)
+        ):
+            return await anyio.to_thread.run_sync(work)
+        return await anyio.to_thread.run_sync(
+            lambda: run_in_background(work, name=f"edgefleet {name}", mode=mode)
+        )
 
     def health(self) -> ModelHealth | None:
         """Run counters of the model being served (the update task's watchdog reads them)."""

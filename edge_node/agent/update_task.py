@@ -68,6 +68,7 @@ from edge_node.clock import TaskClock
 from edge_node.enroll import EnrollmentFiles
 from edge_node.errors import StorageError
 from edge_node.link.base import Backoff, LinkError, NodeLink, node_message
+from edge_node.runtime.priority import work_time
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.host import ModelBundle, ModelHost, Trial
 from edge_node.updater.journal import Journal, JournalCorruptError, JournalState, ModelRef
@@ -597,6 +598,8 @@ class UpdateTask:
             rtol=rtol,
             latency_budget_s=self._config.selftest_latency_budget_s,
             memory_budget_bytes=self._settings.memory_budget_bytes,
+            # CPU time when the host runs the trial at background priority
+            monotonic=work_time,
         )
 
     async def _step_reported(self, report: UpdateReport) -> None:

@@ -6,7 +6,9 @@ models that differ in input size and normalisation as two real detectors do."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,10 +24,13 @@ from edge_node.agent.runtime_host import RuntimeHost, RuntimeUse
 from edge_node.clock import ManualClock, SystemClock
 from edge_node.config import AgentConfig
 from edge_node.runtime.config import PreprocessConfig, RuntimeConfig, SessionConfig, StreamConfig
+from edge_node.runtime.priority import Background, work_time
 from edge_node.testing.update_world import Release, UpdateWorld
+from edge_node.updater.host import ModelBundle, Trial
 from edge_node.updater.journal import ModelRef
 from edge_node.updater.reconciler import OutcomeKind, UpdatePhase
-from edge_node.updater.watchdog import WatchdogConfig
+from edge_node.updater.selftest import SelfTestResult
+from edge_node.updater.watchdog import ModelHealth, WatchdogConfig
 from protos.bundle.results import InferenceResult
 
 pytestmark = pytest.mark.anyio
@@ -84,12 +89,18 @@ class Results:
 
 @asynccontextmanager
 async def runtime(
-    tmp_path: Path, results: Results, preprocess: PreprocessConfig | None = None
+    tmp_path: Path,
+    results: Results,
+    preprocess: PreprocessConfig | None = None,
+    *,
+    intra_op_threads: int = 2,
+    trial_priority: Background = "nice",
 ) -> AsyncIterator[RuntimeHost]:
     config = AgentConfig(
         data_dir=tmp_path / "node",
+        runtime_trial_priority=trial_priority,
         runtime=RuntimeConfig(
-            session=SessionConfig(intra_op_threads=2),
+            session=SessionConfig(intra_op_threads=intra_op_threads),
             preprocess=preprocess or PreprocessConfig(),
             streams=(StreamConfig("cam", queue_size=4),),
         ),
@@ -183,6 +194,60 @@ async def test_a_fleet_moves_between_two_models_by_assignment_alone_and_back(
         outcome = await rec.revert_active(state.active, "watchdog-errors", "test")
         assert outcome.kind is OutcomeKind.REVERTED
         assert seen(await results.next(host)) == expected(IMAGENET)
+
+
+class WatchedTrials:
+    """The host, recording for each trial the CPU priority it ran at and whether the
+    self-test's clock (`work_time`) stood still while the thread slept."""
+
+    def __init__(self, host: RuntimeHost) -> None:
+        self.host = host
+        self.seen: list[tuple[str, int, bool]] = []
+
+    async def serve(
+        self, bundle: ModelBundle, *, trial: Trial | None = None
+    ) -> SelfTestResult | None:
+        assert trial is not None
+
+        def watched(load: Any) -> SelfTestResult:
+            nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            start = work_time()
+            time.sleep(0.2)
+            self.seen.append((bundle.version, nice, work_time() - start < 0.1))
+            return trial(load)
+
+        return await self.host.serve(bundle, trial=watched)
+
+    def health(self) -> ModelHealth | None:
+        return self.host.health()
+
+
+@pytest.mark.parametrize(
+    ("intra_op_threads", "priority", "lowered"),
+    [(1, "nice", True), (2, "nice", False), (1, "normal", False)],
+)
+async def test_a_hot_swaps_trial_runs_at_background_priority_timed_on_cpu_time(
+    world: UpdateWorld, tmp_path: Path, intra_op_threads: int, priority: Background, lowered: bool
+) -> None:
+    """While frames are served, the next version loads and self-tests at background
+    priority (nice 19), its latency timed on the thread's CPU time; not when a session
+    built there would start an intra-op thread pool (it would serve at nice 19), not when
+    node.yaml says normal, and not for the first model (no frames to protect)."""
+    results = Results()
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    async with runtime(
+        tmp_path, results, intra_op_threads=intra_op_threads, trial_priority=priority
+    ) as host:
+        watched = WatchedTrials(host)
+        rec = world.reconciler(host=watched)
+        for version in ("1.0.0", "1.1.0"):
+            outcome = await rec.apply(world.assign(world.releases[version]))
+            assert outcome.kind is OutcomeKind.APPLIED, world.reports[-1]
+        assert seen(await results.next(host)) == expected(IMAGENET)
+        # The serving threads kept their priority.
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own
+    background = (max(own, 19), True) if lowered else (own, False)
+    assert watched.seen == [("1.0.0", own, False), ("1.1.0", *background)]
 
 
 async def test_a_version_signed_without_a_runtime_spec_runs_with_the_nodes_preprocess(
