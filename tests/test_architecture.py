@@ -68,6 +68,7 @@ PURE_CORES = (
     "control_plane/health/alerts.py",
     "protos/latency_sketch.py",
     "protos/health_schema.py",
+    "protos/fields.py",
     "edge_node/telemetry/config.py",
     "edge_node/telemetry/latency.py",
     "edge_node/telemetry/memory.py",

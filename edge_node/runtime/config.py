@@ -13,9 +13,8 @@ signature; :meth:`edge_node.runtime.session.ModelSession.load` does that.
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar, get_args
 
@@ -29,6 +28,7 @@ from protos.bundle.spec import (
     ResizeMode,
 )
 from protos.bundle.spec import parse_preprocess_config as _parse_preprocess
+from protos.fields import Fields, optional
 
 __all__ = [
     "ChannelOrder",
@@ -65,28 +65,17 @@ _STREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 T = TypeVar("T")
 
 
-def _fail(field_name: str, message: str, value: object) -> RuntimeConfigError:
-    return RuntimeConfigError(f"{field_name}: {message} (got {value!r})", field=field_name)
-
-
-def _check_choice(field_name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise _fail(field_name, f"must be one of {', '.join(choices)}", value)
-
-
-def _check_int(field_name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _fail(field_name, f"must be an integer in [{low}, {high}]", value)
-
-
-def _check_positive(field_name: str, value: object, high: float = math.inf) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 < value <= high
-    ):
-        raise _fail(field_name, f"must be a finite number in (0, {high}]", value)
+_F: Final = Fields(RuntimeConfigError)
+_fail = _F.fail
+_check_choice = _F.check_choice
+_check_int = _F.check_int
+_check_positive = _F.check_positive
+_int = _F.to_int
+_bool = _F.to_bool
+_str = _F.to_str
+_choice = _F.choice
+_optional = optional
+_Reader = _F.reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,103 +193,16 @@ def preprocess_threads_for(cpus: int) -> int:
 # ----------------------------------------------------------------------------- parsing
 
 
-class _Reader:
-    """Takes typed values out of one dict and, at the end, rejects what nobody took."""
-
-    def __init__(self, where: str, raw: object) -> None:
-        if not isinstance(raw, Mapping):
-            raise _fail(where, "must be a mapping", raw)
-        for key in raw:
-            if not isinstance(key, str):
-                raise _fail(where, "keys must be strings", key)
-        self._where = where
-        self._raw: Mapping[str, Any] = raw
-        self._taken: set[str] = set()
-
-    def take(self, key: str, convert: Callable[[str, Any], T], default: T) -> T:
-        self._taken.add(key)
-        if key not in self._raw:
-            return default
-        return convert(f"{self._where}.{key}", self._raw[key])
-
-    def require(self, key: str, convert: Callable[[str, Any], T]) -> T:
-        self._taken.add(key)
-        if key not in self._raw:
-            raise _fail(f"{self._where}.{key}", "is required", None)
-        return convert(f"{self._where}.{key}", self._raw[key])
-
-    def finish(self) -> None:
-        unknown = sorted(set(self._raw) - self._taken)
-        if unknown:
-            raise RuntimeConfigError(
-                f"{self._where}: unknown key(s) {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(self._taken))}",
-                field=f"{self._where}.{unknown[0]}",
-            )
-
-
-def _int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(name, "must be an integer", value)
-    return value
-
-
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(name, "must be a number", value)
     return float(value)
 
 
-def _optional(convert: Callable[[str, Any], T]) -> Callable[[str, Any], T | None]:
-    def inner(name: str, value: Any) -> T | None:
-        return None if value is None else convert(name, value)
-
-    return inner
-
-
-def _str(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise _fail(name, "must be a string", value)
-    return value
-
-
-def _bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(name, "must be true or false", value)
-    return value
-
-
-def _numbers(name: str, value: Any) -> tuple[float, ...]:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return (float(value),)
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise _fail(name, "must be a number or a list of numbers", value)
-    return tuple(_number(name, v) for v in value)
-
-
 def _strings(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise _fail(name, "must be a list of strings", value)
     return tuple(_str(name, v) for v in value)
-
-
-def _size(name: str, value: Any) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or len(value) != 2:
-        raise _fail(name, "must be [height, width] or null", value)
-    return (_int(name, value[0]), _int(name, value[1]))
-
-
-def _choice(literal: Any) -> Callable[[str, Any], Any]:
-    """A converter for one of a ``Literal``'s values (typed ``Any``: mypy cannot narrow it)."""
-    choices: tuple[str, ...] = get_args(literal)
-
-    def inner(name: str, value: Any) -> Any:
-        _check_choice(name, value, choices)
-        return value
-
-    return inner
 
 
 def parse_session_config(raw: object) -> SessionConfig:

@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeVar, get_args
 
+from protos.fields import Fields, optional
+
 __all__ = [
     "DECODERS",
     "PREPROCESS_METADATA_KEY",
@@ -96,38 +98,18 @@ class BundleError(ValueError):
         self.config = config
 
 
-def _fail(field_name: str, message: str, value: object) -> BundleError:
-    return BundleError(f"{field_name}: {message} (got {value!r})", field=field_name)
-
-
-def _check_choice(field_name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise _fail(field_name, f"must be one of {', '.join(choices)}", value)
-
-
-def _check_int(field_name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _fail(field_name, f"must be an integer in [{low}, {high}]", value)
-
-
-def _check_positive(field_name: str, value: object, high: float = math.inf) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 < value <= high
-    ):
-        raise _fail(field_name, f"must be a finite number in (0, {high}]", value)
-
-
-def _check_fraction(field_name: str, value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 <= value <= 1
-    ):
-        raise _fail(field_name, "must be a number in [0, 1]", value)
+_F: Final = Fields(BundleError)
+_fail = _F.fail
+_check_choice = _F.check_choice
+_check_int = _F.check_int
+_check_positive = _F.check_positive
+_check_fraction = _F.check_fraction
+_int = _F.to_int
+_bool = _F.to_bool
+_str = _F.to_str
+_choice = _F.choice
+_optional = optional
+_Reader = _F.reader
 
 
 # ------------------------------------------------------------------------- dataclasses
@@ -359,38 +341,6 @@ class TensorSig:
 # ----------------------------------------------------------------------------- parsing
 
 
-class _Reader:
-    """Takes typed values out of one mapping and, at the end, rejects what nobody took."""
-
-    def __init__(self, where: str, raw: object) -> None:
-        if not isinstance(raw, Mapping):
-            raise _fail(where, "must be a mapping", raw)
-        for key in raw:
-            if not isinstance(key, str):
-                raise _fail(where, "keys must be strings", key)
-        self._where = where
-        self._raw: Mapping[str, Any] = raw
-        self._taken: set[str] = set()
-
-    def has(self, key: str) -> bool:
-        return key in self._raw
-
-    def take(self, key: str, convert: Callable[[str, Any], T], default: T) -> T:
-        self._taken.add(key)
-        if key not in self._raw:
-            return default
-        return convert(f"{self._where}.{key}", self._raw[key])
-
-    def finish(self, allowed: Sequence[str] | None = None) -> None:
-        unknown = sorted(set(self._raw) - self._taken)
-        if unknown:
-            known = sorted(self._taken if allowed is None else allowed)
-            raise BundleError(
-                f"{self._where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}",
-                field=f"{self._where}.{unknown[0]}",
-            )
-
-
 def _decimal(value: float) -> str:
     return repr(float(value))
 
@@ -409,31 +359,6 @@ def _number(name: str, value: Any) -> float:
     if not math.isfinite(number):
         raise _fail(name, "must be finite", value)
     return number
-
-
-def _int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(name, "must be an integer", value)
-    return value
-
-
-def _bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(name, "must be true or false", value)
-    return value
-
-
-def _str(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise _fail(name, "must be a string", value)
-    return value
-
-
-def _optional(convert: Callable[[str, Any], T]) -> Callable[[str, Any], T | None]:
-    def inner(name: str, value: Any) -> T | None:
-        return None if value is None else convert(name, value)
-
-    return inner
 
 
 def _list(name: str, value: Any, limit: int) -> Sequence[Any]:
@@ -463,16 +388,6 @@ def _size(name: str, value: Any) -> tuple[int, int] | None:
     if len(items) != 2:
         raise _fail(name, "must be [height, width], one side for a square, or null", value)
     return (_int(name, items[0]), _int(name, items[1]))
-
-
-def _choice(literal: Any) -> Callable[[str, Any], Any]:
-    choices: tuple[str, ...] = get_args(literal)
-
-    def inner(name: str, value: Any) -> Any:
-        _check_choice(name, value, choices)
-        return value
-
-    return inner
 
 
 def _placed(where: str, own: str, build: Callable[[], T]) -> T:
