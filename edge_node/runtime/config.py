@@ -65,17 +65,7 @@ _STREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 T = TypeVar("T")
 
 
-_F: Final = Fields(RuntimeConfigError)
-_fail = _F.fail
-_check_choice = _F.check_choice
-_check_int = _F.check_int
-_check_positive = _F.check_positive
-_int = _F.to_int
-_bool = _F.to_bool
-_str = _F.to_str
-_choice = _F.choice
-_optional = optional
-_Reader = _F.reader
+_F: Final = Fields(RuntimeConfigError)  # every check and converter below raises RuntimeConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +88,12 @@ class SessionConfig:
     allow_spinning: bool = False
 
     def __post_init__(self) -> None:
-        _check_int("session.intra_op_threads", self.intra_op_threads, 1, MAX_THREADS)
-        _check_int("session.inter_op_threads", self.inter_op_threads, 1, MAX_THREADS)
-        _check_choice(
+        _F.check_int("session.intra_op_threads", self.intra_op_threads, 1, MAX_THREADS)
+        _F.check_int("session.inter_op_threads", self.inter_op_threads, 1, MAX_THREADS)
+        _F.check_choice(
             "session.graph_optimization", self.graph_optimization, get_args(GraphOptimization)
         )
-        _check_choice("session.execution_mode", self.execution_mode, get_args(ExecutionMode))
+        _F.check_choice("session.execution_mode", self.execution_mode, get_args(ExecutionMode))
         providers = self.execution_providers
         if (
             not isinstance(providers, tuple)
@@ -111,13 +101,13 @@ class SessionConfig:
             or not all(isinstance(p, str) and p.endswith("ExecutionProvider") for p in providers)
             or len(set(providers)) != len(providers)
         ):
-            raise _fail(
+            raise _F.fail(
                 "session.execution_providers",
                 "must be a non-empty list of distinct names like 'CPUExecutionProvider'",
                 providers,
             )
         if not isinstance(self.allow_spinning, bool):
-            raise _fail("session.allow_spinning", "must be true or false", self.allow_spinning)
+            raise _F.fail("session.allow_spinning", "must be true or false", self.allow_spinning)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,15 +126,15 @@ class StreamConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _STREAM_NAME.match(self.name):
-            raise _fail(
+            raise _F.fail(
                 "stream.name", "must be 1-128 characters of letters, digits and _.:-", self.name
             )
         if self.target_fps is not None:
-            _check_positive(f"streams.{self.name}.target_fps", self.target_fps, MAX_FPS)
-        _check_int(f"streams.{self.name}.priority", self.priority, -MAX_PRIORITY, MAX_PRIORITY)
-        _check_int(f"streams.{self.name}.queue_size", self.queue_size, 1, MAX_QUEUE_SIZE)
+            _F.check_positive(f"streams.{self.name}.target_fps", self.target_fps, MAX_FPS)
+        _F.check_int(f"streams.{self.name}.priority", self.priority, -MAX_PRIORITY, MAX_PRIORITY)
+        _F.check_int(f"streams.{self.name}.queue_size", self.queue_size, 1, MAX_QUEUE_SIZE)
         if self.motion_threshold is not None:
-            _check_positive(f"streams.{self.name}.motion_threshold", self.motion_threshold, 255.0)
+            _F.check_positive(f"streams.{self.name}.motion_threshold", self.motion_threshold, 255.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,14 +153,14 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.max_backlog_frames is not None:
-            _check_int(
+            _F.check_int(
                 "scheduler.max_backlog_frames",
                 self.max_backlog_frames,
                 1,
                 MAX_QUEUE_SIZE * MAX_STREAMS,
             )
         if self.shed_after_s is not None:
-            _check_positive("scheduler.shed_after_s", self.shed_after_s, 3600.0)
+            _F.check_positive("scheduler.shed_after_s", self.shed_after_s, 3600.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,32 +185,32 @@ def preprocess_threads_for(cpus: int) -> int:
 
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _fail(name, "must be a number", value)
+        raise _F.fail(name, "must be a number", value)
     return float(value)
 
 
 def _strings(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise _fail(name, "must be a list of strings", value)
-    return tuple(_str(name, v) for v in value)
+        raise _F.fail(name, "must be a list of strings", value)
+    return tuple(_F.to_str(name, v) for v in value)
 
 
 def parse_session_config(raw: object) -> SessionConfig:
-    reader = _Reader("session", raw)
+    reader = _F.reader("session", raw)
     default = SessionConfig()
     config = SessionConfig(
-        intra_op_threads=reader.take("intra_op_threads", _int, default.intra_op_threads),
-        inter_op_threads=reader.take("inter_op_threads", _int, default.inter_op_threads),
+        intra_op_threads=reader.take("intra_op_threads", _F.to_int, default.intra_op_threads),
+        inter_op_threads=reader.take("inter_op_threads", _F.to_int, default.inter_op_threads),
         graph_optimization=reader.take(
-            "graph_optimization", _choice(GraphOptimization), default.graph_optimization
+            "graph_optimization", _F.choice(GraphOptimization), default.graph_optimization
         ),
         execution_providers=reader.take(
             "execution_providers", _strings, default.execution_providers
         ),
         execution_mode=reader.take(
-            "execution_mode", _choice(ExecutionMode), default.execution_mode
+            "execution_mode", _F.choice(ExecutionMode), default.execution_mode
         ),
-        allow_spinning=reader.take("allow_spinning", _bool, default.allow_spinning),
+        allow_spinning=reader.take("allow_spinning", _F.to_bool, default.allow_spinning),
     )
     reader.finish()
     return config
@@ -236,18 +226,18 @@ def parse_preprocess_config(raw: object) -> PreprocessConfig:
 
 
 def parse_stream_config(raw: object) -> StreamConfig:
-    reader = _Reader("stream", raw)
-    name = reader.require("name", _str)
-    reader = _Reader(f"streams.{name}", raw)
-    reader.take("name", _str, name)
+    reader = _F.reader("stream", raw)
+    name = reader.require("name", _F.to_str)
+    reader = _F.reader(f"streams.{name}", raw)
+    reader.take("name", _F.to_str, name)
     default = StreamConfig(name=name)
     config = StreamConfig(
         name=name,
-        target_fps=reader.take("target_fps", _optional(_number), default.target_fps),
-        priority=reader.take("priority", _int, default.priority),
-        queue_size=reader.take("queue_size", _int, default.queue_size),
+        target_fps=reader.take("target_fps", optional(_number), default.target_fps),
+        priority=reader.take("priority", _F.to_int, default.priority),
+        queue_size=reader.take("queue_size", _F.to_int, default.queue_size),
         motion_threshold=reader.take(
-            "motion_threshold", _optional(_number), default.motion_threshold
+            "motion_threshold", optional(_number), default.motion_threshold
         ),
     )
     reader.finish()
@@ -256,25 +246,25 @@ def parse_stream_config(raw: object) -> StreamConfig:
 
 def parse_streams(raw: object) -> tuple[StreamConfig, ...]:
     if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
-        raise _fail("streams", "must be a list of streams", raw)
+        raise _F.fail("streams", "must be a list of streams", raw)
     if len(raw) > MAX_STREAMS:
-        raise _fail("streams", f"at most {MAX_STREAMS} streams", len(raw))
+        raise _F.fail("streams", f"at most {MAX_STREAMS} streams", len(raw))
     streams = tuple(parse_stream_config(item) for item in raw)
     names = [s.name for s in streams]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise _fail("streams", "stream names must be unique", duplicates)
+        raise _F.fail("streams", "stream names must be unique", duplicates)
     return streams
 
 
 def parse_scheduler_config(raw: object) -> SchedulerConfig:
-    reader = _Reader("scheduler", raw)
+    reader = _F.reader("scheduler", raw)
     default = SchedulerConfig()
     config = SchedulerConfig(
         max_backlog_frames=reader.take(
-            "max_backlog_frames", _optional(_int), default.max_backlog_frames
+            "max_backlog_frames", optional(_F.to_int), default.max_backlog_frames
         ),
-        shed_after_s=reader.take("shed_after_s", _optional(_number), default.shed_after_s),
+        shed_after_s=reader.take("shed_after_s", optional(_number), default.shed_after_s),
     )
     reader.finish()
     return config
@@ -282,7 +272,7 @@ def parse_scheduler_config(raw: object) -> SchedulerConfig:
 
 def parse_runtime_config(raw: object) -> RuntimeConfig:
     """The whole runtime section: ``{session, preprocess, streams, scheduler}``."""
-    reader = _Reader("runtime", raw)
+    reader = _F.reader("runtime", raw)
     config = RuntimeConfig(
         session=reader.take("session", lambda _, v: parse_session_config(v), SessionConfig()),
         preprocess=reader.take(

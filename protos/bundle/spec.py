@@ -98,18 +98,7 @@ class BundleError(ValueError):
         self.config = config
 
 
-_F: Final = Fields(BundleError)
-_fail = _F.fail
-_check_choice = _F.check_choice
-_check_int = _F.check_int
-_check_positive = _F.check_positive
-_check_fraction = _F.check_fraction
-_int = _F.to_int
-_bool = _F.to_bool
-_str = _F.to_str
-_choice = _F.choice
-_optional = optional
-_Reader = _F.reader
+_F: Final = Fields(BundleError)  # every check and converter below raises BundleError
 
 
 # ------------------------------------------------------------------------- dataclasses
@@ -141,18 +130,18 @@ class PreprocessConfig:
     pad_value: int = 114
 
     def __post_init__(self) -> None:
-        _check_choice("preprocess.layout", self.layout, get_args(Layout))
-        _check_choice("preprocess.resize", self.resize, get_args(ResizeMode))
-        _check_choice("preprocess.dtype", self.dtype, get_args(ElementType))
-        _check_choice("preprocess.channel_order", self.channel_order, get_args(ChannelOrder))
-        _check_choice("preprocess.fit", self.fit, get_args(Fit))
-        _check_int("preprocess.pad_value", self.pad_value, 0, 255)
+        _F.check_choice("preprocess.layout", self.layout, get_args(Layout))
+        _F.check_choice("preprocess.resize", self.resize, get_args(ResizeMode))
+        _F.check_choice("preprocess.dtype", self.dtype, get_args(ElementType))
+        _F.check_choice("preprocess.channel_order", self.channel_order, get_args(ChannelOrder))
+        _F.check_choice("preprocess.fit", self.fit, get_args(Fit))
+        _F.check_int("preprocess.pad_value", self.pad_value, 0, 255)
         if self.size is not None:
             if not isinstance(self.size, tuple) or len(self.size) != 2:
-                raise _fail("preprocess.size", "must be [height, width] or null", self.size)
+                raise _F.fail("preprocess.size", "must be [height, width] or null", self.size)
             for side in self.size:
-                _check_int("preprocess.size", side, 1, MAX_SIDE)
-        _check_positive("preprocess.scale", self.scale)
+                _F.check_int("preprocess.size", side, 1, MAX_SIDE)
+        _F.check_positive("preprocess.scale", self.scale)
         for name, values in (("preprocess.mean", self.mean), ("preprocess.std", self.std)):
             if (
                 not isinstance(values, tuple)
@@ -162,13 +151,13 @@ class PreprocessConfig:
                     for v in values
                 )
             ):
-                raise _fail(name, "must be 1 or 3 finite numbers (one per channel)", values)
+                raise _F.fail(name, "must be 1 or 3 finite numbers (one per channel)", values)
         if any(v <= 0 for v in self.std):
-            raise _fail("preprocess.std", "every value must be > 0", self.std)
+            raise _F.fail("preprocess.std", "every value must be > 0", self.std)
         if self.dtype == "uint8" and (
             self.scale != 1 or any(v != 0 for v in self.mean) or any(v != 1 for v in self.std)
         ):
-            raise _fail(
+            raise _F.fail(
                 "preprocess.dtype",
                 "a uint8 input takes raw pixels: set scale 1, mean [0], std [1]",
                 {"scale": self.scale, "mean": self.mean, "std": self.std},
@@ -228,34 +217,34 @@ class OutputSpec:
     threshold: float | None = None
 
     def __post_init__(self) -> None:
-        _check_choice("output.decoder", self.decoder, DECODERS)
+        _F.check_choice("output.decoder", self.decoder, DECODERS)
         if self.output is not None and (
             not isinstance(self.output, str) or not 0 < len(self.output) <= _MAX_NAME
         ):
-            raise _fail("output.output", "must be a tensor name", self.output)
-        _check_int("output.top_k", self.top_k, 1, MAX_TOP_K)
+            raise _F.fail("output.output", "must be a tensor name", self.output)
+        _F.check_int("output.top_k", self.top_k, 1, MAX_TOP_K)
         if not isinstance(self.softmax, bool):
-            raise _fail("output.softmax", "must be true or false", self.softmax)
-        _check_fraction("output.score_threshold", self.score_threshold)
-        _check_fraction("output.iou_threshold", self.iou_threshold)
-        _check_int("output.max_detections", self.max_detections, 1, MAX_DETECTIONS)
-        _check_choice("output.box_format", self.box_format, get_args(BoxFormat))
+            raise _F.fail("output.softmax", "must be true or false", self.softmax)
+        _F.check_fraction("output.score_threshold", self.score_threshold)
+        _F.check_fraction("output.iou_threshold", self.iou_threshold)
+        _F.check_int("output.max_detections", self.max_detections, 1, MAX_DETECTIONS)
+        _F.check_choice("output.box_format", self.box_format, get_args(BoxFormat))
         if not isinstance(self.objectness, bool):
-            raise _fail("output.objectness", "must be true or false", self.objectness)
+            raise _F.fail("output.objectness", "must be true or false", self.objectness)
         if (
             not isinstance(self.strides, tuple)
             or not 1 <= len(self.strides) <= 8
             or len(set(self.strides)) != len(self.strides)
         ):
-            raise _fail("output.strides", "must be 1-8 distinct strides", self.strides)
+            raise _F.fail("output.strides", "must be 1-8 distinct strides", self.strides)
         for stride in self.strides:
-            _check_int("output.strides", stride, 1, 1024)
+            _F.check_int("output.strides", stride, 1, 1024)
         if self.threshold is not None and (
             isinstance(self.threshold, bool)
             or not isinstance(self.threshold, int | float)
             or not math.isfinite(self.threshold)
         ):
-            raise _fail("output.threshold", "must be a finite number or null", self.threshold)
+            raise _F.fail("output.threshold", "must be a finite number or null", self.threshold)
 
     @property
     def is_detector(self) -> bool:
@@ -300,10 +289,10 @@ class RuntimeSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.labels, tuple) or len(self.labels) > MAX_LABELS:
-            raise _fail("labels", f"must be a list of at most {MAX_LABELS} names", self.labels)
+            raise _F.fail("labels", f"must be a list of at most {MAX_LABELS} names", self.labels)
         for i, label in enumerate(self.labels):
             if not isinstance(label, str) or not 0 < len(label) <= MAX_LABEL_CHARS:
-                raise _fail(f"labels[{i}]", f"must be 1-{MAX_LABEL_CHARS} characters", label)
+                raise _F.fail(f"labels[{i}]", f"must be 1-{MAX_LABEL_CHARS} characters", label)
 
     def label(self, class_id: int) -> str:
         """The label of ``class_id``, or ``class_<id>`` when the version carries none."""
@@ -351,21 +340,21 @@ def _number(name: str, value: Any) -> float:
         try:
             number = float(value)
         except ValueError:
-            raise _fail(name, "must be a decimal number", value) from None
+            raise _F.fail(name, "must be a decimal number", value) from None
     elif isinstance(value, int | float) and not isinstance(value, bool):
         number = float(value)
     else:
-        raise _fail(name, "must be a number", value)
+        raise _F.fail(name, "must be a number", value)
     if not math.isfinite(number):
-        raise _fail(name, "must be finite", value)
+        raise _F.fail(name, "must be finite", value)
     return number
 
 
 def _list(name: str, value: Any, limit: int) -> Sequence[Any]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise _fail(name, "must be a list", value)
+        raise _F.fail(name, "must be a list", value)
     if len(value) > limit:
-        raise _fail(name, f"at most {limit} entries", len(value))
+        raise _F.fail(name, f"at most {limit} entries", len(value))
     return value
 
 
@@ -376,7 +365,7 @@ def _numbers(name: str, value: Any) -> tuple[float, ...]:
 
 
 def _ints(name: str, value: Any) -> tuple[int, ...]:
-    return tuple(_int(name, v) for v in _list(name, value, 8))
+    return tuple(_F.to_int(name, v) for v in _list(name, value, 8))
 
 
 def _size(name: str, value: Any) -> tuple[int, int] | None:
@@ -386,8 +375,8 @@ def _size(name: str, value: Any) -> tuple[int, int] | None:
         return (value, value)  # a square input: `size: 416`
     items = _list(name, value, 2)
     if len(items) != 2:
-        raise _fail(name, "must be [height, width], one side for a square, or null", value)
-    return (_int(name, items[0]), _int(name, items[1]))
+        raise _F.fail(name, "must be [height, width], one side for a square, or null", value)
+    return (_F.to_int(name, items[0]), _F.to_int(name, items[1]))
 
 
 def _placed(where: str, own: str, build: Callable[[], T]) -> T:
@@ -407,24 +396,24 @@ def _placed(where: str, own: str, build: Callable[[], T]) -> T:
 
 def parse_preprocess_config(raw: object, *, where: str = "preprocess") -> PreprocessConfig:
     """A preprocess mapping (an operator's YAML, or the signed form) to a config."""
-    reader = _Reader(where, raw)
+    reader = _F.reader(where, raw)
     default = PreprocessConfig()
     config = _placed(
         where,
         "preprocess",
         lambda: PreprocessConfig(
-            layout=reader.take("layout", _choice(Layout), default.layout),
+            layout=reader.take("layout", _F.choice(Layout), default.layout),
             size=reader.take("size", _size, default.size),
-            resize=reader.take("resize", _choice(ResizeMode), default.resize),
+            resize=reader.take("resize", _F.choice(ResizeMode), default.resize),
             mean=reader.take("mean", _numbers, default.mean),
             std=reader.take("std", _numbers, default.std),
             scale=reader.take("scale", _number, default.scale),
-            dtype=reader.take("dtype", _choice(ElementType), default.dtype),
+            dtype=reader.take("dtype", _F.choice(ElementType), default.dtype),
             channel_order=reader.take(
-                "channel_order", _choice(ChannelOrder), default.channel_order
+                "channel_order", _F.choice(ChannelOrder), default.channel_order
             ),
-            fit=reader.take("fit", _choice(Fit), default.fit),
-            pad_value=reader.take("pad_value", _int, default.pad_value),
+            fit=reader.take("fit", _F.choice(Fit), default.fit),
+            pad_value=reader.take("pad_value", _F.to_int, default.pad_value),
         ),
     )
     reader.finish()
@@ -433,27 +422,27 @@ def parse_preprocess_config(raw: object, *, where: str = "preprocess") -> Prepro
 
 def parse_output_spec(raw: object, *, where: str = "output") -> OutputSpec:
     """An output mapping: ``decoder`` and only the parameters that decoder takes."""
-    reader = _Reader(where, raw)
+    reader = _F.reader(where, raw)
     if not reader.has("decoder"):
-        raise _fail(f"{where}.decoder", f"is required (one of {', '.join(DECODERS)})", None)
-    decoder: Decoder = reader.take("decoder", _choice(Decoder), "raw")
+        raise _F.fail(f"{where}.decoder", f"is required (one of {', '.join(DECODERS)})", None)
+    decoder: Decoder = reader.take("decoder", _F.choice(Decoder), "raw")
     default = OutputSpec(decoder=decoder)
     params = _DECODER_PARAMS[decoder]
     converters: dict[str, Callable[[str, Any], Any]] = {
-        "top_k": _int,
-        "softmax": _bool,
+        "top_k": _F.to_int,
+        "softmax": _F.to_bool,
         "score_threshold": _number,
         "iou_threshold": _number,
-        "max_detections": _int,
-        "box_format": _choice(BoxFormat),
-        "objectness": _bool,
+        "max_detections": _F.to_int,
+        "box_format": _F.choice(BoxFormat),
+        "objectness": _F.to_bool,
         "strides": _ints,
-        "threshold": _optional(_number),
+        "threshold": optional(_number),
     }
     values: dict[str, Any] = {
         key: reader.take(key, converters[key], getattr(default, key)) for key in params
     }
-    output = reader.take("output", _optional(_str), None)
+    output = reader.take("output", optional(_F.to_str), None)
     reader.finish(allowed=("decoder", "output", *params))
     return _placed(where, "output", lambda: replace(default, output=output, **values))
 
@@ -464,23 +453,25 @@ def parse_runtime_spec(raw: object, *, where: str = "runtime") -> RuntimeSpec:
     ``{format?, preprocess, output, labels?}``; ``format``, when present, must be one this
     build reads.
     """
-    reader = _Reader(where, raw)
-    fmt = reader.take("format", _int, RUNTIME_FORMAT)
+    reader = _F.reader(where, raw)
+    fmt = reader.take("format", _F.to_int, RUNTIME_FORMAT)
     if fmt != RUNTIME_FORMAT:
-        raise _fail(
+        raise _F.fail(
             f"{where}.format",
             f"format {fmt} is not understood by this build (it reads {RUNTIME_FORMAT})",
             fmt,
         )
     if not reader.has("output"):
-        raise _fail(f"{where}.output", "is required (the output decoder)", None)
+        raise _F.fail(f"{where}.output", "is required (the output decoder)", None)
     preprocess = reader.take(
         "preprocess", lambda n, v: parse_preprocess_config(v, where=n), PreprocessConfig()
     )
     output = reader.take("output", lambda n, v: parse_output_spec(v, where=n), OutputSpec())
     no_labels: tuple[str, ...] = ()
     labels = reader.take(
-        "labels", lambda n, v: tuple(_str(n, item) for item in _list(n, v, MAX_LABELS)), no_labels
+        "labels",
+        lambda n, v: tuple(_F.to_str(n, item) for item in _list(n, v, MAX_LABELS)),
+        no_labels,
     )
     spec = _placed(f"{where}.labels", "labels", lambda: RuntimeSpec(preprocess, output, labels))
     reader.finish()
