@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(protos/edgefleet/fleet/v1/director.proto\x12\x12\x65\x64gefleet.fleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf2\x01\n\x12\x44irectorAssignment\x12\r\n\x05\x66leet\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x13\n\x0btarget_path\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x0e\n\x06length\x18\x06 \x01(\x04\x12-\n\tissued_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x66ormat_version\x18\t \x01(\r\"P\n\x18SignedDirectorAssignment\x12\x12\n\nassignment\x18\x01 \x01(\x0c\x12\r\n\x05keyid\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(protos/edgefleet/fleet/v1/director.proto\x12\x12\x65\x64gefleet.fleet.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x02\n\x12\x44irectorAssignment\x12\r\n\x05\x66leet\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x13\n\x0btarget_path\x18\x04 \x01(\t\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x0e\n\x06length\x18\x06 \x01(\x04\x12-\n\tissued_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x66ormat_version\x18\t \x01(\r\x12\x0f\n\x07renewal\x18\n \x01(\x08\x12\x30\n\x06shadow\x18\x0b \x01(\x0b\x32 .edgefleet.fleet.v1.ShadowTarget\"v\n\x0cShadowTarget\x12\x13\n\x0btarget_path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x18\n\x10sample_per_mille\x18\x04 \x01(\r\x12\x17\n\x0fmax_cpu_percent\x18\x05 \x01(\r\"P\n\x18SignedDirectorAssignment\x12\x12\n\nassignment\x18\x01 \x01(\x0c\x12\r\n\x05keyid\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,7 +33,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.edgefleet.fleet.v1.d
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DIRECTORASSIGNMENT']._serialized_start=98
-  _globals['_DIRECTORASSIGNMENT']._serialized_end=340
-  _globals['_SIGNEDDIRECTORASSIGNMENT']._serialized_start=342
-  _globals['_SIGNEDDIRECTORASSIGNMENT']._serialized_end=422
+  _globals['_DIRECTORASSIGNMENT']._serialized_end=407
+  _globals['_SHADOWTARGET']._serialized_start=409
+  _globals['_SHADOWTARGET']._serialized_end=527
+  _globals['_SIGNEDDIRECTORASSIGNMENT']._serialized_start=529
+  _globals['_SIGNEDDIRECTORASSIGNMENT']._serialized_end=609
 # @@protoc_insertion_point(module_scope)

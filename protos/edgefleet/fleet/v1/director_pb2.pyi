@@ -43,6 +43,8 @@ class DirectorAssignment(_message.Message):
     ISSUED_AT_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     FORMAT_VERSION_FIELD_NUMBER: _builtins.int
+    RENEWAL_FIELD_NUMBER: _builtins.int
+    SHADOW_FIELD_NUMBER: _builtins.int
     fleet: _builtins.str
     """Fleet the node belongs to; the node refuses another fleet's assignment."""
     node_id: _builtins.str
@@ -59,6 +61,12 @@ class DirectorAssignment(_message.Message):
     """Target length in bytes; must equal the TUF targets metadata."""
     format_version: _builtins.int
     """Version of these rules; currently 1. Readers refuse versions they do not know."""
+    renewal: _builtins.bool
+    """True when this assignment only renews the one before it: the same target (path,
+    sha256, length) with a later expiry, signed so that a long rollout's assignments
+    never lapse. A node applies a renewal as "keep doing what you do": it never
+    retries or re-downloads a target because of one, and never un-reverts it.
+    """
     @_builtins.property
     def issued_at(self) -> _timestamp_pb2.Timestamp:
         """When the director signed this assignment."""
@@ -66,6 +74,12 @@ class DirectorAssignment(_message.Message):
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
         """After this instant the node ignores the assignment and keeps what it runs."""
+
+    @_builtins.property
+    def shadow(self) -> Global___ShadowTarget:
+        """Optional: a candidate to run in shadow beside target_path (the rollout's shadow
+        stage). Absent: no shadow. Never served from.
+        """
 
     def __init__(
         self,
@@ -79,14 +93,62 @@ class DirectorAssignment(_message.Message):
         issued_at: _timestamp_pb2.Timestamp | None = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         format_version: _builtins.int = ...,
+        renewal: _builtins.bool = ...,
+        shadow: Global___ShadowTarget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "issued_at", b"issued_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "issued_at", b"issued_at", "shadow", b"shadow"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "fleet", b"fleet", "format_version", b"format_version", "issued_at", b"issued_at", "length", b"length", "node_id", b"node_id", "sequence", b"sequence", "sha256", b"sha256", "target_path", b"target_path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "fleet", b"fleet", "format_version", b"format_version", "issued_at", b"issued_at", "length", b"length", "node_id", b"node_id", "renewal", b"renewal", "sequence", b"sequence", "sha256", b"sha256", "shadow", b"shadow", "target_path", b"target_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DirectorAssignment: _TypeAlias = DirectorAssignment  # noqa: Y015
+
+@_typing.final
+class ShadowTarget(_message.Message):
+    """"Download, verify and self-test this candidate, then run it beside the model you
+    serve on a sample of frames, off the serving path, and report how it compares."
+
+    Checked like target_path: it must be in the node's verified TUF metadata with the
+    same sha256 and length. What the node serves does not change; a shadow that fails
+    to download, verify, load or self-test is reported, and the node serves on.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_PATH_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    SAMPLE_PER_MILLE_FIELD_NUMBER: _builtins.int
+    MAX_CPU_PERCENT_FIELD_NUMBER: _builtins.int
+    target_path: _builtins.str
+    """TUF target path of the candidate, e.g. "models/<name>/<version>/model.onnx"."""
+    sha256: _builtins.str
+    """Lowercase hex SHA-256 of the candidate; must equal the TUF targets metadata."""
+    length: _builtins.int
+    """Candidate length in bytes; must equal the TUF targets metadata."""
+    sample_per_mille: _builtins.int
+    """Frames the candidate also runs on, per mille of the frames served (1-1000)."""
+    max_cpu_percent: _builtins.int
+    """Upper bound on the candidate's share of one CPU, in percent (1-100); the node
+    skips sampled frames rather than exceed it.
+    """
+    def __init__(
+        self,
+        *,
+        target_path: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        length: _builtins.int = ...,
+        sample_per_mille: _builtins.int = ...,
+        max_cpu_percent: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["length", b"length", "max_cpu_percent", b"max_cpu_percent", "sample_per_mille", b"sample_per_mille", "sha256", b"sha256", "target_path", b"target_path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShadowTarget: _TypeAlias = ShadowTarget  # noqa: Y015
 
 @_typing.final
 class SignedDirectorAssignment(_message.Message):
