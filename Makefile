@@ -24,6 +24,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two workers, a test file per worker at a time (its module fixtures stay together).
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
