@@ -196,9 +196,11 @@ def begin_trial(state: JournalState, target: ModelRef) -> JournalState:
             "commit or revert it first",
             phase=state.phase.value,
         )
-    if state.active is not None and state.active.sha256 == target.sha256:
+    # A target is its path and bytes: another version of the same bytes (another runtime
+    # spec) is a new target.
+    if state.active == target:
         raise IllegalTransitionError(f"{target.path} is already active", phase=state.phase.value)
-    retry = state.failed is not None and state.failed.sha256 == target.sha256
+    retry = state.failed == target
     return dataclasses.replace(
         state,
         trial=target,

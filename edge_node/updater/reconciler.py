@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -383,8 +384,8 @@ class Reconciler:
             handled = (
                 state.phase is Phase.TRIAL
                 or state.failed is None
-                or state.failed.sha256 != target.sha256
-                or (state.active is not None and state.active.sha256 == target.sha256)
+                or state.failed != target
+                or state.active == target
             )
             if handled or state.last_error not in RETRIED:
                 return Outcome(OutcomeKind.UNCHANGED, "replayed", target, sequence)
@@ -394,7 +395,7 @@ class Reconciler:
                 return Outcome(
                     OutcomeKind.DEFERRED, state.last_error, target, sequence, state.retry_at
                 )
-        if state.active is not None and state.active.sha256 == target.sha256:
+        if state.active == target:
             if not plan.redelivered:
                 state = self._record(accept_assignment(state, sequence))
             await self._report(
@@ -414,7 +415,7 @@ class Reconciler:
         try:
             state = self._save(trial)
         except StorageError as exc:
-            if state.previous is None or state.previous.sha256 != target.sha256:
+            if state.previous != target:
                 return await self._rejected(_storage_reason(exc), exc, target, sequence)
             # A rollback to the model kept for it, on a disk too full for the journal: it
             # goes ahead in memory; a restart before the journal catches up serves what
@@ -534,7 +535,9 @@ class Reconciler:
         needed = 0
         if not store.exists(plan.assignment.sha256):
             needed += self._missing(plan.assignment.target) + self._missing(plan.reference)
-        elif not store.reference_path_of(plan.assignment.sha256).is_file():
+        elif not store.reference_path_of(
+            plan.assignment.sha256, plan.assignment.target_path
+        ).is_file():
             needed += self._missing(plan.reference)
         if needed > 0:
             store.check_space(needed, self._limits.space_margin_bytes)
@@ -555,8 +558,8 @@ class Reconciler:
         store = self._store
         sha = plan.assignment.sha256
         ref = plan.reference
-        model_path, ref_path = store.path_of(sha), store.reference_path_of(sha)
         target_path, sequence = plan.assignment.target_path, plan.assignment.sequence
+        model_path, ref_path = store.path_of(sha), store.reference_path_of(sha, target_path)
 
         def step(phase: UpdatePhase, detail: str = "") -> UpdateReport:
             return UpdateReport(phase, target_path, sequence, detail=detail)
@@ -575,7 +578,14 @@ class Reconciler:
             )
         if ref_part is not None:
             ref_path = await asyncio.to_thread(
-                store.install_reference, sha, ref_part, ref.sha256, ref.length
+                functools.partial(
+                    store.install_reference,
+                    sha,
+                    ref_part,
+                    ref.sha256,
+                    ref.length,
+                    target_path=target_path,
+                )
             )
         bundle = plan.bundle(model_path)
         await asyncio.to_thread(store.write_bundle, sha, bundle.to_record())
@@ -841,7 +851,7 @@ class Reconciler:
         name, version = name_and_version(ref.path)
         fallback = ModelBundle(path, name, version, ref.sha256, None, ref.path)
         try:
-            record = self._store.read_bundle(ref.sha256)
+            record = self._store.read_bundle(ref.sha256, ref.path)
         except StorageError as exc:
             _log.error("%s; serving %s with the node's preprocess config", exc.message, ref.path)
             return fallback

@@ -1,5 +1,9 @@
-"""The node's content-addressed model store: `root/sha256/<hex>/model.onnx` (+ reference.npz,
-+ bundle.json).
+"""The node's content-addressed model store: `root/sha256/<hex>/model.onnx`, and per target
+that names those bytes `root/sha256/<hex>/targets/<key>/{reference.npz,bundle.json}`.
+
+Two versions may sign the same bytes with different runtime specs (a corrected
+normalisation needs no new model): the bytes are stored once, the reference pair and the
+bundle record once per target path (`<key>`: the first 32 hex digits of its sha256).
 
 A file enters only through `install`, which re-hashes it (never trust a file on disk,
 even one verified while it downloaded), fsyncs it and renames it into place, then
@@ -41,6 +45,7 @@ __all__ = [
 MODEL_FILE: Final = "model.onnx"
 REFERENCE_FILE: Final = "reference.npz"
 BUNDLE_FILE: Final = "bundle.json"
+_TARGETS: Final = "targets"
 _MAX_BUNDLE_BYTES: Final = 4 << 20  # a runtime spec with 4096 labels is well under this
 _CHUNK: Final = 1 << 20
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
@@ -102,13 +107,18 @@ class ModelStore:
         """Where the model with this hash lives (whether or not it is installed)."""
         return self.entry_dir(sha256) / MODEL_FILE
 
-    def reference_path_of(self, sha256: str) -> Path:
-        """Where the model's self-test reference pair lives (whether or not installed)."""
-        return self.entry_dir(sha256) / REFERENCE_FILE
+    def target_dir(self, sha256: str, target_path: str) -> Path:
+        """Where what one target (a signed version of these bytes) keeps beside them."""
+        key = hashlib.sha256(target_path.encode()).hexdigest()[:32]
+        return self.entry_dir(sha256) / _TARGETS / key
 
-    def bundle_path_of(self, sha256: str) -> Path:
-        """Where the model's verified bundle record lives (whether or not written)."""
-        return self.entry_dir(sha256) / BUNDLE_FILE
+    def reference_path_of(self, sha256: str, target_path: str) -> Path:
+        """Where a target's self-test reference pair lives (whether or not installed)."""
+        return self.target_dir(sha256, target_path) / REFERENCE_FILE
+
+    def bundle_path_of(self, sha256: str, target_path: str) -> Path:
+        """Where a target's verified bundle record lives (whether or not written)."""
+        return self.target_dir(sha256, target_path) / BUNDLE_FILE
 
     def exists(self, sha256: str) -> bool:
         return self.path_of(sha256).is_file()
@@ -133,15 +143,24 @@ class ModelStore:
         return self._install(temp_file, sha256, length, self.path_of(sha256))
 
     def install_reference(
-        self, model_sha256: str, temp_file: Path, sha256: str, length: int
+        self, model_sha256: str, temp_file: Path, sha256: str, length: int, *, target_path: str
     ) -> Path:
-        """Install the self-test reference pair beside an installed model."""
+        """Install a target's self-test reference pair beside its installed model."""
         if not self.exists(model_sha256):
             raise InvalidInputError(
                 f"model {model_sha256} is not installed; install it before its reference",
                 sha256=model_sha256,
             )
-        return self._install(temp_file, sha256, length, self.reference_path_of(model_sha256))
+        dest = self.reference_path_of(model_sha256, target_path)
+        self._make_target_dir(dest.parent)
+        return self._install(temp_file, sha256, length, dest)
+
+    def _make_target_dir(self, directory: Path) -> None:
+        with self._lock, _storage_errors(f"creating {directory.name}"):
+            if not directory.is_dir():
+                directory.mkdir(mode=0o755, parents=True)
+                fsync_dir(directory.parent)
+                fsync_dir(directory.parent.parent)
 
     def _install(self, temp_file: Path, sha256: str, length: int, dest: Path) -> Path:
         _checked_sha256(sha256)
@@ -167,7 +186,8 @@ class ModelStore:
         return dest
 
     def write_bundle(self, model_sha256: str, record: Mapping[str, Any]) -> Path:
-        """Keep `record` (JSON-ready, from verified metadata) beside an installed model.
+        """Keep `record` (JSON-ready, from verified metadata; its `target_path` says which
+        target it is) beside an installed model.
 
         Written atomically (temp file, fsync, rename, fsync the directory) as
         `{"bundle": record, "sha256": <digest of its canonical JSON>}`; nothing is
@@ -178,21 +198,25 @@ class ModelStore:
                 f"model {model_sha256} is not installed; install it before its bundle",
                 sha256=model_sha256,
             )
+        target_path = record.get("target_path")
+        if not isinstance(target_path, str) or not target_path:
+            raise InvalidInputError("a bundle record names its target_path", field="target_path")
         body = _canonical(record)
         data = _canonical({"bundle": record, "sha256": hashlib.sha256(body).hexdigest()})
-        path = self.bundle_path_of(model_sha256)
-        with self._lock, _storage_errors(f"writing the bundle of {model_sha256}"):
+        path = self.bundle_path_of(model_sha256, target_path)
+        self._make_target_dir(path.parent)
+        with self._lock, _storage_errors(f"writing the bundle of {target_path}"):
             if path.is_file() and path.read_bytes() == data:
                 return path
             atomic_write(path, data, mode=_READ_ONLY)
         return path
 
-    def read_bundle(self, model_sha256: str) -> dict[str, Any] | None:
-        """The bundle record `write_bundle` kept, or None when there is none (a model
-        installed before bundles). `StoreIntegrityError` when it is damaged: not JSON,
-        its digest wrong, or it names another model."""
-        path = self.bundle_path_of(model_sha256)
-        with _storage_errors(f"reading the bundle of {model_sha256}"):
+    def read_bundle(self, model_sha256: str, target_path: str) -> dict[str, Any] | None:
+        """The bundle record `write_bundle` kept for `target_path`, or None when there is
+        none (a model installed before bundles). `StoreIntegrityError` when it is damaged:
+        not JSON, its digest wrong, or it names another model or target."""
+        path = self.bundle_path_of(model_sha256, target_path)
+        with _storage_errors(f"reading the bundle of {target_path}"):
             try:
                 with path.open("rb") as f:
                     data = f.read(_MAX_BUNDLE_BYTES + 1)
@@ -209,6 +233,8 @@ class ModelStore:
                 raise ValueError("its digest does not match its content")
             if record.get("sha256") != model_sha256:
                 raise ValueError(f"it names model {record.get('sha256')!r}")
+            if record.get("target_path") != target_path:
+                raise ValueError(f"it names target {record.get('target_path')!r}")
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreIntegrityError(
                 f"the bundle record {path} is damaged: {exc}", path=str(path)

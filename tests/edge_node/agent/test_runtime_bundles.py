@@ -196,6 +196,36 @@ async def test_a_fleet_moves_between_two_models_by_assignment_alone_and_back(
         assert seen(await results.next(host)) == expected(IMAGENET)
 
 
+async def test_a_version_signing_the_same_bytes_with_another_spec_is_a_new_target(
+    tmp_path: Path,
+) -> None:
+    """A corrected normalisation needs no new model: 1.0.1 signs 1.0.0's bytes with
+    another mean/std. The node tries and serves it with its own spec (not "already
+    active" with 1.0.0's), and goes back to 1.0.0's just as well."""
+    world = UpdateWorld.create(tmp_path)
+    corrected = Norm(SMALL.size, (0.25,), (0.5,))
+    first = release(world, "1.0.0", 1, SMALL)
+    fixed = release(world, "1.0.1", 2, corrected)
+    assert first.sha256 == fixed.sha256
+    results = Results()
+    async with runtime(tmp_path, results) as host:
+        rec = world.reconciler(host=host)
+        assert (await rec.apply(world.assign(first))).kind is OutcomeKind.APPLIED
+        assert seen(await results.next(host)) == expected(SMALL)
+        outcome = await rec.apply(world.assign(fixed))
+        assert outcome.kind is OutcomeKind.APPLIED, world.reports[-1]
+        result = await results.next(host)
+        assert (seen(result), result.model_label) == (expected(corrected), "det@1.0.1")
+        back = await rec.apply(world.assign(first))
+        assert back.kind is OutcomeKind.APPLIED, world.reports[-1]
+        result = await results.next(host)
+        assert (seen(result), result.model_label) == (expected(SMALL), "det@1.0.0")
+    # One copy of the bytes, a bundle record per version.
+    store = rec.store
+    assert store.read_bundle(first.sha256, first.path)["version"] == "1.0.0"
+    assert store.read_bundle(fixed.sha256, fixed.path)["version"] == "1.0.1"
+
+
 class WatchedTrials:
     """The host, recording for each trial the CPU priority it ran at and whether the
     self-test's clock (`work_time`) stood still while the thread slept."""
@@ -320,7 +350,7 @@ async def _install(world: UpdateWorld, tmp_path: Path, rel: Release) -> Path:
         await task.start()
         outcome = await task.reconciler.apply(world.assign(rel))
         assert outcome.kind is OutcomeKind.APPLIED
-        bundle = task.reconciler.store.bundle_path_of(rel.sha256)
+        bundle = task.reconciler.store.bundle_path_of(rel.sha256, rel.path)
     assert bundle.is_file()
     return bundle
 

@@ -99,16 +99,23 @@ def test_a_damaged_installed_copy_is_replaced(store: ModelStore) -> None:
     assert store.verify(sha)
 
 
-def test_the_reference_pair_sits_beside_its_model(store: ModelStore) -> None:
+TARGET = "models/det/1.0.0/model.onnx"
+OTHER_TARGET = "models/det/1.0.1/model.onnx"  # another version signing the same bytes
+
+
+def test_the_reference_pair_sits_beside_its_model_once_per_target(store: ModelStore) -> None:
     model, model_sha = download(store, b"model")
     ref, ref_sha = download(store, b"npz", "ref.part")
     with pytest.raises(InvalidInputError):
-        store.install_reference(model_sha, ref, ref_sha, 3)
+        store.install_reference(model_sha, ref, ref_sha, 3, target_path=TARGET)
     store.install(model, model_sha, 5)
-    path = store.install_reference(model_sha, ref, ref_sha, 3)
-    assert path == store.reference_path_of(model_sha)
-    assert path.parent == store.path_of(model_sha).parent
+    path = store.install_reference(model_sha, ref, ref_sha, 3, target_path=TARGET)
+    assert path == store.reference_path_of(model_sha, TARGET)
+    assert path.parent.parent.parent == store.path_of(model_sha).parent
     assert path.read_bytes() == b"npz"
+    other, other_sha = download(store, b"npz2", "ref2.part")
+    second = store.install_reference(model_sha, other, other_sha, 4, target_path=OTHER_TARGET)
+    assert second != path and second.read_bytes() == b"npz2" and path.read_bytes() == b"npz"
 
 
 def test_bad_hashes_are_refused(store: ModelStore) -> None:
@@ -186,26 +193,40 @@ def test_the_real_disk_usage_is_used_by_default(store: ModelStore) -> None:
 def test_a_bundle_record_is_kept_beside_its_model_and_read_back(store: ModelStore) -> None:
     temp, sha = download(store, b"onnx bytes")
     store.install(temp, sha, 10)
-    assert store.read_bundle(sha) is None  # installed before bundles
-    record = {"format": 1, "sha256": sha, "model": "det", "version": "1.0.0", "runtime": None}
+    assert store.read_bundle(sha, TARGET) is None  # installed before bundles
+    record = {
+        "format": 1,
+        "target_path": TARGET,
+        "sha256": sha,
+        "model": "det",
+        "version": "1.0.0",
+        "runtime": None,
+    }
     path = store.write_bundle(sha, record)
-    assert path == store.bundle_path_of(sha) == store.entry_dir(sha) / "bundle.json"
-    assert store.read_bundle(sha) == record
+    assert path == store.bundle_path_of(sha, TARGET)
+    assert path == store.target_dir(sha, TARGET) / "bundle.json"
+    assert store.read_bundle(sha, TARGET) == record
+    # Another version of the same bytes keeps its own record beside it.
+    assert store.read_bundle(sha, OTHER_TARGET) is None
+    other = record | {"target_path": OTHER_TARGET, "version": "1.0.1"}
+    assert store.write_bundle(sha, other) != path
+    assert store.read_bundle(sha, OTHER_TARGET) == other
+    assert store.read_bundle(sha, TARGET) == record
     assert path.stat().st_mode & 0o777 == 0o444
     # The same record again writes nothing (a rollback needs no free disk).
     inode = path.stat().st_ino
     store.write_bundle(sha, dict(record))
     assert path.stat().st_ino == inode
-    store.write_bundle(sha, record | {"version": "1.0.1"})
+    store.write_bundle(sha, record | {"runtime": {"format": 1}})
     assert path.stat().st_ino != inode
-    assert store.read_bundle(sha) == record | {"version": "1.0.1"}
+    assert store.read_bundle(sha, TARGET) == record | {"runtime": {"format": 1}}
     store.gc(())
     assert not path.exists()
 
 
 def test_a_bundle_needs_its_model_installed(store: ModelStore) -> None:
     with pytest.raises(InvalidInputError, match="install it before its bundle"):
-        store.write_bundle("a" * 64, {"sha256": "a" * 64})
+        store.write_bundle("a" * 64, {"sha256": "a" * 64, "target_path": TARGET})
 
 
 @pytest.mark.parametrize(
@@ -221,12 +242,13 @@ def test_a_damaged_bundle_record_is_refused_when_read(
 ) -> None:
     temp, sha = download(store, b"onnx bytes")
     store.install(temp, sha, 10)
-    path = store.write_bundle(sha, {"sha256": sha, "model": "det", "version": "1.0.0"})
+    record = {"sha256": sha, "target_path": TARGET, "model": "det", "version": "1.0.0"}
+    path = store.write_bundle(sha, record)
     text = path.read_text()
     path.unlink()
     path.write_text(damage(text))
     with pytest.raises(StoreIntegrityError, match="is damaged"):
-        store.read_bundle(sha)
+        store.read_bundle(sha, TARGET)
 
 
 def test_a_bundle_record_that_names_another_model_is_refused(store: ModelStore) -> None:
@@ -234,7 +256,16 @@ def test_a_bundle_record_that_names_another_model_is_refused(store: ModelStore) 
     other_temp, other = download(store, b"other bytes", "other.part")
     store.install(temp, sha, 10)
     store.install(other_temp, other, 11)
-    store.write_bundle(other, {"sha256": other, "model": "det"})
-    store.bundle_path_of(sha).write_bytes(store.bundle_path_of(other).read_bytes())
+    store.write_bundle(other, {"sha256": other, "target_path": TARGET, "model": "det"})
+    store.write_bundle(sha, {"sha256": sha, "target_path": OTHER_TARGET, "model": "det"})
+    store.write_bundle(sha, {"sha256": sha, "target_path": TARGET, "model": "det"})
+    store.bundle_path_of(sha, TARGET).unlink()
+    store.bundle_path_of(sha, TARGET).write_bytes(store.bundle_path_of(other, TARGET).read_bytes())
     with pytest.raises(StoreIntegrityError, match="names model"):
-        store.read_bundle(sha)
+        store.read_bundle(sha, TARGET)
+    store.bundle_path_of(sha, TARGET).unlink()
+    store.bundle_path_of(sha, TARGET).write_bytes(
+        store.bundle_path_of(sha, OTHER_TARGET).read_bytes()
+    )
+    with pytest.raises(StoreIntegrityError, match="names target"):
+        store.read_bundle(sha, TARGET)
