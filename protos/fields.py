@@ -38,7 +38,8 @@ class Fields(Generic[E]):
         self._error = error
 
     def fail(self, field_name: str, message: str, value: object) -> E:
-        return self._error(f"{field_name}: {message} (got {value!r})", field=field_name)
+        shown = list(value) if isinstance(value, tuple) else value  # as the YAML wrote it
+        return self._error(f"{field_name}: {message} (got {shown!r})", field=field_name)
 
     def unknown(self, where: str, unknown: Sequence[str], known: Sequence[str]) -> E:
         return self._error(

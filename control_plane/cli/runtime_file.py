@@ -141,7 +141,7 @@ def load_runtime_file(path: Path) -> RuntimeSpec:
         document = dict(document)
         document["labels"] = _labels_from_file(document.pop("labels_file"), path)
     try:
-        return parse_runtime_spec(document, where="runtime")
+        return parse_runtime_spec(document, where="runtime", also_known=("labels_file",))
     except BundleError as exc:
         error = bundle_input_error(exc, "runtime")
         raise _refuse(f"{path}: {error.message}", path, error.fields["field"]) from exc

@@ -293,6 +293,10 @@ class RuntimeSpec:
         for i, label in enumerate(self.labels):
             if not isinstance(label, str) or not 0 < len(label) <= MAX_LABEL_CHARS:
                 raise _F.fail(f"labels[{i}]", f"must be 1-{MAX_LABEL_CHARS} characters", label)
+        if self.labels and self.output.decoder == "raw":
+            raise _F.fail(
+                "labels", "the raw decoder names no classes: leave labels out", len(self.labels)
+            )
 
     def label(self, class_id: int) -> str:
         """The label of ``class_id``, or ``class_<id>`` when the version carries none."""
@@ -447,11 +451,14 @@ def parse_output_spec(raw: object, *, where: str = "output") -> OutputSpec:
     return _placed(where, "output", lambda: replace(default, output=output, **values))
 
 
-def parse_runtime_spec(raw: object, *, where: str = "runtime") -> RuntimeSpec:
+def parse_runtime_spec(
+    raw: object, *, where: str = "runtime", also_known: Sequence[str] = ()
+) -> RuntimeSpec:
     """An operator's runtime file or the signed ``custom.runtime``.
 
     ``{format?, preprocess, output, labels?}``; ``format``, when present, must be one this
-    build reads.
+    build reads. ``also_known``: keys the caller resolved before (``labels_file``), listed
+    as known when a key is not.
     """
     reader = _F.reader(where, raw)
     fmt = reader.take("format", _F.to_int, RUNTIME_FORMAT)
@@ -461,21 +468,25 @@ def parse_runtime_spec(raw: object, *, where: str = "runtime") -> RuntimeSpec:
             f"format {fmt} is not understood by this build (it reads {RUNTIME_FORMAT})",
             fmt,
         )
-    if not reader.has("output"):
-        raise _F.fail(f"{where}.output", "is required (the output decoder)", None)
     preprocess = reader.take(
         "preprocess", lambda n, v: parse_preprocess_config(v, where=n), PreprocessConfig()
     )
     output = reader.take("output", lambda n, v: parse_output_spec(v, where=n), OutputSpec())
     no_labels: tuple[str, ...] = ()
-    labels = reader.take(
-        "labels",
-        lambda n, v: tuple(_F.to_str(n, item) for item in _list(n, v, MAX_LABELS)),
-        no_labels,
-    )
-    spec = _placed(f"{where}.labels", "labels", lambda: RuntimeSpec(preprocess, output, labels))
-    reader.finish()
-    return spec
+    labels = reader.take("labels", _labels, no_labels)
+    # A misspelt key is named before a missing one (`outputs:` is not "output is required").
+    reader.finish(allowed=("preprocess", "output", "labels", *also_known))
+    if not reader.has("output"):
+        raise _F.fail(f"{where}.output", "is required (the output decoder)", None)
+    return _placed(f"{where}.labels", "labels", lambda: RuntimeSpec(preprocess, output, labels))
+
+
+def _labels(name: str, value: Any) -> tuple[str, ...]:
+    items = _list(name, value, MAX_LABELS)
+    for i, item in enumerate(items):
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            raise _F.fail(f"{name}[{i}]", "must be a string (quote a number in YAML: '0')", item)
+    return tuple(_F.to_str(name, item) for item in items)
 
 
 def runtime_of_custom(custom: Mapping[str, Any]) -> RuntimeSpec | None:

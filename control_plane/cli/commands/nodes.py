@@ -441,7 +441,7 @@ def _precise_time(value: Any) -> Any:
 
 def _detections_text(result: dict[str, Any]) -> str:
     """The top detections, one a line: `label score [x1,y1,x2,y2]`; a raw result's
-    tensors as `name shape min..max mean`."""
+    tensors as `name shape min..max mean` (and the share above its threshold)."""
     lines = []
     detections = result.get("detections") or []
     for detection in detections[:_SHOWN_DETECTIONS]:
@@ -458,10 +458,14 @@ def _detections_text(result: dict[str, Any]) -> str:
     if not detections:
         for tensor in (result.get("tensors") or [])[:_SHOWN_DETECTIONS]:
             shape = "x".join(str(d) for d in tensor.get("shape") or [])
-            lines.append(
+            text = (
                 f"{tensor.get('name')} {shape} {_number(tensor.get('min'), 3)}.."
                 f"{_number(tensor.get('max'), 3)} mean {_number(tensor.get('mean'), 3)}"
             )
+            above, threshold = tensor.get("above"), tensor.get("threshold")
+            if isinstance(above, int | float) and isinstance(threshold, int | float):
+                text += f", {above:.1%} > {threshold:g}"
+            lines.append(text)
     return "\n".join(lines)
 
 

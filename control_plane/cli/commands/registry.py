@@ -250,7 +250,7 @@ def runtime_text(summary: dict[str, Any] | None) -> str:
             f"            scale {_value(pre['scale'])}, mean {_value(pre['mean'])}, "
             f"std {_value(pre['std'])}",
             f"output:     {summary['decoder']}{output}" + (f" ({params})" if params else ""),
-            f"labels:     {summary['labels']}" + (f" ({named})" if labels else ""),
+            f"labels:     {summary['labels'] or '-'}" + (f" ({named})" if labels else ""),
         ]
     )
 
@@ -262,6 +262,8 @@ def runtime_brief(summary: dict[str, Any] | None) -> str:
     if "unreadable" in summary:
         return "unreadable"
     labels = summary["labels"]
+    if not labels:
+        return str(summary["decoder"])
     return f"{summary['decoder']}, {labels} label{'s' if labels != 1 else ''}"
 
 

@@ -181,8 +181,10 @@ def test_a_square_size_and_decimal_strings_are_accepted() -> None:
         ({"output": {}}, "runtime.output.decoder"),
         ({"preprocess": {}}, "runtime.output"),
         ({"format": 2, "output": {"decoder": "raw"}}, "runtime.format"),
-        ({"output": {"decoder": "raw"}, "labels": "cat"}, "runtime.labels"),
-        ({"output": {"decoder": "raw"}, "labels": [1]}, "runtime.labels"),
+        ({"output": {"decoder": "classification"}, "labels": "cat"}, "runtime.labels"),
+        ({"output": {"decoder": "classification"}, "labels": [1]}, "runtime.labels[0]"),
+        ({"output": {"decoder": "raw"}, "labels": ["cat"]}, "runtime.labels"),
+        ({"outputs": {"decoder": "raw"}}, "runtime.outputs"),
     ],
 )
 def test_every_refusal_names_the_field(raw: dict[str, Any], field: str) -> None:
@@ -219,7 +221,7 @@ def test_another_decoders_parameter_is_refused(decoder: str, foreign: str) -> No
 
 
 def test_labels_are_bounded_in_count_and_length() -> None:
-    raw: dict[str, Any] = {"output": {"decoder": "raw"}}
+    raw: dict[str, Any] = {"output": {"decoder": "classification"}}
     assert len(parse_runtime_spec({**raw, "labels": ["x"] * MAX_LABELS}).labels) == MAX_LABELS
     assert bundle_error({**raw, "labels": ["x"] * (MAX_LABELS + 1)}).field == "runtime.labels"
     assert bundle_error({**raw, "labels": ["ok", ""]}).field == "runtime.labels[1]"
