@@ -592,7 +592,10 @@ class Reconciler:
         await self._report(step(UpdatePhase.SELF_TESTING))
 
         def trial(load: TrialLoader) -> SelfTestResult:
-            return self._selftest(load, ref_path, plan.atol, plan.rtol)
+            result = self._selftest(load, ref_path, plan.atol, plan.rtol)
+            if result.ok:  # logged here, before the host swaps it in
+                _log.info("self-test of %s passed: %s", bundle.label, result.detail)
+            return result
 
         try:
             result = await self._host.serve(bundle, trial=trial)
@@ -604,7 +607,6 @@ class Reconciler:
             )
         if not result.ok:
             raise SelfTestFailedError(result)
-        _log.info("self-test of %s passed: %s", bundle.label, result.detail)
         return model_path
 
     async def _download(self, target: TargetInfo) -> Path:
