@@ -288,6 +288,7 @@ class _Run:
             status=self.status,
             stage=self.stage,
             since=self.since,
+            seed=self.old.seed,
             nodes=self.nodes,
             bake_started=self.bake_started,
             controls=self.controls,
@@ -328,9 +329,9 @@ class _Run:
     # --------------------------------------------------------------- pending
 
     def begin(self, observations: Observations) -> None:
-        """Take the fleet in: every matched node gets its stage (the plan's, seeded with
-        the rollout id), then the first stage starts."""
-        plan = dry_run(self.spec, observations.nodes, seed=self.old.rollout_id)
+        """Take the fleet in: every matched node gets its stage (the plan's, with the
+        rollout's seed), then the first stage starts."""
+        plan = dry_run(self.spec, observations.nodes, seed=self.old.seed)
         numbers = {
             "matched": len(plan.order) + len(plan.already),
             "to_update": len(plan.order),
@@ -477,7 +478,7 @@ class _Run:
         if not joined:
             return
         # Where the plan would have put each of them, had they been there from the start.
-        plan = dry_run(self.spec, observations.nodes, seed=self.old.rollout_id)
+        plan = dry_run(self.spec, observations.nodes, seed=self.old.seed)
         order = {node_id: i for i, node_id in enumerate(plan.order)}
         rank = max((r.rank for r in self.nodes.values()), default=-1) + 1
         placed: dict[str, int | None] = {}

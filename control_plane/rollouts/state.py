@@ -147,7 +147,8 @@ class RolloutState:
     `stage` indexes `spec.stages` (the shadow stage first, when there is one); `hold` says
     why nothing starts right now (window, rate) while running; `starts` is the rate limit's
     log (time, nodes started) over its window; `promote_by` a promotion waiting for the
-    next step; `last` the latest decision (what `watch` shows).
+    next step; `last` the latest decision (what `watch` shows); `seed` orders the nodes
+    (`plan.dry_run`), so a dry run with the same seed shows the nodes this rollout takes.
     """
 
     rollout_id: str
@@ -155,6 +156,7 @@ class RolloutState:
     status: RolloutStatus
     stage: int
     since: datetime
+    seed: str
     nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
     bake_started: datetime | None = None
     controls: tuple[str, ...] = ()
@@ -166,11 +168,14 @@ class RolloutState:
     last: Decision | None = None
 
     @classmethod
-    def new(cls, rollout_id: str, spec: RolloutSpec, now: datetime) -> RolloutState:
-        """A created rollout: pending until its first step takes the fleet in."""
+    def new(
+        cls, rollout_id: str, spec: RolloutSpec, now: datetime, *, seed: str | None = None
+    ) -> RolloutState:
+        """A created rollout: pending until its first step takes the fleet in. `seed`
+        defaults to the spec's, the one a dry run uses."""
         if not isinstance(rollout_id, str) or not 0 < len(rollout_id) <= 64:
             raise _F.fail("rollout_id", "must be 1-64 characters", rollout_id)
-        return cls(rollout_id, spec, "pending", spec.stages.first_canary(), aware(now))
+        return cls(rollout_id, spec, "pending", 0, aware(now), spec.seed if seed is None else seed)
 
     # ------------------------------------------------------------------ views
 
@@ -214,6 +219,7 @@ class RolloutState:
             "status": self.status,
             "stage": self.stage,
             "since": self.since.isoformat(),
+            "seed": self.seed,
             "bake_started": _iso(self.bake_started),
             "controls": list(self.controls),
             "starts": [[at.isoformat(), n] for at, n in self.starts],
@@ -238,6 +244,7 @@ class RolloutState:
             status=reader.require("status", _F.choice(RolloutStatus)),
             stage=reader.require("stage", _stage_index(spec)),
             since=reader.require("since", _time),
+            seed=reader.require("seed", _F.to_str),
             bake_started=reader.take("bake_started", optional(_time), None),
             controls=reader.take("controls", _strings, ()),
             starts=reader.take("starts", _starts, ()),
