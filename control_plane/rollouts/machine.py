@@ -587,7 +587,7 @@ class _Run:
             if not was_window_hold:
                 self.record("window-closed", self.hold, {"queued": len(queue)})
             return
-        if was_window_hold:
+        if was_window_hold and queue:
             self.record("window-open", f"the maintenance window opened; {len(queue)} queued")
         cutoff = self.now - rate.window
         self.starts = tuple((at, n) for at, n in self.starts if at > cutoff)

@@ -25,7 +25,7 @@ from control_plane.errors import InvalidInputError
 from control_plane.identity.bootstrap import LabelSelector, parse_selector
 from control_plane.rollouts.cron import CronSchedule, parse_cron
 from control_plane.trust.custom import validate_model_name, validate_version
-from protos.fields import Fields
+from protos.fields import Fields, Reader
 
 __all__ = [
     "DEFAULT_SPREAD",
@@ -47,6 +47,7 @@ __all__ = [
     "parse_spread",
     "parse_stages",
     "parse_window",
+    "stored_reader",
 ]
 
 SPEC_FORMAT: Final = 1
@@ -564,10 +565,7 @@ class RolloutSpec:
     @classmethod
     def from_dict(cls, raw: object, *, where: str = "rollout") -> RolloutSpec:
         """The stored form (`to_dict`), checked again by the same parsers."""
-        reader = _F.reader(where, raw)
-        fmt = reader.take("format", _F.to_int, SPEC_FORMAT)
-        if fmt != SPEC_FORMAT:
-            raise _F.fail(f"{where}.format", f"this build reads format {SPEC_FORMAT}", fmt)
+        reader = stored_reader(where, raw, SPEC_FORMAT)
 
         def text(parse: Callable[..., T]) -> Callable[[str, Any], T]:
             return lambda name, value: parse(_F.to_str(name, value), field_name=name)
@@ -593,6 +591,15 @@ class RolloutSpec:
         )
         reader.finish()
         return spec
+
+
+def stored_reader(where: str, raw: object, fmt: int) -> Reader[InvalidInputError]:
+    """A reader of a stored mapping whose `format` (absent: `fmt`) must be `fmt`."""
+    reader = _F.reader(where, raw)
+    found = reader.take("format", _F.to_int, fmt)
+    if found != fmt:
+        raise _F.fail(f"{where}.format", f"this build reads format {fmt}", found)
+    return reader
 
 
 def _selector(text: str, *, field_name: str = "selector") -> LabelSelector:

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from control_plane.errors import InvalidInputError
-from control_plane.rollouts.spec import RolloutSpec
+from control_plane.rollouts.spec import RolloutSpec, stored_reader
 from protos.fields import Fields, optional
 
 __all__ = [
@@ -233,10 +233,7 @@ class RolloutState:
 
     @classmethod
     def from_dict(cls, raw: object, *, where: str = "rollout_state") -> RolloutState:
-        reader = _F.reader(where, raw)
-        fmt = reader.take("format", _F.to_int, STATE_FORMAT)
-        if fmt != STATE_FORMAT:
-            raise _F.fail(f"{where}.format", f"this build reads format {STATE_FORMAT}", fmt)
+        reader = stored_reader(where, raw, STATE_FORMAT)
         spec = reader.require("spec", lambda n, v: RolloutSpec.from_dict(v, where=n))
         state = cls(
             rollout_id=reader.require("rollout_id", _F.to_str),
