@@ -81,6 +81,12 @@ PURE_CORES = (
     "protos/bundle/preprocess.py",
     "protos/bundle/decoders.py",
     "edge_node/results/sampling.py",
+    "control_plane/rollouts/cron.py",
+    "control_plane/rollouts/spec.py",
+    "control_plane/rollouts/plan.py",
+    "control_plane/rollouts/state.py",
+    "control_plane/rollouts/machine.py",
+    "control_plane/rollouts/simulation.py",
 )
 
 # Modules that need numpy (the node's and the CLI's, never the server's). The rest of

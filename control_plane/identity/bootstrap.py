@@ -192,7 +192,8 @@ def parse_label_changes(text: str) -> dict[str, str | None]:
 
 # ---------------------------------------------------------------- selectors
 
-Operator = Literal["=", "!=", "exists", "!exists"]
+Operator = Literal["=", "!=", "in", "exists", "!exists"]
+_IN_TERM = re.compile(r"(?P<key>[^\s()|]+)\s+in\s*\((?P<values>[^()]*)\)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +201,8 @@ class Requirement:
     key: str
     op: Operator
     value: str | None = None
+    values: tuple[str, ...] = ()
+    """The choices of `in` (sorted, distinct)."""
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         if self.op == "exists":
@@ -208,6 +211,8 @@ class Requirement:
             return self.key not in labels
         if self.op == "=":
             return labels.get(self.key) == self.value
+        if self.op == "in":
+            return labels.get(self.key) in self.values
         # As in Kubernetes, `key!=v` also matches nodes without the key.
         return labels.get(self.key) != self.value
 
@@ -216,6 +221,8 @@ class Requirement:
             return self.key
         if self.op == "!exists":
             return f"!{self.key}"
+        if self.op == "in":
+            return f"{self.key} in ({'|'.join(self.values)})"
         return f"{self.key}{self.op}{self.value}"
 
 
@@ -228,15 +235,43 @@ class LabelSelector:
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(r.matches(labels) for r in self.requirements)
 
+    def may_overlap(self, other: LabelSelector) -> bool:
+        """Whether some label map (a node enrolling tomorrow) matches both selectors."""
+        keys = {r.key for r in self.requirements + other.requirements}
+        return all(_satisfiable(self.requirements + other.requirements, key) for key in keys)
+
     def __str__(self) -> str:
         return ",".join(str(r) for r in self.requirements)
 
 
+def _satisfiable(requirements: tuple[Requirement, ...], key: str) -> bool:
+    """Whether one value (or the key's absence) meets every requirement on `key`."""
+    own = [r for r in requirements if r.key == key]
+    allowed: set[str] | None = None  # None: any value
+    for r in own:
+        if r.op in ("=", "in"):
+            choices = {r.value} if r.op == "=" and r.value is not None else set(r.values)
+            allowed = choices if allowed is None else allowed & choices
+    excluded = {r.value for r in own if r.op == "!="}
+    if any(r.op == "!exists" for r in own):  # absent: `!=` holds, `=`, `in`, `exists` fail
+        return allowed is None and not any(r.op == "exists" for r in own)
+    return allowed is None or bool(allowed - excluded)
+
+
 def parse_selector(text: str) -> LabelSelector:
-    """`site=a,role!=gate,gpu,!legacy` (also `key==v`) → a LabelSelector."""
+    """`site=a,role!=gate,gpu,!legacy,hw in (x|y)` (also `key==v`) → a LabelSelector."""
     requirements: list[Requirement] = []
     for term in _terms(text):
-        if "!=" in term:
+        in_term = _IN_TERM.fullmatch(term)
+        if in_term is not None:
+            parts = in_term["values"].split("|")
+            if len(parts) > MAX_SELECTOR_TERMS:
+                raise InvalidInputError(
+                    f"at most {MAX_SELECTOR_TERMS} values in one `in` term", count=len(parts)
+                )
+            values = tuple(sorted({_value(v) for v in parts}))
+            req = Requirement(_check_part("key", in_term["key"]), "in", values=values)
+        elif "!=" in term:
             key, _, value = term.partition("!=")
             req = Requirement(_check_part("key", key.strip()), "!=", _value(value))
         elif "=" in term:

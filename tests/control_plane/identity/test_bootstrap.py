@@ -163,3 +163,44 @@ def test_selectors_print_canonically() -> None:
 def test_bad_selectors_are_refused(text: str) -> None:
     with pytest.raises(InvalidInputError):
         parse_selector(text)
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [("site in (a|b)", True), ("site in (b|c)", False), ("zone in (x)", False)],
+)
+def test_in_selectors_match_one_of_their_values(selector: str, expected: bool) -> None:
+    assert parse_selector(selector).matches(LABELS) is expected
+
+
+def test_in_selectors_print_sorted() -> None:
+    assert str(parse_selector("site in ( b | a ),gpu")) == "site in (a|b),gpu"
+    assert parse_selector(str(parse_selector("site in (b|a)"))) == parse_selector("site in (a|b)")
+
+
+@pytest.mark.parametrize("text", ["site in ()", "site in (a|)", "site in a|b", "in (a)"])
+def test_bad_in_selectors_are_refused(text: str) -> None:
+    with pytest.raises(InvalidInputError):
+        parse_selector(text)
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "expected"),
+    [
+        ("site=a", "site=b", False),
+        ("site=a", "hw=x", True),  # a node with site=a and hw=x may enroll
+        ("site=a", "site!=a", False),
+        ("site=a", "!site", False),
+        ("site!=a", "!site", True),
+        ("site in (a|b)", "site in (b|c)", True),
+        ("site in (a|b)", "site=c", False),
+        ("site in (a|b)", "site!=a,site!=b", False),
+        ("site", "!site", False),
+        ("", "site=a", True),
+    ],
+)
+def test_selectors_overlap_when_one_label_map_can_match_both(
+    one: str, other: str, expected: bool
+) -> None:
+    assert parse_selector(one).may_overlap(parse_selector(other)) is expected
+    assert parse_selector(other).may_overlap(parse_selector(one)) is expected
