@@ -306,7 +306,8 @@ class ShadowStage:
             ref_path = await asyncio.to_thread(
                 store.install_reference, sha, part, ref.sha256, ref.length
             )
-        await asyncio.to_thread(store.write_bundle, sha, plan.bundle(model_path).to_record())
+        # No bundle record: the candidate never serves from the store (a pin of it writes
+        # its own), and the same bytes may be the served version's, whose record stays.
         return model_path, ref_path
 
     def _set(self, plan: ShadowPlan, state: str) -> None:

@@ -76,8 +76,8 @@ def test_signed_assignment_carries_the_exact_signed_bytes() -> None:
 def test_unknown_fields_from_a_newer_writer_are_tolerated_and_kept() -> None:
     newer = (
         _assignment().SerializeToString()
-        + _field(10, 0, _varint(42))  # a future varint field
-        + _field(11, 2, _varint(5) + b"hello")  # a future string / message field
+        + _field(12, 0, _varint(42))  # a future varint field
+        + _field(13, 2, _varint(5) + b"hello")  # a future string / message field
         + _field(200, 1, bytes(8))  # a future fixed64 field
     )
     parsed = director_pb2.DirectorAssignment.FromString(newer)
