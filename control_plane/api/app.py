@@ -1,4 +1,5 @@
-"""The FastAPI application factory; the lifespan runs the freshness and liveness duties.
+"""The FastAPI application factory; the lifespan runs the freshness, renewal and liveness
+duties.
 
 `create_app(services)` takes a built `Services` container (see control_plane.services);
 it reads no settings and opens nothing by itself.
@@ -29,6 +30,7 @@ from control_plane.api.routes import (
     nodes,
     tuf,
 )
+from control_plane.director.service import DirectorService
 from control_plane.health.processor import HealthProcessor
 from control_plane.nodes.presence import NodePresence
 from control_plane.registry.service import RegistryService
@@ -53,6 +55,18 @@ async def _freshness_loop(registry: RegistryService, interval_s: float) -> None:
         except Exception:
             log.exception("freshness refresh failed; retrying next interval")
         await anyio.sleep(interval_s)
+
+
+async def _renewal_loop(director: DirectorService, interval_s: float) -> None:
+    """Renew director assignments before they lapse (ADR 0032), at least six times per
+    renewal window (a third of their lifetime), so a missed pass is caught up in time."""
+    interval = min(interval_s, director.ttl.total_seconds() / 18)
+    while True:
+        try:
+            await anyio.to_thread.run_sync(director.renew_expiring)
+        except Exception:
+            log.exception("renewing director assignments failed; retrying next interval")
+        await anyio.sleep(interval)
 
 
 async def _health_loop(processor: HealthProcessor) -> None:
@@ -95,6 +109,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
             if run_background:
                 config = services.config
                 tasks.start_soon(_freshness_loop, services.registry, config.refresh_interval_s)
+                tasks.start_soon(_renewal_loop, services.director, config.renewal_interval_s)
                 tasks.start_soon(_liveness_loop, services.nodes.presence)
                 if config.health_processor:
                     tasks.start_soon(_health_loop, services.health.processor)
