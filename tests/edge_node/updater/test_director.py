@@ -294,7 +294,6 @@ def test_target_info_is_frozen() -> None:
 def test_a_shadow_candidate_is_checked_against_tuf_like_a_target() -> None:
     from edge_node.updater.director import (
         AssignmentMalformedError,
-        AssignmentRejectedError,
         BelowFloorError,
         ShadowRequest,
         TargetMismatchError,
