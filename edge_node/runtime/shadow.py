@@ -36,7 +36,12 @@ from edge_node.runtime.preprocess import DecodeTarget, FrameData, FrameDecoder, 
 from edge_node.runtime.priority import Background, lower_this_thread
 from edge_node.runtime.session import ModelSession
 from edge_node.runtime.shadow_budget import CpuBudget, FrameSampler
-from protos.bundle.agreement import AgreementTally, compare_decoded, compare_raw
+from protos.bundle.agreement import (
+    AgreementTally,
+    FrameAgreement,
+    compare_decoded,
+    compare_raw,
+)
 from protos.bundle.results import Decoded
 from protos.latency_sketch import LatencySketch
 
@@ -157,39 +162,44 @@ class ShadowRunner:
                 self._busy = True
             started = self._cpu_time()
             try:
-                self._compare(sample, started)
+                frame, computed = self._compare(sample, started)
             except Exception as exc:  # a candidate that cannot run a frame: counted
+                spent = self._cpu_time() - started
                 with self._lock:
                     self._failed += 1
                     failed = self._failed
+                    self._done(spent)
                 if failed == 1 or failed % 1000 == 0:
                     _log.warning(
                         "shadow %s failed on a frame (%d so far): %s", self.label, failed, exc
                     )
-            finally:
-                spent = self._cpu_time() - started
-                with self._lock:
-                    self._busy = False
-                    self._budget.spend(spent, self._wall())
+                continue
+            spent = self._cpu_time() - started
+            with self._lock:
+                if sample.against != self._against:
+                    # Another model serves now: its agreement is a new question.
+                    self._against = sample.against
+                    self._tally.reset()
+                self._tally.add(frame)
+                self._compared += 1
+                self._sketch.add(computed * 1000.0)
+                self._done(spent)
 
-    def _compare(self, sample: _Sample, started: float) -> None:
+    def _done(self, spent_s: float) -> None:
+        """Under the lock: the sample's CPU time is booked as its counts become visible."""
+        self._busy = False
+        self._budget.spend(spent_s, self._wall())
+
+    def _compare(self, sample: _Sample, started: float) -> tuple[FrameAgreement, float]:
+        """Run the candidate on the sample; its agreement and CPU seconds of compute."""
         session = self.session
         image = decode_frame(sample.data, self._decoder, self._target)
         outputs = session.run(session.preprocessor(image, reuse=True))
         decoded = session.decode(outputs, int(image.shape[0]), int(image.shape[1]))
         computed = self._cpu_time() - started
         if sample.decoded.kind == "raw" and decoded.kind == "raw":
-            frame = compare_raw(sample.outputs, outputs)
-        else:
-            frame = compare_decoded(sample.decoded, decoded)
-        with self._lock:
-            if sample.against != self._against:
-                # Another model serves now: its agreement is a new question.
-                self._against = sample.against
-                self._tally.reset()
-            self._tally.add(frame)
-            self._compared += 1
-            self._sketch.add(computed * 1000.0)
+            return compare_raw(sample.outputs, outputs), computed
+        return compare_decoded(sample.decoded, decoded), computed
 
     # -- reading and stopping ------------------------------------------------------------
 
