@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.to_thread
@@ -61,12 +61,17 @@ async def _renewal_loop(director: DirectorService, interval_s: float) -> None:
     """Renew director assignments before they lapse (ADR 0032), at least six times per
     renewal window (a third of their lifetime), so a missed pass is caught up in time."""
     interval = min(interval_s, director.ttl.total_seconds() / 18)
+    await _every(interval, director.renew_expiring, "renewing director assignments")
+
+
+async def _every(interval_s: float, work: Callable[[], object], what: str) -> None:
+    """`work()` in a worker thread every `interval_s`; a failure is logged, never fatal."""
     while True:
         try:
-            await anyio.to_thread.run_sync(director.renew_expiring)
+            await anyio.to_thread.run_sync(work)
         except Exception:
-            log.exception("renewing director assignments failed; retrying next interval")
-        await anyio.sleep(interval)
+            log.exception("%s failed; retrying next interval", what)
+        await anyio.sleep(interval_s)
 
 
 async def _health_loop(processor: HealthProcessor) -> None:
@@ -89,12 +94,7 @@ async def _health_loop(processor: HealthProcessor) -> None:
 
 async def _liveness_loop(presence: NodePresence) -> None:
     """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
-    while True:
-        try:
-            await anyio.to_thread.run_sync(presence.mark_offline_stale)
-        except Exception:
-            log.exception("marking silent nodes offline failed; retrying")
-        await anyio.sleep(LIVENESS_INTERVAL_S)
+    await _every(LIVENESS_INTERVAL_S, presence.mark_offline_stale, "marking silent nodes offline")
 
 
 def create_app(services: Services, *, run_background: bool = True) -> FastAPI:

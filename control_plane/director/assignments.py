@@ -34,6 +34,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MAX_ASSIGNMENT_BYTES",
     "ShadowSpec",
+    "check_shadow_settings",
     "load_or_create_director_key",
     "shadow_of",
     "sign_assignment",
@@ -191,6 +192,16 @@ def sign_assignments(
     return signed
 
 
+def check_shadow_settings(sample_per_mille: int, max_cpu_percent: int, *, prefix: str = "") -> None:
+    """1-1000 frames per mille, 1-100 % of a core: InvalidInputError naming the field."""
+    for name, value, high in (
+        ("sample_per_mille", sample_per_mille, 1000),
+        ("max_cpu_percent", max_cpu_percent, 100),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            raise InvalidInputError(f"{name} must be 1-{high}, got {value!r}", field=prefix + name)
+
+
 def _shadow_target(shadow: ShadowSpec, model: str) -> ShadowTarget:
     """The signed form of `shadow`, checked as the node checks it."""
     parsed = parse_target_path(shadow.target_path)
@@ -209,14 +220,7 @@ def _shadow_target(shadow: ShadowSpec, model: str) -> ShadowTarget:
         raise InvalidInputError(
             f"length must be 0..2^64-1, got {shadow.length}", field="shadow.length"
         )
-    for name, value, high in (
-        ("sample_per_mille", shadow.sample_per_mille, 1000),
-        ("max_cpu_percent", shadow.max_cpu_percent, 100),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-            raise InvalidInputError(
-                f"{name} must be 1-{high}, got {value!r}", field=f"shadow.{name}"
-            )
+    check_shadow_settings(shadow.sample_per_mille, shadow.max_cpu_percent, prefix="shadow.")
     return ShadowTarget(
         target_path=shadow.target_path,
         sha256=shadow.sha256,

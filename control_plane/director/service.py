@@ -37,6 +37,7 @@ from control_plane.access.service import SYSTEM, AuditedMutations, RequestContex
 from control_plane.clock import Clock
 from control_plane.director.assignments import (
     ShadowSpec,
+    check_shadow_settings,
     shadow_of,
     sign_assignment,
     sign_assignments,
@@ -255,12 +256,7 @@ class DirectorService:
         ) as session:
             validate_model_name(model)
             validate_version(version)
-            for name, value, high in (
-                ("sample_per_mille", sample_per_mille, 1000),
-                ("max_cpu_percent", max_cpu_percent, 100),
-            ):
-                if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-                    raise InvalidInputError(f"{name} must be 1-{high}, got {value!r}", field=name)
+            check_shadow_settings(sample_per_mille, max_cpu_percent)
             fleet = self._locked_node(session, node_id)
             latest = self._current_row(session, node_id)
             assigned = _model_version(latest.target_path)
@@ -281,17 +277,7 @@ class DirectorService:
             shadow = ShadowSpec(
                 info.target_path, info.sha256, info.length, sample_per_mille, max_cpu_percent
             )
-            assignment = self._sign_next(
-                session,
-                ctx,
-                node_id,
-                fleet,
-                target_path=latest.target_path,
-                sha256=latest.sha256,
-                length=latest.length,
-                renewal=True,
-                shadow=shadow,
-            )
+            assignment = self._sign_again(session, ctx, latest, fleet, shadow)
             details["sequence"] = assignment.sequence
         log.info(
             "shadow assigned",
@@ -312,16 +298,7 @@ class DirectorService:
             current = _assignment(latest, fleet)
             if current.shadow is None:
                 return current
-            assignment = self._sign_next(
-                session,
-                ctx,
-                node_id,
-                fleet,
-                target_path=latest.target_path,
-                sha256=latest.sha256,
-                length=latest.length,
-                renewal=True,
-            )
+            assignment = self._sign_again(session, ctx, latest, fleet, None)
         self._deliver(assignment)
         return assignment
 
@@ -483,6 +460,27 @@ class DirectorService:
                 reason="no-assignment",
             )
         return row
+
+    def _sign_again(
+        self,
+        session: Session,
+        ctx: RequestContext,
+        latest: DirectorAssignmentRow,
+        fleet: str,
+        shadow: ShadowSpec | None,
+    ) -> Assignment:
+        """The node's current target signed again as a renewal, with `shadow` or none."""
+        return self._sign_next(
+            session,
+            ctx,
+            latest.node_id,
+            fleet,
+            target_path=latest.target_path,
+            sha256=latest.sha256,
+            length=latest.length,
+            renewal=True,
+            shadow=shadow,
+        )
 
     def _sign_next(
         self,
