@@ -14,9 +14,9 @@ interrupted. Phases go to a `report(UpdateReport)` callback that the agent turns
 UpdateStatus messages.
 With `limits.watchdog_s` the commit also opens the active model's watchdog window
 (`journal.Probation`); `revert_active`, `end_probation` and `pause_probation` close it.
-An assignment marked `renewal` (ADR 0032) is accepted only for the target of the last
-assignment accepted (`JournalState.assigned`; else `renewal-mismatch`) and only moves the
-sequence: no download, no trial, no retry it would not have made anyway. An assignment's
+An assignment marked `renewal` (ADR 0032) of the target of the last assignment accepted
+(`JournalState.assigned`) only moves the sequence: no download, no trial, no retry it would
+not have made anyway; a renewal of a decision the node missed is taken as that decision. An assignment's
 `shadow` candidate goes to the shadow stage (`edge_node.updater.shadow`, ADR 0031) once
 the assignment is accepted; what it serves does not change.
 Not here: the hot swap itself, the runtime, when to call `apply` or judge the watchdog
@@ -431,7 +431,16 @@ class Reconciler:
         target = plan.target
         sequence = plan.assignment.sequence
         if plan.assignment.renewal and not plan.redelivered:
-            return await self._renew(plan, state)
+            if target in _last_assigned(state):
+                return await self._renew(plan, state)
+            # A renewal of a decision this node never took (it was offline when it was
+            # made, or refused it for want of disk): it is the director's current decision
+            # for the node, so it is taken as one. Never a retry: a target that failed here
+            # was accepted, and is last assigned.
+            _log.info(
+                "a renewal of %s, a decision this node missed: taken as the decision",
+                target.path,
+            )
         if plan.redelivered:
             handled = (
                 state.phase is Phase.TRIAL
@@ -497,22 +506,8 @@ class Reconciler:
 
     async def _renew(self, plan: _Plan, state: JournalState) -> Outcome:
         """A renewal of the last decision: only the sequence moves (and the expiry, which
-        the node does not keep). A renewal of another target is refused."""
+        the node does not keep)."""
         target, sequence = plan.target, plan.assignment.sequence
-        if target not in _last_assigned(state):
-            assigned = _last_assigned(state)
-            named = assigned[0].path if assigned else "none"
-            return await self._rejected(
-                "renewal-mismatch",
-                _PlanError(
-                    f"a renewal of {target.path}, but the last assignment accepted was of "
-                    f"{named}; a renewal never starts an update (pin it to update)",
-                    reason="renewal-mismatch",
-                    assigned=named,
-                ),
-                target,
-                sequence,
-            )
         state = self._record(accept_assignment(state, sequence, target))
         retry_at = state.retry_at if state.retry_pending and state.failed == target else None
         _log.info("assignment renewed: sequence %d, still %s", sequence, target.path)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -292,7 +293,9 @@ class ShadowStage:
         """The candidate and its reference pair in the store (downloaded when missing)."""
         store = self._store
         sha, ref = plan.sha256, plan.reference
-        model_path, ref_path = store.path_of(sha), store.reference_path_of(sha)
+        target_path = plan.target_path
+        model_path = store.path_of(sha)
+        ref_path = store.reference_path_of(sha, target_path)
         have_model = await asyncio.to_thread(store.verify, sha)
         have_ref = have_model and ref_path.is_file()
         wanted = ([] if have_model else [plan.shadow.target]) + ([] if have_ref else [ref])
@@ -304,7 +307,14 @@ class ShadowStage:
         if not have_ref:
             part = await self._fetch(ref)
             ref_path = await asyncio.to_thread(
-                store.install_reference, sha, part, ref.sha256, ref.length
+                functools.partial(
+                    store.install_reference,
+                    sha,
+                    part,
+                    ref.sha256,
+                    ref.length,
+                    target_path=target_path,
+                )
             )
         # No bundle record: the candidate never serves from the store (a pin of it writes
         # its own), and the same bytes may be the served version's, whose record stays.

@@ -83,27 +83,25 @@ async def test_renewal_never_unreverts_a_watchdog_revert(world: UpdateWorld) -> 
     assert world.activated[-1] == world.store.path_of(first.sha256)
 
 
-async def test_renewal_of_another_target_is_refused(world: UpdateWorld) -> None:
+async def test_a_renewal_of_a_decision_the_node_missed_is_taken_as_it(
+    world: UpdateWorld,
+) -> None:
+    """Offline when 1.1.0 was pinned, the node's first sight of it is a renewal: it is the
+    director's current decision, so the node applies it (refusing it would leave the node
+    on 1.0.0 until someone pins again)."""
     await install_first(world)
     other = world.releases["1.1.0"]
     outcome = await world.reconciler().apply(world.assign(other, renewal=True))
-    assert (outcome.kind, outcome.reason) == (OutcomeKind.REJECTED, "renewal-mismatch")
-    assert world.journal.load().director_sequence == 1
-    last = world.reports[-1]
-    assert (last.phase, last.reason, last.target_path) == (
-        UpdatePhase.FAILED,
-        "renewal-mismatch",
-        other.path,
-    )
-    assert "1.0.0" in last.detail
-    assert not world.store.exists(other.sha256)
+    assert outcome.kind is OutcomeKind.APPLIED
+    assert world.journal.load().active == ModelRef(other.path, other.sha256)
 
 
-async def test_a_fresh_node_refuses_a_renewal(tmp_path: Path) -> None:
+async def test_a_fresh_node_takes_a_renewal_as_its_first_decision(tmp_path: Path) -> None:
     world = make_world(tmp_path)
-    outcome = await world.reconciler().apply(world.assign(world.releases["1.0.0"], renewal=True))
-    assert (outcome.kind, outcome.reason) == (OutcomeKind.REJECTED, "renewal-mismatch")
-    assert world.activated == []
+    rel = world.releases["1.0.0"]
+    outcome = await world.reconciler().apply(world.assign(rel, renewal=True))
+    assert outcome.kind is OutcomeKind.APPLIED
+    assert world.activated == [world.store.path_of(rel.sha256)]
 
 
 async def test_renewal_keeps_a_transient_failures_retry(world: UpdateWorld) -> None:
@@ -130,5 +128,3 @@ async def test_a_journal_without_assigned_renews_its_active_target(world: Update
     assert world.journal.load().assigned is None
     outcome = await world.reconciler().apply(world.assign(rel, renewal=True))
     assert outcome.reason == "renewed"
-    refused = await world.reconciler().apply(world.assign(world.releases["1.1.0"], renewal=True))
-    assert refused.reason == "renewal-mismatch"

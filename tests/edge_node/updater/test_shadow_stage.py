@@ -128,8 +128,8 @@ async def test_a_refused_assignment_leaves_the_shadow_alone(world: UpdateWorld) 
     active = await install_first(world)
     rec = world.reconciler()
     await rec.apply(world.assign(active, shadow=world.releases["1.1.0"]))
-    refused = await rec.apply(world.assign(world.releases["1.1.0"], renewal=True))
-    assert refused.reason == "renewal-mismatch"
+    refused = await rec.apply(world.assign(world.releases["1.1.0"], node_id="another-node"))
+    assert refused.reason == "wrong-node"
     assert world.host.shadow is not None
 
 
