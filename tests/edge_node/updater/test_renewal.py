@@ -11,7 +11,7 @@ import pytest
 
 from edge_node.testing.update_world import UpdateWorld
 from edge_node.updater.journal import ModelRef
-from edge_node.updater.reconciler import OutcomeKind, UpdatePhase
+from edge_node.updater.reconciler import OutcomeKind
 from tests.edge_node.updater._world import install_first, make_world
 
 pytestmark = pytest.mark.anyio
