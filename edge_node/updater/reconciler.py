@@ -16,8 +16,8 @@ With `limits.watchdog_s` the commit also opens the active model's watchdog windo
 (`journal.Probation`); `revert_active`, `end_probation` and `pause_probation` close it.
 An assignment marked `renewal` (ADR 0032) of the target of the last assignment accepted
 (`JournalState.assigned`) only moves the sequence: no download, no trial, no retry it would
-not have made anyway; a renewal of a decision the node missed is taken as that decision. An assignment's
-`shadow` candidate goes to the shadow stage (`edge_node.updater.shadow`, ADR 0031) once
+not have made anyway; a renewal of a decision the node missed is taken as that decision. An
+assignment's `shadow` candidate goes to the shadow stage (`edge_node.updater.shadow`, ADR 0031) once
 the assignment is accepted; what it serves does not change.
 Not here: the hot swap itself, the runtime, when to call `apply` or judge the watchdog
 (the agent's update task, `edge_node.agent.update_task`).
