@@ -1,0 +1,1 @@
+"""Canary rollouts. Import the modules directly (``gates`` is a pure core)."""
