@@ -491,14 +491,24 @@ def _check_series(where: str, values: object) -> None:
         raise _F.fail(where, f"at most {MAX_SERIES} values", len(values))
     if not values:
         return
-    try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise _F.fail(where, "must be a list of numbers", values) from None
+    array = _numeric(where, values, "must be a list of numbers")
+    if array.ndim != 1:
+        raise _F.fail(where, "must be a list of numbers", values)
     bad = ~(np.isfinite(array) & (array > 0))
-    if array.ndim != 1 or bad.any() or any(isinstance(v, bool) for v in values):
-        index = int(np.argmax(bad)) if array.ndim == 1 and bad.any() else 0
+    if bad.any():
+        index = int(np.argmax(bad))
         raise _F.fail(f"{where}[{index}]", "must be a finite number > 0", values[index])
+
+
+def _numeric(where: str, values: Sequence[Any], message: str) -> np.ndarray:
+    """`values` as floats; strings, booleans and None are refused, not converted."""
+    try:
+        array = np.asarray(values)
+    except ValueError:  # ragged
+        raise _F.fail(where, message, values) from None
+    if array.dtype.kind not in "iuf":
+        raise _F.fail(where, message, values)
+    return array.astype(np.float64, copy=False)
 
 
 def _check_rss(where: str, points: object) -> None:
@@ -508,10 +518,7 @@ def _check_rss(where: str, points: object) -> None:
         raise _F.fail(where, f"at most {MAX_SERIES} points", len(points))
     if not points:
         return
-    try:
-        array = np.asarray(points, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise _F.fail(where, "must be a list of [t_s, bytes] pairs", points) from None
+    array = _numeric(where, points, "must be a list of [t_s, bytes] pairs")
     if array.ndim != 2 or array.shape[1] != 2:
         raise _F.fail(where, "must be a list of [t_s, bytes] pairs", points)
     bad = ~(np.isfinite(array).all(axis=1) & (array[:, 1] >= 0))

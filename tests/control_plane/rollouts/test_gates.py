@@ -415,6 +415,8 @@ def test_parse_gates_refusals_name_the_field(raw: dict[str, Any], field: str) ->
     [
         ({"p99_s": [0.02, math.nan]}, "samples.canaries[0].p99_s[1]"),
         ({"baseline_p99_s": [0.0]}, "samples.canaries[0].baseline_p99_s[0]"),
+        ({"p99_s": [0.02, "0.03"]}, "samples.canaries[0].p99_s"),
+        ({"p99_s": [True]}, "samples.canaries[0].p99_s"),
         ({"rss": [(0.0, -1.0)]}, "samples.canaries[0].rss[0]"),
         ({"rss": [1.0, 2.0]}, "samples.canaries[0].rss"),
         ({"counters": Counters(frames=1, errors=2)}, "samples.canaries[0].counters.errors"),
