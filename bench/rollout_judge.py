@@ -358,24 +358,14 @@ def add_figures(report: Report, results: Sequence[dict[str, Any]]) -> None:
                 anchor=result[anchor]["rate"] * 100,
                 anchor_name=anchor,
             )
-    if "identical" in by_case:
-        rate = by_case["identical"]["ours"]["rate"]
-        report.figure(
-            "false rollbacks, identical models (ours)",
-            rate * 100,
-            "%",
-            goal=f"<= {GOAL_FALSE * 100:g} %",
-            met=rate <= GOAL_FALSE,
-        )
-    if "p99x1.5" in by_case:
-        rate = by_case["p99x1.5"]["ours"]["rate"]
-        report.figure(
-            "detected, p99 x1.5 (ours)",
-            rate * 100,
-            "%",
-            goal=f">= {GOAL_DETECT_1_5 * 100:g} %",
-            met=rate >= GOAL_DETECT_1_5,
-        )
+    for case, label, goal, met in (
+        ("identical", "false rollbacks, identical models", f"<= {GOAL_FALSE:.0%}", _at_most),
+        ("p99x1.5", "detected, p99 x1.5", f">= {GOAL_DETECT_1_5:.0%}", _at_least),
+    ):
+        if case in by_case:
+            rate = by_case[case]["ours"]["rate"]
+            target = GOAL_FALSE if case == "identical" else GOAL_DETECT_1_5
+            report.figure(f"{label} (ours)", rate * 100, "%", goal=goal, met=met(rate, target))
     for anchor in ("kayenta", "hawkbit"):
         better = all(
             result["ours"]["rate"] >= result[anchor]["rate"]
@@ -390,6 +380,14 @@ def add_figures(report: Report, results: Sequence[dict[str, Any]]) -> None:
             f"no more false rollbacks (or <= {GOAL_FALSE * 100:g} %)",
             better,
         )
+
+
+def _at_most(value: float, limit: float) -> bool:
+    return value <= limit
+
+
+def _at_least(value: float, limit: float) -> bool:
+    return value >= limit
 
 
 def checkpoints_of(args: argparse.Namespace) -> list[int]:

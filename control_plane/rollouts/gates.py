@@ -485,23 +485,39 @@ class Samples:
 
 
 def _check_series(where: str, values: object) -> None:
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-        raise _F.fail(where, "must be a list of numbers", values)
-    if len(values) > MAX_SERIES:
-        raise _F.fail(where, f"at most {MAX_SERIES} values", len(values))
-    if not values:
+    array = _array(where, values, "must be a list of numbers", "values")
+    if array is None:
         return
-    array = _numeric(where, values, "must be a list of numbers")
     if array.ndim != 1:
         raise _F.fail(where, "must be a list of numbers", values)
     bad = ~(np.isfinite(array) & (array > 0))
     if bad.any():
         index = int(np.argmax(bad))
-        raise _F.fail(f"{where}[{index}]", "must be a finite number > 0", values[index])
+        raise _F.fail(f"{where}[{index}]", "must be a finite number > 0", array[index])
 
 
-def _numeric(where: str, values: Sequence[Any], message: str) -> np.ndarray:
-    """`values` as floats; strings, booleans and None are refused, not converted."""
+def _check_rss(where: str, points: object) -> None:
+    message = "must be a list of [t_s, bytes] pairs"
+    array = _array(where, points, message, "points")
+    if array is None:
+        return
+    if array.ndim != 2 or array.shape[1] != 2:
+        raise _F.fail(where, message, points)
+    bad = ~(np.isfinite(array).all(axis=1) & (array[:, 1] >= 0))
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise _F.fail(f"{where}[{index}]", "must be finite, bytes >= 0", array[index].tolist())
+
+
+def _array(where: str, values: object, message: str, noun: str) -> np.ndarray | None:
+    """A bounded list of numbers as floats (None when empty); strings, booleans and None
+    are refused, not converted."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise _F.fail(where, message, values)
+    if len(values) > MAX_SERIES:
+        raise _F.fail(where, f"at most {MAX_SERIES} {noun}", len(values))
+    if not values:
+        return None
     try:
         array = np.asarray(values)
     except ValueError:  # ragged
@@ -509,22 +525,6 @@ def _numeric(where: str, values: Sequence[Any], message: str) -> np.ndarray:
     if array.dtype.kind not in "iuf":
         raise _F.fail(where, message, values)
     return array.astype(np.float64, copy=False)
-
-
-def _check_rss(where: str, points: object) -> None:
-    if isinstance(points, str | bytes) or not isinstance(points, Sequence):
-        raise _F.fail(where, "must be a list of [t_s, bytes] pairs", points)
-    if len(points) > MAX_SERIES:
-        raise _F.fail(where, f"at most {MAX_SERIES} points", len(points))
-    if not points:
-        return
-    array = _numeric(where, points, "must be a list of [t_s, bytes] pairs")
-    if array.ndim != 2 or array.shape[1] != 2:
-        raise _F.fail(where, "must be a list of [t_s, bytes] pairs", points)
-    bad = ~(np.isfinite(array).all(axis=1) & (array[:, 1] >= 0))
-    if bad.any():
-        index = int(np.argmax(bad))
-        raise _F.fail(f"{where}[{index}]", "must be finite, bytes >= 0", points[index])
 
 
 # ----------------------------------------------------------------------------- decisions
