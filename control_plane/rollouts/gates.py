@@ -50,7 +50,7 @@ __all__ = [
 
 Outcome = Literal["pass", "fail", "inconclusive"]
 Stage = Literal["shadow", "canary"]
-Number = float | int | str | None
+Number = float | int | bool | str | None
 """A value of `GateResult.numbers`: JSON-safe (a float that is not finite is None)."""
 
 _F: Final = Fields(InvalidInputError)
@@ -94,17 +94,22 @@ class LatencyVsControlGate:
     the ratio of medians exceeds ``1 + max_increase`` (an effect size of its own); or when
     the tail is wider: more canary intervals above the controls' ``tail_quantile`` than
     chance allows (Fisher exact) *and* the ratio of those quantiles exceeds
-    ``1 + max_tail_increase``."""
+    ``1 + max_tail_increase``. ``level_by_baseline``: when every node also reports its
+    P99 before the update (controls: over the same earlier span), each node's series is
+    first divided by its own level then, so that boxes that differ (cameras, scenes) are
+    not read as a shift; the comparison is then of changes, in the controls' units."""
 
     enabled: bool = True
     max_increase: float = 0.10
     shift_tolerance: float = 0.05
     tail_quantile: float = 0.90
     max_tail_increase: float = 0.25
+    level_by_baseline: bool = True
     consecutive_failures: int | None = None  # None: GatesSpec.consecutive_failures
 
     def _check(self, where: str) -> None:
         _check_common(where, self.enabled, self.consecutive_failures)
+        _F.to_bool(f"{where}.level_by_baseline", self.level_by_baseline)
         _check_ratio(f"{where}.max_increase", self.max_increase)
         _check_ratio(f"{where}.shift_tolerance", self.shift_tolerance)
         _check_ratio(f"{where}.max_tail_increase", self.max_tail_increase)
@@ -658,9 +663,9 @@ def _numbers(name: str, value: Any) -> dict[str, Number]:
         raise _F.fail(name, "must be a mapping", value)
     for key, item in value.items():
         if not isinstance(key, str) or not (
-            item is None or isinstance(item, str) or _is_number(item)
+            item is None or isinstance(item, str | bool) or _is_number(item)
         ):
-            raise _F.fail(f"{name}.{key}", "must be a number, a string or null", item)
+            raise _F.fail(f"{name}.{key}", "must be a number, a string, a boolean or null", item)
     return dict(value)
 
 
@@ -840,6 +845,29 @@ def _mb(bytes_per_hour: float) -> str:
     return f"{bytes_per_hour / MB:+.1f} MB/h"
 
 
+def _levelled(
+    canaries: Sequence[NodeSamples], controls: Sequence[NodeSamples], least: int
+) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """Each node's P99 series over its own median before the update, times the controls'
+    median of those medians (so still in seconds, as on one typical control box): the
+    boxes' own differences taken out. None unless every reporting node has a baseline of
+    at least `least` intervals."""
+    reporting = [node for node in (*canaries, *controls) if node.p99_s]
+    if not reporting or any(len(node.baseline_p99_s) < least for node in reporting):
+        return None
+    level = {node.node_id: _f(np.median(node.baseline_p99_s)) for node in reporting}
+    reference = _f(np.median([level[node.node_id] for node in controls if node.p99_s]))
+
+    def pooled(nodes: Sequence[NodeSamples]) -> np.ndarray:
+        return _pooled(
+            np.asarray(node.p99_s, dtype=np.float64) * (reference / level[node.node_id])
+            for node in nodes
+            if node.p99_s
+        )
+
+    return pooled(canaries), pooled(controls), reference
+
+
 def _latency_vs_control(spec: GatesSpec, gate: LatencyVsControlGate, samples: Samples) -> _Verdict:
     least = spec.min_samples
     canary = _pooled(node.p99_s for node in samples.canaries)
@@ -853,6 +881,7 @@ def _latency_vs_control(spec: GatesSpec, gate: LatencyVsControlGate, samples: Sa
         "control_nodes": control_nodes,
         "min_samples": least.latency_intervals,
         "min_control_nodes": least.control_nodes,
+        "levelled": False,
     }
     if min(n_c, n_t) < least.latency_intervals:
         return _inconclusive(
@@ -863,6 +892,14 @@ def _latency_vs_control(spec: GatesSpec, gate: LatencyVsControlGate, samples: Sa
         return _inconclusive(
             f"{control_nodes} control node(s) report p99 (need {least.control_nodes})", numbers
         )
+    levelled = (
+        _levelled(samples.canaries, samples.controls, least.baseline_pairs_per_node)
+        if gate.level_by_baseline and control_nodes
+        else None
+    )
+    if levelled is not None:
+        canary, control, reference = levelled
+        numbers.update({"levelled": True, "reference_s": reference})
     alpha = spec.alpha
     ranks = stats.mannwhitneyu(canary, control, alternative="greater")
     shift = hodges_lehmann(canary, control, spec.confidence)
@@ -903,7 +940,8 @@ def _latency_vs_control(spec: GatesSpec, gate: LatencyVsControlGate, samples: Sa
     )
     line = (
         f"p99 {_pct(ratio)} vs control (HL shift {_ms(shift.estimate)} ms, "
-        f"CI {_ms(shift.low)}–{_ms(shift.high)} ms, n={n_c}/{n_t})"  # noqa: RUF001
+        f"CI {_ms(shift.low)}–{_ms(shift.high)} ms, n={n_c}/{n_t}"  # noqa: RUF001
+        f"{', each box by its own baseline' if levelled else ''})"
     )
     if ranks.pvalue < alpha and shift.low > tolerance_s and ratio > 1 + gate.max_increase:
         return _Verdict("fail", line, numbers)

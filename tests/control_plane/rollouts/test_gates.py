@@ -47,10 +47,11 @@ def node(
     rss: bool = True,
     errors: float = 1e-4,
     offset_sigma: float = 0.03,
+    box: float = 1.0,
 ) -> NodeSamples:
     """One node: per-interval P99 around 20 ms (lognormal noise, a per-node offset), its
     baseline before the update, an RSS point a minute, and a window's counters."""
-    offset = rng.lognormal(0.0, offset_sigma)
+    offset = box * rng.lognormal(0.0, offset_sigma)  # the box's own speed
     p99 = 0.020 * offset * rng.lognormal(0.0, spread, minutes) * factor
     baseline = 0.020 * offset * rng.lognormal(0.0, 0.15, minutes)
     t = np.arange(minutes + 1) * 60.0
@@ -157,6 +158,18 @@ def test_a_12_5_percent_slowdown_fails_an_allowed_10_percent() -> None:
     assert outcome(judge(samples), "latency_vs_control") == "fail"
     looser = replace(ONCE, latency_vs_control=LatencyVsControlGate(max_increase=0.15))
     assert outcome(judge(samples, looser), "latency_vs_control") == "pass"
+
+
+def test_slower_boxes_on_the_same_model_pass_once_levelled_by_their_baselines() -> None:
+    """Canaries on boxes 20 % slower than the controls' (before and after): not a shift."""
+    samples = fleet(26, canaries=5, controls=20, canary={"box": 1.2})
+    gate = judge(samples).gate("latency_vs_control")
+    assert gate is not None and gate.outcome == "pass", gate.reason
+    assert gate.numbers["levelled"] is True and "each box by its own baseline" in gate.reason
+    raw = replace(ONCE, latency_vs_control=LatencyVsControlGate(level_by_baseline=False))
+    assert outcome(judge(samples, raw), "latency_vs_control") == "fail"
+    slower = fleet(26, canaries=5, controls=20, canary={"box": 1.2, "factor": 1.3})
+    assert outcome(judge(slower), "latency_vs_control") == "fail"
 
 
 def test_one_canary_slower_than_its_own_baseline_fails_alone() -> None:
