@@ -33,7 +33,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,6 +45,7 @@ from control_plane.rollouts.gates import (
     Counters,
     Decision,
     GatesSpec,
+    LatencyVsControlGate,
     NodeSamples,
     Samples,
     evaluate,
@@ -405,6 +406,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=5, help="minutes between judgements")
     parser.add_argument("--node-spread", type=float, default=Fleet().node_spread)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--no-level",
+        action="store_true",
+        help="ours without latency_vs_control.level_by_baseline (compares levels)",
+    )
     args = parse_benchmark_args(parser, argv, quick={"trials": 100})
     cases = [name.strip() for name in args.cases.split(",") if name.strip()]
     unknown = sorted(set(cases) - set(CASES))
@@ -417,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_spread=args.node_spread,
     )
     spec = GatesSpec()
+    if args.no_level:
+        spec = replace(spec, latency_vs_control=LatencyVsControlGate(level_by_baseline=False))
     report = Report("rollout_judge", machine=_machine())
     results = []
     started = time.monotonic()
