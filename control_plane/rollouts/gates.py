@@ -968,10 +968,10 @@ def _paired_log_ratios(node: NodeSamples) -> np.ndarray:
     return np.log(after) - np.log(before)
 
 
-def _signed_rank_p(differences: np.ndarray) -> tuple[float, float]:
+def _signed_rank_p(differences: np.ndarray, alternative: str = "greater") -> tuple[float, float]:
     if not np.any(differences):
         return math.nan, 1.0
-    result = stats.wilcoxon(differences, alternative="greater")
+    result = stats.wilcoxon(differences, alternative=alternative)
     return _f(result.statistic), _f(result.pvalue)
 
 
@@ -992,13 +992,18 @@ def _latency_vs_baseline(
             f"too few before/after p99 pairs: n={len(pooled)} (need {least.baseline_pairs})",
             numbers,
         )
-    # The fleet's own drift between the two spans, from controls that have both.
+    # The fleet's own drift between the two spans (load, time of day), from controls that
+    # have both; taken out only when the controls show one, since a few controls' median
+    # is noise of its own.
     drift = 0.0
     if samples.stage == "canary" and spec.compare_with_control:
         control = _pooled(_paired_log_ratios(node) for node in samples.controls)
-        if len(control) >= least.baseline_pairs:
-            drift = _f(np.median(control))
         numbers["n_control_pairs"] = len(control)
+        if len(control) >= least.baseline_pairs:
+            _, drift_p = _signed_rank_p(control, "two-sided")
+            numbers["drift_p_value"] = drift_p
+            if drift_p < spec.alpha:
+                drift = _f(np.median(control))
     adjusted = pooled - drift
     statistic, p_value = _signed_rank_p(adjusted)
     ratio = math.exp(_f(np.median(adjusted)))

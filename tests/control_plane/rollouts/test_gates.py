@@ -172,6 +172,23 @@ def test_slower_boxes_on_the_same_model_pass_once_levelled_by_their_baselines() 
     assert outcome(judge(slower), "latency_vs_control") == "fail"
 
 
+def test_a_fleet_wide_slowdown_is_drift_not_a_regression() -> None:
+    """Every box 30 % slower than before the update (load), canaries and controls alike."""
+    rng = np.random.default_rng(27)
+    samples = Samples(
+        START,
+        START + timedelta(minutes=30),
+        canaries=[node(rng, f"c{i}", factor=1.3, rss=False) for i in range(5)],
+        controls=[node(rng, f"t{i}", factor=1.3, rss=False) for i in range(20)],
+    )
+    gate = judge(samples).gate("latency_vs_baseline")
+    assert gate is not None and gate.outcome == "pass", gate.reason
+    assert number(gate, "drift_ratio") == pytest.approx(1.3, rel=0.05)
+    assert "fleet drift +3" in gate.reason
+    alone = judge(replace(samples, controls=[])).gate("latency_vs_baseline")
+    assert alone is not None and alone.outcome == "fail"
+
+
 def test_one_canary_slower_than_its_own_baseline_fails_alone() -> None:
     rng = np.random.default_rng(5)
     samples = fleet(5)
