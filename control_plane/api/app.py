@@ -1,4 +1,5 @@
-"""The FastAPI application factory; the lifespan runs the freshness and liveness duties.
+"""The FastAPI application factory; the lifespan runs the freshness, liveness, health and
+rollout duties.
 
 `create_app(services)` takes a built `Services` container (see control_plane.services);
 it reads no settings and opens nothing by itself.
@@ -32,6 +33,7 @@ from control_plane.api.routes import (
 from control_plane.health.processor import HealthProcessor
 from control_plane.nodes.presence import NodePresence
 from control_plane.registry.service import RegistryService
+from control_plane.rollouts.service import RolloutService
 from control_plane.services import Services, bridge_running
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,18 @@ async def _health_loop(processor: HealthProcessor) -> None:
         await anyio.sleep(0 if busy else config.interval_s)
 
 
+async def _rollout_loop(rollouts: RolloutService) -> None:
+    """Step the rollouts (control_plane.rollouts.service): every replica may run it, the
+    leases make one step each rollout at a time."""
+    while True:
+        try:
+            await anyio.to_thread.run_sync(rollouts.tick)
+        except Exception:
+            rollouts.failed_ticks += 1
+            log.exception("the rollout controller's tick failed; retrying next interval")
+        await anyio.sleep(rollouts.config.interval_s)
+
+
 async def _liveness_loop(presence: NodePresence) -> None:
     """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
     while True:
@@ -98,6 +112,8 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
                 tasks.start_soon(_liveness_loop, services.nodes.presence)
                 if config.health_processor:
                     tasks.start_soon(_health_loop, services.health.processor)
+                if config.rollout_controller:
+                    tasks.start_soon(_rollout_loop, services.rollouts)
             yield
             tasks.cancel_scope.cancel()
 
