@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from securesystemslib.signer import CryptoSigner
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.roles import Principal, Role
@@ -47,9 +46,7 @@ from tests.control_plane.nodes.conftest import (  # noqa: F401  (pytest fixtures
 )
 from tests.control_plane.rollouts.support import AgentDouble, Behaviour, Fleet, target
 
-RELEASE = RequestContext(
-    Principal(token_id="rm", name="rita", role=Role.RELEASE_MANAGER), "req-rm"
-)
+RELEASE = RequestContext(Principal(token_id="rm", name="rita", role=Role.RELEASE_MANAGER), "req-rm")
 PASS = StaticVerdict("pass", "every gate passes", {"p99_ratio": 1.01})
 FAIL = StaticVerdict("fail", "p99 +38 % vs control", {"p99_ratio": 1.38})
 TICK = timedelta(minutes=1)
@@ -62,9 +59,7 @@ class ScriptedVerdicts:
     decide: Callable[[RolloutState], Verdict | None] = lambda state: PASS
     asked: list[tuple[int, str]] = field(default_factory=list)
 
-    def judge(
-        self, state: RolloutState, previous: Any, now: datetime
-    ) -> Judgement | None:
+    def judge(self, state: RolloutState, previous: Any, now: datetime) -> Judgement | None:
         self.asked.append((state.stage, state.status))
         verdict = self.decide(state)
         if verdict is None:
@@ -103,8 +98,13 @@ class World:
             director=self.director,
             verdicts=self.verdicts,
             notifier=notifier or self.events,
+            # Fresh samples: within 10 minutes (the health processor trails the clock
+            # by a step, and the two-replica test moves it 3 minutes a step).
             config=RolloutConfig(
-                interval_s=1.0, lease=timedelta(minutes=2), replica=replica
+                interval_s=1.0,
+                lease=timedelta(minutes=2),
+                sample_freshness=timedelta(minutes=10),
+                replica=replica,
             ),
         )
 
