@@ -87,6 +87,8 @@ PURE_CORES = (
     "control_plane/rollouts/state.py",
     "control_plane/rollouts/machine.py",
     "control_plane/rollouts/simulation.py",
+    "control_plane/rollouts/observe.py",
+    "control_plane/rollouts/verdicts.py",
 )
 
 # Modules that need numpy (the node's and the CLI's, never the server's). The rest of

@@ -28,6 +28,7 @@ from control_plane.api.routes import (
     models,
     mqtt,
     nodes,
+    rollouts,
     tuf,
 )
 from control_plane.health.processor import HealthProcessor
@@ -75,16 +76,16 @@ async def _health_loop(processor: HealthProcessor) -> None:
         await anyio.sleep(0 if busy else config.interval_s)
 
 
-async def _rollout_loop(rollouts: RolloutService) -> None:
+async def _rollout_loop(controller: RolloutService) -> None:
     """Step the rollouts (control_plane.rollouts.service): every replica may run it, the
     leases make one step each rollout at a time."""
     while True:
         try:
-            await anyio.to_thread.run_sync(rollouts.tick)
+            await anyio.to_thread.run_sync(controller.tick)
         except Exception:
-            rollouts.failed_ticks += 1
+            controller.failed_ticks += 1
             log.exception("the rollout controller's tick failed; retrying next interval")
-        await anyio.sleep(rollouts.config.interval_s)
+        await anyio.sleep(controller.config.interval_s)
 
 
 async def _liveness_loop(presence: NodePresence) -> None:
@@ -136,6 +137,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         access,
         nodes,
         director,
+        rollouts,
         mqtt,
         fleet_health,
         metrics,
