@@ -4,8 +4,9 @@
 - edge_node and control_plane never import each other (they share only protos/);
 - a pure core never imports a framework, a database, a broker or a runtime, neither
   itself (AST) nor through anything it imports (a fresh interpreter that refuses them);
-- the server installs without numpy (ADR 0022): numpy is for the node and the operator's
-  CLI, so the server's modules never import numpy, nor the numpy half of protos.bundle.
+- numpy is for the node and the operator's CLI (ADR 0022): the server's modules never
+  import it, nor the numpy half of protos.bundle, except the rollout statistics, whose
+  scipy brings numpy into the server install (ADR 0030).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ PURE_CORES = (
     "control_plane/rollouts/simulation.py",
     "control_plane/rollouts/observe.py",
     "control_plane/rollouts/verdicts.py",
+    "control_plane/rollouts/gates.py",
 )
 
 # Modules that need numpy (the node's and the CLI's, never the server's). The rest of
@@ -110,7 +112,10 @@ CLI_ONLY = (
     "control_plane.cli.runtime_file",
     "control_plane.demo",
 )
-NUMPY_PACKAGES = frozenset({"numpy", "onnx", "onnxruntime", "PIL"})
+# The server's modules that need numpy and scipy, which `edgefleet[server]` carries for
+# them (ADR 0030); a module that imports one at import time is listed here too.
+STATISTICS_MODULES = ("control_plane.rollouts.gates",)
+NUMPY_PACKAGES = frozenset({"numpy", "scipy", "onnx", "onnxruntime", "PIL"})
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -326,9 +331,10 @@ def import_time_modules(path: Path) -> list[str]:
 
 
 def test_the_server_side_imports_no_numpy() -> None:
-    """Only the CLI's modules may need numpy when imported; one that imports a CLI module
-    is a CLI module too (list it in CLI_ONLY)."""
-    needs_numpy = (*NUMPY_MODULES, *CLI_ONLY)
+    """Only the CLI's modules and the rollout statistics may need numpy when imported; one
+    that imports a CLI module is a CLI module too (list it in CLI_ONLY), one that imports
+    the statistics is listed in STATISTICS_MODULES."""
+    needs_numpy = (*NUMPY_MODULES, *CLI_ONLY, *STATISTICS_MODULES)
     found = []
     for package in ("control_plane", "protos"):
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -341,6 +347,12 @@ def test_the_server_side_imports_no_numpy() -> None:
                 if name.partition(".")[0] in NUMPY_PACKAGES or name in needs_numpy
             ]
     assert found == []
+
+
+@pytest.mark.parametrize("package", ["edge_node", "device_sdk", "protos"])
+def test_only_the_server_imports_scipy(package: str) -> None:
+    """scipy is in `[server]` alone (ADR 0030): the box and the camera never need it."""
+    assert offenders(package, ("scipy",)) == []
 
 
 def test_the_import_time_reader_skips_function_bodies(tmp_path: Path) -> None:

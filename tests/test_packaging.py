@@ -30,7 +30,17 @@ PIP_TIMEOUT_S = 600
 
 # Server-side distributions a box must never carry (names as `canonical` spells them).
 SERVER_ONLY = frozenset(
-    {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "boto3", "botocore"}
+    {
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "sqlalchemy",
+        "alembic",
+        "psycopg",
+        "boto3",
+        "botocore",
+        "scipy",
+    }
 )
 
 # Prints {"dists": [names]} for the venv's installed distributions.
@@ -283,7 +293,8 @@ def test_the_server_installs_without_onnx_runtime(parts: dict[str, Part]) -> Non
     server = installed_part(parts, "server")
     installed = server.installed()
     assert {"edgefleet", "fastapi", "sqlalchemy", "alembic", "psycopg", "boto3"} <= installed
-    assert installed & {"onnxruntime", "onnx", "numpy", "psutil", "pillow", "pyyaml"} == set()
+    assert {"scipy", "numpy"} <= installed  # the rollout gates' statistics (ADR 0030)
+    assert installed & {"onnxruntime", "onnx", "psutil", "pillow", "pyyaml"} == set()
     skipped = ",".join((*CLI_ONLY, *NUMPY_MODULES))  # tests/test_architecture.py: need numpy
     report = server.run_python(IMPORT_EVERYTHING, "control_plane,protos", skipped)
     assert report["failed"] == {}
