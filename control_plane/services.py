@@ -56,6 +56,8 @@ class ServiceConfig:
     snapshot_ttl: timedelta = timedelta(days=7)
     timestamp_ttl: timedelta = timedelta(days=1)
     refresh_interval_s: float = 300.0
+    # How often director assignments due within a third of their lifetime are renewed.
+    renewal_interval_s: float = 600.0
     nodes: NodeConfig = field(default_factory=NodeConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     # Whether this replica runs the health processor (at least one replica must).

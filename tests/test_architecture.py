@@ -52,6 +52,7 @@ PURE_CORES = (
     "edge_node/runtime/config.py",
     "edge_node/runtime/streams.py",
     "edge_node/runtime/timing.py",
+    "edge_node/runtime/shadow_budget.py",
     "edge_node/updater/director.py",
     "edge_node/updater/journal.py",
     "edge_node/updater/config.py",
@@ -81,6 +82,7 @@ PURE_CORES = (
     "protos/bundle/geometry.py",
     "protos/bundle/preprocess.py",
     "protos/bundle/decoders.py",
+    "protos/bundle/agreement.py",
     "edge_node/results/sampling.py",
     "control_plane/rollouts/cron.py",
     "control_plane/rollouts/spec.py",
@@ -99,6 +101,7 @@ NUMPY_MODULES = (
     "protos.bundle.geometry",
     "protos.bundle.preprocess",
     "protos.bundle.decoders",
+    "protos.bundle.agreement",
 )
 NUMPY_FREE_BUNDLE = ("protos.bundle", "protos.bundle.spec", "protos.bundle.results")
 

@@ -1,5 +1,5 @@
-"""The FastAPI application factory; the lifespan runs the freshness, liveness, health and
-rollout duties.
+"""The FastAPI application factory; the lifespan runs the freshness, renewal, liveness,
+health and rollout duties.
 
 `create_app(services)` takes a built `Services` container (see control_plane.services);
 it reads no settings and opens nothing by itself.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.to_thread
@@ -31,6 +31,7 @@ from control_plane.api.routes import (
     rollouts,
     tuf,
 )
+from control_plane.director.service import DirectorService
 from control_plane.health.processor import HealthProcessor
 from control_plane.nodes.presence import NodePresence
 from control_plane.registry.service import RegistryService
@@ -58,6 +59,23 @@ async def _freshness_loop(registry: RegistryService, interval_s: float) -> None:
         await anyio.sleep(interval_s)
 
 
+async def _renewal_loop(director: DirectorService, interval_s: float) -> None:
+    """Renew director assignments before they lapse (ADR 0032), at least six times per
+    renewal window (a third of their lifetime), so a missed pass is caught up in time."""
+    interval = min(interval_s, director.ttl.total_seconds() / 18)
+    await _every(interval, director.renew_expiring, "renewing director assignments")
+
+
+async def _every(interval_s: float, work: Callable[[], object], what: str) -> None:
+    """`work()` in a worker thread every `interval_s`; a failure is logged, never fatal."""
+    while True:
+        try:
+            await anyio.to_thread.run_sync(work)
+        except Exception:
+            log.exception("%s failed; retrying next interval", what)
+        await anyio.sleep(interval_s)
+
+
 async def _health_loop(processor: HealthProcessor) -> None:
     """Turn stored health reports into series and alerts (control_plane.health.processor).
 
@@ -79,23 +97,12 @@ async def _health_loop(processor: HealthProcessor) -> None:
 async def _rollout_loop(controller: RolloutService) -> None:
     """Step the rollouts (control_plane.rollouts.service): every replica may run it, the
     leases make one step each rollout at a time."""
-    while True:
-        try:
-            await anyio.to_thread.run_sync(controller.tick)
-        except Exception:
-            controller.failed_ticks += 1
-            log.exception("the rollout controller's tick failed; retrying next interval")
-        await anyio.sleep(controller.config.interval_s)
+    await _every(controller.config.interval_s, controller.tick, "the rollout controller's tick")
 
 
 async def _liveness_loop(presence: NodePresence) -> None:
     """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
-    while True:
-        try:
-            await anyio.to_thread.run_sync(presence.mark_offline_stale)
-        except Exception:
-            log.exception("marking silent nodes offline failed; retrying")
-        await anyio.sleep(LIVENESS_INTERVAL_S)
+    await _every(LIVENESS_INTERVAL_S, presence.mark_offline_stale, "marking silent nodes offline")
 
 
 def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
@@ -110,6 +117,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
             if run_background:
                 config = services.config
                 tasks.start_soon(_freshness_loop, services.registry, config.refresh_interval_s)
+                tasks.start_soon(_renewal_loop, services.director, config.renewal_interval_s)
                 tasks.start_soon(_liveness_loop, services.nodes.presence)
                 if config.health_processor:
                     tasks.start_soon(_health_loop, services.health.processor)

@@ -4,12 +4,15 @@
 the protobuf once and signs those exact bytes (protobuf serialization is not canonical,
 so the node verifies the bytes before it parses them). It takes data and a signer and
 returns bytes; it decides nothing about which node runs what (that is `DirectorService`).
+`renewal` marks an assignment that only renews the one before it (ADR 0032); `shadow` a
+candidate to run beside the target (`ShadowSpec`, ADR 0031).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
@@ -20,13 +23,20 @@ from control_plane.errors import InvalidInputError
 from control_plane.trust.custom import SHA256_PATTERN, parse_target_path
 from control_plane.trust.keys import generate_signer, load_signer, save_private_key
 from control_plane.trust.repository import canonical_keyid
-from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
+from protos.edgefleet.fleet.v1.director_pb2 import (
+    DirectorAssignment,
+    ShadowTarget,
+    SignedDirectorAssignment,
+)
 
 __all__ = [
     "DIRECTOR_KEY_FILE",
     "FORMAT_VERSION",
     "MAX_ASSIGNMENT_BYTES",
+    "ShadowSpec",
+    "check_shadow_settings",
     "load_or_create_director_key",
+    "shadow_of",
     "sign_assignment",
     "sign_assignments",
 ]
@@ -43,6 +53,41 @@ _MAX_UINT64: Final = 2**64 - 1
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+@dataclass(frozen=True, slots=True)
+class ShadowSpec:
+    """A candidate to run in shadow beside the assigned target: a model target (hashes as
+    TUF lists them), frames per mille of those served (1-1000), a CPU cap (1-100 %)."""
+
+    target_path: str
+    sha256: str
+    length: int
+    sample_per_mille: int
+    max_cpu_percent: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "target_path": self.target_path,
+            "sha256": self.sha256,
+            "length": self.length,
+            "sample_per_mille": self.sample_per_mille,
+            "max_cpu_percent": self.max_cpu_percent,
+        }
+
+
+def shadow_of(assignment: DirectorAssignment) -> ShadowSpec | None:
+    """The `ShadowSpec` a signed assignment carries, or None."""
+    if not assignment.HasField("shadow"):
+        return None
+    shadow = assignment.shadow
+    return ShadowSpec(
+        shadow.target_path,
+        shadow.sha256,
+        shadow.length,
+        shadow.sample_per_mille,
+        shadow.max_cpu_percent,
+    )
+
+
 def sign_assignment(
     signer: Signer,
     *,
@@ -54,6 +99,8 @@ def sign_assignment(
     length: int,
     issued_at: datetime,
     expires_at: datetime,
+    renewal: bool = False,
+    shadow: ShadowSpec | None = None,
 ) -> SignedDirectorAssignment:
     """Build and sign "node `node_id` of `fleet` shall run `target_path`".
 
@@ -70,6 +117,8 @@ def sign_assignment(
         length=length,
         issued_at=issued_at,
         expires_at=expires_at,
+        renewal=renewal,
+        shadow=shadow,
     )
     return signed
 
@@ -84,6 +133,8 @@ def sign_assignments(
     length: int,
     issued_at: datetime,
     expires_at: datetime,
+    renewal: bool = False,
+    shadow: ShadowSpec | None = None,
 ) -> list[SignedDirectorAssignment]:
     """`sign_assignment` for many (node id, sequence) pairs of one fleet and target, in
     order: what they share is checked, and the keyid derived, once."""
@@ -105,6 +156,8 @@ def sign_assignments(
     expires = _utc(expires_at, "expires_at")
     if expires <= issued:
         raise InvalidInputError("expires_at must be after issued_at", field="expires_at")
+    if not isinstance(renewal, bool):
+        raise InvalidInputError("renewal must be true or false", field="renewal")
 
     keyid = canonical_keyid(key)
     shared = DirectorAssignment(
@@ -113,7 +166,10 @@ def sign_assignments(
         sha256=sha256,
         length=length,
         format_version=FORMAT_VERSION,
+        renewal=renewal,
     )
+    if shadow is not None:
+        shared.shadow.CopyFrom(_shadow_target(shadow, parsed.model))
     shared.issued_at.FromDatetime(issued)
     shared.expires_at.FromDatetime(expires)
     signed: list[SignedDirectorAssignment] = []
@@ -134,6 +190,44 @@ def sign_assignments(
             )
         )
     return signed
+
+
+def check_shadow_settings(sample_per_mille: int, max_cpu_percent: int, *, prefix: str = "") -> None:
+    """1-1000 frames per mille, 1-100 % of a core: InvalidInputError naming the field."""
+    for name, value, high in (
+        ("sample_per_mille", sample_per_mille, 1000),
+        ("max_cpu_percent", max_cpu_percent, 100),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            raise InvalidInputError(f"{name} must be 1-{high}, got {value!r}", field=prefix + name)
+
+
+def _shadow_target(shadow: ShadowSpec, model: str) -> ShadowTarget:
+    """The signed form of `shadow`, checked as the node checks it."""
+    parsed = parse_target_path(shadow.target_path)
+    if parsed is None or parsed.kind != "model":
+        raise InvalidInputError(
+            f"{shadow.target_path!r} is not a model target", field="shadow.target_path"
+        )
+    if parsed.model != model:
+        raise InvalidInputError(
+            f"the shadow candidate is of model {parsed.model!r}, the target of {model!r}",
+            field="shadow.target_path",
+        )
+    if not SHA256_PATTERN.fullmatch(shadow.sha256):
+        raise InvalidInputError("sha256 must be 64 lowercase hex digits", field="shadow.sha256")
+    if isinstance(shadow.length, bool) or not 0 <= shadow.length <= _MAX_UINT64:
+        raise InvalidInputError(
+            f"length must be 0..2^64-1, got {shadow.length}", field="shadow.length"
+        )
+    check_shadow_settings(shadow.sample_per_mille, shadow.max_cpu_percent, prefix="shadow.")
+    return ShadowTarget(
+        target_path=shadow.target_path,
+        sha256=shadow.sha256,
+        length=shadow.length,
+        sample_per_mille=shadow.sample_per_mille,
+        max_cpu_percent=shadow.max_cpu_percent,
+    )
 
 
 def load_or_create_director_key(directory: Path) -> CryptoSigner:

@@ -9,6 +9,14 @@ exactly as the node receives it. Once a pin, or a chunk, has committed it goes t
 nodes); the transports also answer every node's Hello with `current(node_id)`, so a node
 that was not reachable gets it then. The signing rules live in
 `control_plane.director.assignments`; no transport is imported here.
+
+`renew_expiring` re-signs every current assignment that expires within a third of the
+lifetime, marked `renewal` (ADR 0032): the same target and shadow, the next sequence, a
+later expiry; the server runs it on a schedule, so assignments never lapse. The node
+takes a renewal only for the target it already holds and never retries a failed one
+because of it. `assign_shadow` / `clear_shadow` sign the node's current target again with
+or without a shadow candidate (ADR 0031), marked as renewals too: the served target is
+not a new decision, so a target that failed on the node is not tried again.
 """
 
 from __future__ import annotations
@@ -20,14 +28,20 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from securesystemslib.signer import Signer
-from sqlalchemy import func, insert, select
+from sqlalchemy import and_, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.roles import Role
-from control_plane.access.service import AuditedMutations, RequestContext
+from control_plane.access.service import SYSTEM, AuditedMutations, RequestContext
 from control_plane.clock import Clock
-from control_plane.director.assignments import sign_assignment, sign_assignments
+from control_plane.director.assignments import (
+    ShadowSpec,
+    check_shadow_settings,
+    shadow_of,
+    sign_assignment,
+    sign_assignments,
+)
 from control_plane.director.delivery import AssignmentDelivery, FanOutDelivery
 from control_plane.errors import (
     ConflictError,
@@ -43,7 +57,7 @@ from control_plane.storage.copy import BinaryCopy, copy_rows
 from control_plane.storage.models import DirectorAssignmentRow, FleetRow, NodeRow
 from control_plane.trust.custom import parse_target_path, validate_model_name, validate_version
 from control_plane.trust.keys import public_key_dict
-from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
+from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
 
 __all__ = [
     "DEFAULT_ASSIGNMENT_TTL",
@@ -90,6 +104,10 @@ class Assignment:
     created_by: str
     keyid: str
     signed: bytes
+    renewal: bool = False
+    """It only renews the assignment before it (same target, later expiry)."""
+    shadow: ShadowSpec | None = None
+    """The candidate the node runs in shadow beside the target, if any."""
 
     def expired(self, now: datetime) -> bool:
         """The node ignores an assignment from `expires_at` on (and keeps what it runs)."""
@@ -183,66 +201,343 @@ class DirectorService:
         ) as session:
             validate_model_name(model)
             validate_version(version)
-            if len(node_id) > _MAX_NODE_ID:
-                raise NotFoundError("no such node", node_id=node_id[:_MAX_NODE_ID])
-            # The node row stays locked until commit: the sequence below is read-then-write.
-            # FOR NO KEY UPDATE, so foreign-key checks of record inserts do not wait on it.
-            row = session.get(NodeRow, node_id, with_for_update={"key_share": True})
-            if row is None:
-                raise NotFoundError(f"no node {node_id!r}", node_id=node_id)
-            if row.revoked_at is not None:
-                raise PolicyError(
-                    f"node {node_id!r} was revoked; it gets no assignments", node_id=node_id
-                )
-            fleet = session.get_one(FleetRow, row.fleet_id).name
+            fleet = self._locked_node(session, node_id)
             info = self._registry.get_version(fleet, model, version)
             _require_runnable(info)
-            last = session.scalar(
-                select(func.max(DirectorAssignmentRow.sequence)).where(
-                    DirectorAssignmentRow.node_id == node_id
-                )
-            )
-            sequence = (last or 0) + 1
-            issued_at = self._clock.now().replace(microsecond=0)
-            expires_at = issued_at + self._ttl
-            signed = sign_assignment(
-                self._key,
-                fleet=fleet,
-                node_id=node_id,
-                sequence=sequence,
+            assignment = self._sign_next(
+                session,
+                ctx,
+                node_id,
+                fleet,
                 target_path=info.target_path,
                 sha256=info.sha256,
                 length=info.length,
-                issued_at=issued_at,
-                expires_at=expires_at,
             )
-            assignment_row = DirectorAssignmentRow(
-                node_id=node_id,
-                sequence=sequence,
-                target_path=info.target_path,
-                sha256=info.sha256,
-                length=info.length,
-                issued_at=issued_at,
-                expires_at=expires_at,
-                signed=signed.SerializeToString(deterministic=True),
-                created_by=ctx.principal.name,
-            )
-            session.add(assignment_row)
-            try:
-                session.flush()
-            except IntegrityError as exc:
-                raise ConflictError(
-                    f"another assignment of node {node_id!r} took sequence {sequence}; retry",
-                    node_id=node_id,
-                    sequence=sequence,
-                ) from exc
-            assignment = _assignment(assignment_row, fleet)
         log.info(
             "node pinned",
-            extra={"node_id": node_id, "target": info.target_path, "sequence": sequence},
+            extra={
+                "node_id": node_id,
+                "target": info.target_path,
+                "sequence": assignment.sequence,
+            },
         )
         self._deliver(assignment)
         return assignment
+
+    def assign_shadow(
+        self,
+        ctx: RequestContext,
+        node_id: str,
+        model: str,
+        version: str,
+        *,
+        sample_per_mille: int,
+        max_cpu_percent: int,
+    ) -> Assignment:
+        """Have the node run `model` `version` in shadow beside its current target, on
+        `sample_per_mille` of its frames and at most `max_cpu_percent` of a core; audited
+        as "node.shadow".
+
+        The node's current (newest) assignment is signed again with the candidate, the
+        next sequence and a fresh expiry, marked `renewal` (the target is no new decision).
+        Refused: an unknown node or version (NotFoundError), a revoked node, a candidate
+        below its floor (PolicyError), a node with no assignment yet (ConflictError,
+        `no-assignment`), a candidate of another model or the assigned version itself,
+        values out of range (InvalidInputError naming the field).
+        """
+        details: dict[str, Any] = {
+            "model": model,
+            "version": version,
+            "sample_per_mille": sample_per_mille,
+            "max_cpu_percent": max_cpu_percent,
+        }
+        with self._mutations.mutation(
+            ctx, "node.shadow", f"node:{node_id}", needs=Role.OPERATOR, details=details
+        ) as session:
+            validate_model_name(model)
+            validate_version(version)
+            check_shadow_settings(sample_per_mille, max_cpu_percent)
+            fleet = self._locked_node(session, node_id)
+            latest = self._current_row(session, node_id)
+            assigned = _model_version(latest.target_path)
+            if assigned[0] != model:
+                raise InvalidInputError(
+                    f"node {node_id!r} is assigned model {assigned[0]!r}; a shadow candidate "
+                    f"must be a version of it, not of {model!r}",
+                    field="model",
+                )
+            if assigned[1] == version:
+                raise InvalidInputError(
+                    f"node {node_id!r} is assigned {model}@{version} itself; shadow another "
+                    "version",
+                    field="version",
+                )
+            info = self._registry.get_version(fleet, model, version)
+            _require_runnable(info)
+            shadow = ShadowSpec(
+                info.target_path, info.sha256, info.length, sample_per_mille, max_cpu_percent
+            )
+            assignment = self._sign_again(session, ctx, latest, fleet, shadow)
+            details["sequence"] = assignment.sequence
+        log.info(
+            "shadow assigned",
+            extra={"node_id": node_id, "target": info.target_path, "sequence": assignment.sequence},
+        )
+        self._deliver(assignment)
+        return assignment
+
+    def clear_shadow(self, ctx: RequestContext, node_id: str) -> Assignment:
+        """Stop the node's shadow candidate: its current target signed again without one
+        (a renewal); audited as "node.shadow.clear". A node without a candidate gets
+        nothing new: its current assignment is returned as it is."""
+        with self._mutations.mutation(
+            ctx, "node.shadow.clear", f"node:{node_id}", needs=Role.OPERATOR
+        ) as session:
+            fleet = self._locked_node(session, node_id)
+            latest = self._current_row(session, node_id)
+            current = _assignment(latest, fleet)
+            if current.shadow is None:
+                return current
+            assignment = self._sign_again(session, ctx, latest, fleet, None)
+        self._deliver(assignment)
+        return assignment
+
+    def renew_expiring(self, ctx: RequestContext = SYSTEM, *, chunk_size: int = PIN_CHUNK) -> int:
+        """Renew every unrevoked node's newest assignment that expires within a third of
+        the lifetime (or has expired): the same target and shadow, marked `renewal`, the
+        next sequence, expiring a full lifetime from now. In chunks of `chunk_size` nodes,
+        one transaction and one audit row ("node.renew" on "director") each, rows locked
+        as for a pin, and each chunk delivered once committed. Safe with several replicas:
+        under the lock an assignment renewed meanwhile is no longer due and is skipped.
+        Returns how many were renewed."""
+        if not 1 <= chunk_size <= _MAX_PIN_CHUNK:
+            raise InvalidInputError(
+                f"chunk size must be 1..{_MAX_PIN_CHUNK}", chunk_size=chunk_size
+            )
+        due_before = self._clock.now() + self._ttl / 3
+        newest = _newest()
+        with self._sessions() as session:
+            due = list(
+                session.scalars(
+                    select(DirectorAssignmentRow.node_id)
+                    .join(newest, _is_newest(newest))
+                    .join(NodeRow, NodeRow.id == DirectorAssignmentRow.node_id)
+                    .where(DirectorAssignmentRow.expires_at <= due_before)
+                    .where(NodeRow.revoked_at.is_(None))
+                    .order_by(DirectorAssignmentRow.node_id)
+                )
+            )
+        renewed = 0
+        chunks = [due[i : i + chunk_size] for i in range(0, len(due), chunk_size)]
+        for number, chunk in enumerate(chunks, start=1):
+            details: dict[str, Any] = {"chunk": number, "chunks": len(chunks)}
+            with self._mutations.mutation(
+                ctx, "node.renew", "director", needs=Role.OPERATOR, details=details
+            ) as session:
+                done = self._renew_chunk(session, ctx, chunk, due_before)
+                details.update(nodes=len(done), node_ids=[a.node_id for a in done])
+            by_fleet: dict[str, list[tuple[str, SignedDirectorAssignment]]] = {}
+            for assignment in done:
+                by_fleet.setdefault(assignment.fleet, []).append(
+                    (assignment.node_id, assignment.signed_message())
+                )
+            for fleet, signed in by_fleet.items():
+                self._deliver_many(fleet, signed)
+            renewed += len(done)
+        if renewed:
+            log.info("renewed %d assignments before they expire", renewed)
+        return renewed
+
+    def _renew_chunk(
+        self, session: Session, ctx: RequestContext, node_ids: list[str], due_before: datetime
+    ) -> list[Assignment]:
+        locked = session.execute(
+            select(NodeRow.id, FleetRow.name)
+            .join(FleetRow, FleetRow.id == NodeRow.fleet_id)
+            .where(NodeRow.id.in_(node_ids), NodeRow.revoked_at.is_(None))
+            .order_by(NodeRow.id)
+            .with_for_update(of=NodeRow, key_share=True)
+        ).all()
+        fleets = {node_id: fleet for node_id, fleet in locked}
+        if not fleets:
+            return []
+        newest = _newest()
+        rows = session.scalars(
+            select(DirectorAssignmentRow)
+            .join(newest, _is_newest(newest))
+            .where(DirectorAssignmentRow.node_id.in_(sorted(fleets)))
+            .order_by(DirectorAssignmentRow.node_id)
+        ).all()
+        issued_at = self._clock.now().replace(microsecond=0)
+        expires_at = issued_at + self._ttl
+        stored: list[tuple[Any, ...]] = []
+        done: list[Assignment] = []
+        for row in rows:
+            if row.expires_at > due_before:
+                continue  # renewed (or pinned) meanwhile, by another replica
+            fleet = fleets[row.node_id]
+            shadow = _assignment(row, fleet).shadow
+            signed = sign_assignment(
+                self._key,
+                fleet=fleet,
+                node_id=row.node_id,
+                sequence=row.sequence + 1,
+                target_path=row.target_path,
+                sha256=row.sha256,
+                length=row.length,
+                issued_at=issued_at,
+                expires_at=expires_at,
+                renewal=True,
+                shadow=shadow,
+            )
+            data = signed.SerializeToString(deterministic=True)
+            values = (
+                row.node_id,
+                row.sequence + 1,
+                row.target_path,
+                row.sha256,
+                row.length,
+                issued_at,
+                expires_at,
+                data,
+                ctx.principal.name,
+            )
+            stored.append(values)
+            model, version = _model_version(row.target_path)
+            done.append(
+                Assignment(
+                    node_id=row.node_id,
+                    fleet=fleet,
+                    sequence=row.sequence + 1,
+                    model=model,
+                    version=version,
+                    target_path=row.target_path,
+                    sha256=row.sha256,
+                    length=row.length,
+                    issued_at=issued_at,
+                    expires_at=expires_at,
+                    created_by=ctx.principal.name,
+                    keyid=signed.keyid,
+                    signed=data,
+                    renewal=True,
+                    shadow=shadow,
+                )
+            )
+        if stored:
+            try:
+                _insert_assignments(session, stored)
+            except IntegrityError as exc:  # only if a writer ignored the row locks
+                raise ConflictError(
+                    f"another assignment took a sequence of one of {len(stored)} nodes; retry"
+                ) from exc
+        return done
+
+    def _locked_node(self, session: Session, node_id: str) -> str:
+        """Lock the node's row until commit (sequences are read-then-write); its fleet.
+        FOR NO KEY UPDATE, so foreign-key checks of record inserts do not wait on it."""
+        if len(node_id) > _MAX_NODE_ID:
+            raise NotFoundError("no such node", node_id=node_id[:_MAX_NODE_ID])
+        row = session.get(NodeRow, node_id, with_for_update={"key_share": True})
+        if row is None:
+            raise NotFoundError(f"no node {node_id!r}", node_id=node_id)
+        if row.revoked_at is not None:
+            raise PolicyError(
+                f"node {node_id!r} was revoked; it gets no assignments", node_id=node_id
+            )
+        return session.get_one(FleetRow, row.fleet_id).name
+
+    def _current_row(self, session: Session, node_id: str) -> DirectorAssignmentRow:
+        row = session.scalars(
+            select(DirectorAssignmentRow)
+            .where(DirectorAssignmentRow.node_id == node_id)
+            .order_by(DirectorAssignmentRow.sequence.desc())
+            .limit(1)
+        ).first()
+        if row is None:
+            raise ConflictError(
+                f"node {node_id!r} has no assignment yet; pin it first",
+                node_id=node_id,
+                reason="no-assignment",
+            )
+        return row
+
+    def _sign_again(
+        self,
+        session: Session,
+        ctx: RequestContext,
+        latest: DirectorAssignmentRow,
+        fleet: str,
+        shadow: ShadowSpec | None,
+    ) -> Assignment:
+        """The node's current target signed again as a renewal, with `shadow` or none."""
+        return self._sign_next(
+            session,
+            ctx,
+            latest.node_id,
+            fleet,
+            target_path=latest.target_path,
+            sha256=latest.sha256,
+            length=latest.length,
+            renewal=True,
+            shadow=shadow,
+        )
+
+    def _sign_next(
+        self,
+        session: Session,
+        ctx: RequestContext,
+        node_id: str,
+        fleet: str,
+        *,
+        target_path: str,
+        sha256: str,
+        length: int,
+        renewal: bool = False,
+        shadow: ShadowSpec | None = None,
+    ) -> Assignment:
+        """Sign and store the node's next assignment (its row locked by the caller)."""
+        last = session.scalar(
+            select(func.max(DirectorAssignmentRow.sequence)).where(
+                DirectorAssignmentRow.node_id == node_id
+            )
+        )
+        sequence = (last or 0) + 1
+        issued_at = self._clock.now().replace(microsecond=0)
+        expires_at = issued_at + self._ttl
+        signed = sign_assignment(
+            self._key,
+            fleet=fleet,
+            node_id=node_id,
+            sequence=sequence,
+            target_path=target_path,
+            sha256=sha256,
+            length=length,
+            issued_at=issued_at,
+            expires_at=expires_at,
+            renewal=renewal,
+            shadow=shadow,
+        )
+        row = DirectorAssignmentRow(
+            node_id=node_id,
+            sequence=sequence,
+            target_path=target_path,
+            sha256=sha256,
+            length=length,
+            issued_at=issued_at,
+            expires_at=expires_at,
+            signed=signed.SerializeToString(deterministic=True),
+            created_by=ctx.principal.name,
+        )
+        session.add(row)
+        try:
+            session.flush()
+        except IntegrityError as exc:
+            raise ConflictError(
+                f"another assignment of node {node_id!r} took sequence {sequence}; retry",
+                node_id=node_id,
+                sequence=sequence,
+            ) from exc
+        return _assignment(row, fleet)
 
     def pin_many(
         self,
@@ -587,17 +882,42 @@ class DirectorService:
         return latest.signed_message()
 
 
-def _assignment(row: DirectorAssignmentRow, fleet: str) -> Assignment:
-    parsed = parse_target_path(row.target_path)
+def _newest() -> Any:
+    """Each node's highest sequence (a subquery to join the assignment rows with)."""
+    return (
+        select(
+            DirectorAssignmentRow.node_id.label("newest_node"),
+            func.max(DirectorAssignmentRow.sequence).label("newest_sequence"),
+        )
+        .group_by(DirectorAssignmentRow.node_id)
+        .subquery("newest")
+    )
+
+
+def _is_newest(newest: Any) -> Any:
+    return and_(
+        DirectorAssignmentRow.node_id == newest.c.newest_node,
+        DirectorAssignmentRow.sequence == newest.c.newest_sequence,
+    )
+
+
+def _model_version(target_path: str) -> tuple[str, str]:
+    parsed = parse_target_path(target_path)
     if parsed is None or parsed.version is None:  # only model targets are ever stored
-        raise ValueError(f"stored assignment names {row.target_path!r}, not a model target")
+        raise ValueError(f"stored assignment names {target_path!r}, not a model target")
+    return parsed.model, parsed.version
+
+
+def _assignment(row: DirectorAssignmentRow, fleet: str) -> Assignment:
+    model, version = _model_version(row.target_path)
     signed = SignedDirectorAssignment.FromString(row.signed)
+    body = DirectorAssignment.FromString(signed.assignment)
     return Assignment(
         node_id=row.node_id,
         fleet=fleet,
         sequence=row.sequence,
-        model=parsed.model,
-        version=parsed.version,
+        model=model,
+        version=version,
         target_path=row.target_path,
         sha256=row.sha256,
         length=row.length,
@@ -606,6 +926,8 @@ def _assignment(row: DirectorAssignmentRow, fleet: str) -> Assignment:
         created_by=row.created_by,
         keyid=signed.keyid,
         signed=row.signed,
+        renewal=body.renewal,
+        shadow=shadow_of(body),
     )
 
 

@@ -11,6 +11,11 @@ mixed fleets and newer agents are read as far as they are understood; a schema v
 cannot be read at all (over 512 KiB, not JSON, not an object, no
 ``edgefleet.agent.health/N`` schema) raises ``MalformedReportError``.
 
+The ``shadow`` section (a candidate run beside the active model, ADR 0031) becomes
+``shadow_*`` numbers among the metrics, so they reach the series, roll-ups and latest
+values like any other, and ``HealthPoint.shadow``: the section as read (candidate, state,
+reason, the figures), without its sketch.
+
 Pure: no I/O, no clock (the caller passes the record's ``created_at`` for reports that
 carry no window end).
 """
@@ -82,7 +87,30 @@ METRICS: Final = {
     "throttle_events": "throttle events counted in the window",
     "cpu_freq_khz": "current CPU frequency",
     "errors": "errors logged in the window",
+    "shadow_running": "1 while a shadow candidate runs, 0 when it failed or is not running yet",
+    "shadow_frames_compared": "frames the shadow candidate was compared on (since it started)",
+    "shadow_samples_dropped": "sampled frames dropped: the candidate was busy",
+    "shadow_samples_skipped_cpu": "sampled frames skipped to keep under the CPU cap",
+    "shadow_cpu_percent": "the shadow candidate's CPU, percent of one core",
+    "shadow_top1_ratio": "classification: share of frames with the active model's top class",
+    "shadow_topk_overlap": "classification: mean share of top-k classes in common",
+    "shadow_recall": "detection: share of the active model's boxes the candidate found",
+    "shadow_precision": "detection: share of the candidate's boxes the active model found",
+    "shadow_mean_score_diff": "detection: mean score difference of matched boxes",
+    "shadow_max_abs_diff": "raw: largest absolute output difference",
+    "shadow_min_cosine": "raw: lowest cosine similarity of the outputs",
+    "shadow_p99_ms": "the shadow candidate's P99 inference time (its CPU time)",
+    "shadow_rss_delta_bytes": "RSS growth while the candidate loaded and self-tested",
 }
+_SHADOW_AGREEMENT: Final = (
+    "top1_ratio",
+    "topk_overlap",
+    "recall",
+    "precision",
+    "mean_score_diff",
+    "max_abs_diff",
+    "min_cosine",
+)
 
 
 class MalformedReportError(ValueError):
@@ -107,6 +135,8 @@ class HealthPoint:
     decoded: dict[str, dict[str, LatencySketch]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # The report's ``shadow`` section without its sketch; None when it has none.
+    shadow: dict[str, Any] | None = None
 
     def sketches(self) -> dict[str, dict[str, LatencySketch]]:
         """The decoded sketches per model version and kind (only those sent)."""
@@ -146,7 +176,10 @@ def parse_report(payload: bytes, *, created_at: datetime) -> HealthPoint:
     latency = _latency(doc.get("latency"), decoded)
     metrics = _v2_metrics(doc)
     metrics.update(_latency_summary(latency))
-    return HealthPoint(schema=schema, at=at, metrics=metrics, latency=latency, decoded=decoded)
+    shadow = _shadow(doc.get("shadow"), metrics)
+    return HealthPoint(
+        schema=schema, at=at, metrics=metrics, latency=latency, decoded=decoded, shadow=shadow
+    )
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -255,6 +288,27 @@ def _v2_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
     _outbox(metrics, _section(doc, "outbox"))
     _put(metrics, "errors", _section(doc, "errors").get("count"))
     return metrics
+
+
+def _shadow(section: object, metrics: dict[str, float]) -> dict[str, Any] | None:
+    """The shadow section (conformed already) without its sketch; its numbers into
+    `metrics` as `shadow_*`."""
+    if not isinstance(section, Mapping):
+        return None
+    shadow = {key: value for key, value in section.items() if key != "latency"}
+    latency = section.get("latency")
+    if isinstance(latency, Mapping):
+        shadow["latency"] = {k: v for k, v in latency.items() if k != "sketch_ms"}
+        _put(metrics, "shadow_p99_ms", latency.get("p99_ms"))
+    metrics["shadow_running"] = 1.0 if section.get("state") == "running" else 0.0
+    for name in ("frames_compared", "samples_dropped", "samples_skipped_cpu", "cpu_percent"):
+        _put(metrics, f"shadow_{name}", section.get(name))
+    _put(metrics, "shadow_rss_delta_bytes", section.get("rss_delta_bytes"))
+    agreement = section.get("agreement")
+    if isinstance(agreement, Mapping):
+        for name in _SHADOW_AGREEMENT:
+            _put(metrics, f"shadow_{name}", agreement.get(name))
+    return shadow
 
 
 def _total(counts: Mapping[str, Any], only: str | None = None) -> float:

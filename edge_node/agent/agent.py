@@ -250,6 +250,7 @@ class Agent:
                 host=self._host,
                 source=transport.source,
                 fault_point=self._fault_point,
+                shadow_host=self._host,
             )
         self.updater = updater
         uplink = Uplink(
@@ -487,6 +488,7 @@ class Agent:
             queue_depth_frames=pipeline.backlog() if pipeline is not None else None,
             outbox=outbox.stats(),
             uplink=uplink.stats,
+            shadow=None if self.updater is None else self.updater.shadow_report(),
         )
         self._save_baselines()
         return payload

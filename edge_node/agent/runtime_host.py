@@ -7,11 +7,15 @@ when the update path asks for a trial, starts the inference pipeline with it or 
 it in (in-flight frames finish on the old session), and reports the served model's run
 counters and where its runtime settings came from (`runtime_use`, for health reports).
 node.yaml's `runtime.preprocess` serves only versions without a signed spec and a local
-`model_path`. Not here: which model to serve, or when (the update task).
+`model_path`. It is the `ShadowHost` too (ADR 0031): a shadow candidate is loaded with one
+intra-op thread (so its CPU time is its thread's) and self-tested at background priority,
+then run by a `ShadowRunner` on the frames the pipeline's tap hands it; it never serves.
+Not here: which model to serve, or when (the update task).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -26,9 +30,12 @@ from edge_node.errors import ClosedError
 from edge_node.runtime.config import PreprocessConfig, SessionConfig
 from edge_node.runtime.errors import ModelLoadError
 from edge_node.runtime.pipeline import InferencePipeline
-from edge_node.runtime.priority import background_safe, run_in_background
+from edge_node.runtime.preprocess import default_decoder
+from edge_node.runtime.priority import Background, background_safe, run_in_background
 from edge_node.runtime.session import ModelSession, RuntimeSource
-from edge_node.updater.host import ModelBundle, Trial
+from edge_node.runtime.shadow import ShadowRunner
+from edge_node.telemetry.report import sketch_summary
+from edge_node.updater.host import ModelBundle, ShadowSettings, Trial
 from edge_node.updater.selftest import SelfTestResult
 from edge_node.updater.watchdog import ModelHealth
 from protos.bundle.results import InferenceResult
@@ -92,6 +99,7 @@ class RuntimeHost:
         self._node_preprocess = config.runtime.preprocess != PreprocessConfig()
         self._warned_ignored: set[str] = set()
         self._lock = anyio.Lock()
+        self._shadow: ShadowRunner | None = None
 
     @property
     def pipeline(self) -> InferencePipeline | None:
@@ -176,6 +184,8 @@ class RuntimeHost:
                 )
                 pipeline.start()
                 self._pipeline = pipeline
+                if self._shadow is not None:
+                    pipeline.set_tap(self._shadow.offer)
             else:
                 self._pipeline.swap_session(session)  # in-flight frames finish on the old one
             self._model = session.label
@@ -218,6 +228,98 @@ class RuntimeHost:
             lambda: run_in_background(work, name=f"edgefleet {name}", mode=mode)
         )
 
+    # ------------------------------------------------------------------ shadow
+
+    async def run_shadow(
+        self, bundle: ModelBundle, settings: ShadowSettings, *, trial: Trial
+    ) -> SelfTestResult:
+        """Load and self-test `bundle` at background priority, then run it in shadow on
+        the served frames; see `ShadowHost.run_shadow`."""
+        if self._stopping.is_set():
+            raise ClosedError("the agent is stopping")
+        runtime = self._config.runtime
+        # One intra-op thread, sequential: no thread pool (it would run at the priority of
+        # the thread that built it) and the CPU time the budget counts is the thread's.
+        options = dataclasses.replace(
+            runtime.session, intra_op_threads=1, inter_op_threads=1, execution_mode="sequential"
+        )
+        loaded: list[ModelSession] = []
+
+        def load() -> ModelSession:
+            session = ModelSession.load(
+                bundle.path,
+                options,
+                runtime.preprocess,
+                runtime=bundle.runtime,
+                model=bundle.model,
+                version=bundle.version,
+            )
+            loaded.append(session)
+            return session
+
+        mode = self._shadow_priority()
+        result = await anyio.to_thread.run_sync(
+            lambda: run_in_background(
+                lambda: trial(load), name=f"edgefleet shadow trial {bundle.label}", mode=mode
+            )
+        )
+        if not result.ok or not loaded:
+            for unused in loaded:
+                unused.close()
+            if result.ok:
+                raise ModelLoadError(
+                    f"the self-test of {bundle.label} did not load it", path=str(bundle.path)
+                )
+            return result
+        *extra, session = loaded
+        for unused in extra:
+            unused.close()
+        runner = ShadowRunner(
+            session,
+            sample_per_mille=settings.sample_per_mille,
+            max_cpu_percent=settings.max_cpu_percent,
+            decoder=default_decoder(),
+            priority=mode,
+        )
+        async with self._lock:
+            if self._stopping.is_set():
+                runner.close()
+                raise ClosedError("the agent is stopping")
+            previous, self._shadow = self._shadow, runner
+            if self._pipeline is not None:
+                self._pipeline.set_tap(runner.offer)
+        if previous is not None:
+            await anyio.to_thread.run_sync(previous.close)
+        log.info("shadow %s runs beside %s", runner.label, self._model or "nothing yet")
+        return result
+
+    async def stop_shadow(self) -> None:
+        """Detach the candidate from the frames, stop its thread and close its session."""
+        async with self._lock:
+            runner, self._shadow = self._shadow, None
+            if self._pipeline is not None:
+                self._pipeline.set_tap(None)
+        if runner is not None:
+            await anyio.to_thread.run_sync(runner.close)
+
+    def shadow_figures(self) -> dict[str, Any] | None:
+        """The running candidate's counts, agreement and latency (None when none runs)."""
+        runner = self._shadow
+        if runner is None:
+            return None
+        figures = runner.figures()
+        figures["latency"] = sketch_summary(figures["latency"], with_sketch=True)
+        return figures
+
+    @property
+    def shadow(self) -> ShadowRunner | None:
+        """The candidate running in shadow, if any."""
+        return self._shadow
+
+    def _shadow_priority(self) -> Background:
+        mode = self._config.runtime_trial_priority
+        return "nice" if mode == "normal" else mode
+
     def health(self) -> ModelHealth | None:
         """Run counters of the model being served (the update task's watchdog reads them)."""
         pipeline = self._pipeline
@@ -229,6 +331,7 @@ class RuntimeHost:
 
     async def close(self) -> None:
         """Stop the pipeline (its in-flight frames finish) and close every session."""
+        await self.stop_shadow()
         pipeline, self._pipeline = self._pipeline, None
         if pipeline is not None:
             await anyio.to_thread.run_sync(pipeline.stop, _STOP_S)

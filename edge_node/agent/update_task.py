@@ -57,7 +57,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import anyio.to_thread
@@ -70,7 +70,7 @@ from edge_node.errors import StorageError
 from edge_node.link.base import Backoff, LinkError, NodeLink, node_message
 from edge_node.runtime.priority import work_time
 from edge_node.updater.config import UpdaterConfig
-from edge_node.updater.host import ModelBundle, ModelHost, Trial
+from edge_node.updater.host import ModelBundle, ModelHost, ShadowHost, Trial
 from edge_node.updater.journal import Journal, JournalCorruptError, JournalState, ModelRef
 from edge_node.updater.reconciler import (
     NOT_COUNTED,
@@ -203,9 +203,11 @@ class UpdateTask:
         host: ModelHost,
         source: RepositorySource | None = None,
         fault_point: FaultPoint | None = None,
+        shadow_host: ShadowHost | None = None,
     ) -> None:
         """`source` serves TUF metadata and models (default: `link`); `fault_point` is
-        the test seam described above."""
+        the test seam described above; `shadow_host` runs an assignment's shadow
+        candidate (none: it fails as `unsupported`)."""
         self._settings = settings
         self._config = settings.updater
         self._files = files
@@ -214,6 +216,7 @@ class UpdateTask:
         self._clock = clock
         self._data_dir = Path(settings.data_dir)
         self._host = host
+        self._shadow_host = shadow_host
         self._initial_model = settings.initial_model
         self._fault_point = fault_point
         self._journal = Journal(self._data_dir / JOURNAL_PATH, clock)
@@ -263,6 +266,10 @@ class UpdateTask:
         )
         hello.installed_targets.extend(running.installed_targets)
         return hello
+
+    def shadow_report(self) -> dict[str, Any] | None:
+        """The health report's `shadow` section (None: no candidate assigned)."""
+        return None if self._reconciler is None else self._reconciler.shadow.report()
 
     @property
     def retry_pending(self) -> bool:
@@ -323,6 +330,7 @@ class UpdateTask:
             selftest=self._self_test,
             host=_FaultingHost(self._host, self._fault),
             report=self._step_reported,
+            shadow_host=self._shadow_host,
             limits=ReconcilerLimits(
                 max_artifact_bytes=config.max_artifact_bytes,
                 space_margin_bytes=config.space_margin_bytes,

@@ -30,6 +30,13 @@ session, so a new version that needs a different input size or normalisation swi
 at the same instant, and a tensor never reaches a session it was not made for. No frame is
 lost or run twice because of a swap.
 
+Tap (:meth:`InferencePipeline.set_tap`): after a frame's result went to ``on_result``,
+the worker hands the frame, the session's raw outputs, its decoded result and the
+session's label to the tap, if one is set: the shadow stage's
+:meth:`~edge_node.runtime.shadow.ShadowRunner.offer`, which must return at once (it
+samples, and drops what it has no room for). A tap that raises is counted with the
+callback errors; it never costs a frame.
+
 What it is not for: deciding *when* to swap (the updater's self-test does), or the
 decoders themselves (:mod:`protos.bundle.decoders`, shared with the operator's CLI).
 """
@@ -40,7 +47,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -54,6 +61,7 @@ from edge_node.runtime.config import SchedulerConfig, StreamConfig
 from edge_node.runtime.errors import BadFrameError, InferenceError
 from edge_node.runtime.preprocess import (
     DecodeTarget,
+    FrameData,
     FrameDecoder,
     decode_frame,
     default_decoder,
@@ -65,6 +73,7 @@ from protos.bundle.results import Decoded, InferenceResult
 
 __all__ = [
     "FrameResult",
+    "FrameTap",
     "InferencePipeline",
     "ResultCallback",
     "SessionRetirement",
@@ -86,6 +95,8 @@ normalise; ``inference_s`` ``InferenceSession.run``; ``decode_s`` the output dec
 ``model``/``version`` are the session's (``model_label`` is ``name@version``)."""
 
 ResultCallback = Callable[[InferenceResult], None]
+FrameTap = Callable[[FrameData, Mapping[str, npt.NDArray[Any]], Decoded, str], None]
+"""(frame data, the session's outputs, its decoded result, its label) of a served frame."""
 
 
 class SessionRetirement:
@@ -291,6 +302,7 @@ class InferencePipeline:
         self._stopping = False
         self._log_limiter = _LogLimiter()
         self._callback_errors = 0
+        self._tap: FrameTap | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -412,6 +424,14 @@ class InferencePipeline:
         if close_now:
             self._close(old)
         return old.retirement
+
+    def set_tap(self, tap: FrameTap | None) -> None:
+        """Hand every served frame to `tap` from now on (None: to nothing)."""
+        self._tap = tap
+
+    @property
+    def tap(self) -> FrameTap | None:
+        return self._tap
 
     def _acquire(self) -> _Lease:
         with self._swap_lock:
@@ -542,6 +562,15 @@ class InferencePipeline:
         decoded_at = ticker.monotonic()
         counters.count_processed()
         self._emit(item, decoded, started, finished, decoded_at)
+        tap = self._tap
+        if tap is not None:
+            try:
+                tap(frame.data, outputs, decoded, lease.session.label)
+            except Exception:  # the shadow's failure must not stop inference
+                with self._swap_lock:
+                    self._callback_errors += 1
+                if self._log_limiter.should_log(frame.stream, "tap"):
+                    _log.exception("frame tap failed for %s frame %d", frame.stream, frame.frame_id)
 
     def _emit(
         self,

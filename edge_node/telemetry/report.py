@@ -431,6 +431,9 @@ def _sketch_holders(report: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
             holder = version.get(kind)
             if isinstance(holder, dict):
                 yield holder
+    shadow = report.get("shadow")
+    if isinstance(shadow, dict) and isinstance(shadow.get("latency"), dict):
+        yield shadow["latency"]
 
 
 def bound_size(report: dict[str, Any], max_bytes: int) -> bytes:

@@ -198,8 +198,11 @@ class Telemetry:
         queue_depth_frames: int | None = None,
         outbox: OutboxCounts | None = None,
         uplink: UplinkCounts | None = None,
+        shadow: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Close the window and return its ``edgefleet.agent.health/2`` document.
+
+        ``shadow`` is its ``shadow`` section as the updater's shadow stage builds it.
 
         Its encoding (``encode_report``) fits ``max_report_bytes``. Blocking I/O (the
         probe): call it from a worker thread, one at a time.
@@ -215,6 +218,7 @@ class Telemetry:
             queue_depth_frames=queue_depth_frames,
             outbox=outbox,
             uplink=uplink,
+            shadow=shadow,
         )
         return report
 
@@ -231,6 +235,7 @@ class Telemetry:
         queue_depth_frames: int | None = None,
         outbox: OutboxCounts | None = None,
         uplink: UplinkCounts | None = None,
+        shadow: Mapping[str, Any] | None = None,
     ) -> bytes:
         """``report``, encoded as the outbox stores it (``encode_report``'s bytes): the
         agent's path, which checks and encodes the document once. Same rules as ``report``.
@@ -246,6 +251,7 @@ class Telemetry:
             queue_depth_frames=queue_depth_frames,
             outbox=outbox,
             uplink=uplink,
+            shadow=shadow,
         )
         return data
 
@@ -262,6 +268,7 @@ class Telemetry:
         queue_depth_frames: int | None,
         outbox: OutboxCounts | None,
         uplink: UplinkCounts | None,
+        shadow: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], bytes]:
         cpu_started = time.thread_time()
         self._fold()
@@ -295,6 +302,7 @@ class Telemetry:
                 else round(max(0.0, now.timestamp() - sample.boot_time_s), 1),
                 "model_active": active_model,
                 "model_runtime": None if model_runtime is None else dict(model_runtime),
+                "shadow": None if shadow is None else dict(shadow),
                 **latency_section(latency, window_s),
                 **streams_part,
                 "queue_depth_frames": queue_depth_frames,

@@ -46,7 +46,7 @@ from edge_node.fsutil import atomic_write
 from edge_node.link.base import Backoff, NodeLink
 from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from edge_node.updater.config import UpdaterConfig
-from edge_node.updater.host import ModelBundle, ModelHost, Trial
+from edge_node.updater.host import ModelBundle, ModelHost, ShadowHost, ShadowSettings, Trial
 from edge_node.updater.journal import Journal
 from edge_node.updater.reconciler import (
     AssignmentTrust,
@@ -70,7 +70,11 @@ from protos.bundle.spec import (
     check_outputs,
     resolve_input,
 )
-from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
+from protos.edgefleet.fleet.v1.director_pb2 import (
+    DirectorAssignment,
+    ShadowTarget,
+    SignedDirectorAssignment,
+)
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -309,7 +313,10 @@ class FakeModelHost:
     was told to serve (`served` paths, `bundles`), runs a trial's self-test on a
     `BareModel` of the bundle (the node's preprocess config `preprocess` for a version
     without a spec), refuses the paths in `refuse`, holds each swap at `gate` while it
-    is set, and reports the run counters a test puts in `counters` (by model path)."""
+    is set, and reports the run counters a test puts in `counters` (by model path).
+
+    As a `ShadowHost` it self-tests a shadow candidate the same way and records what runs
+    in shadow (`shadows`: the bundle and settings, None once stopped)."""
 
     served: list[Path] = field(default_factory=list)
     bundles: list[ModelBundle] = field(default_factory=list)
@@ -319,6 +326,7 @@ class FakeModelHost:
     preprocess: PreprocessConfig | None = None
     busy: int = 0
     most_busy: int = 0
+    shadows: list[tuple[ModelBundle, ShadowSettings] | None] = field(default_factory=list)
 
     async def serve(
         self, bundle: ModelBundle, *, trial: Trial | None = None
@@ -351,6 +359,30 @@ class FakeModelHost:
         model = str(self.served[-1])
         frames, errors = self.counters.get(model, (0, 0))
         return ModelHealth(model, frames, errors)
+
+    async def run_shadow(
+        self, bundle: ModelBundle, settings: ShadowSettings, *, trial: Trial
+    ) -> SelfTestResult:
+        preprocess = self.preprocess
+        result = await anyio.to_thread.run_sync(
+            trial, lambda: BareModel(bundle.path, bundle.runtime, preprocess)
+        )
+        if result.ok:
+            self.shadows.append((bundle, settings))
+        return result
+
+    async def stop_shadow(self) -> None:
+        if self.shadows and self.shadows[-1] is not None:
+            self.shadows.append(None)
+
+    def shadow_figures(self) -> Mapping[str, Any] | None:
+        running = self.shadow
+        return None if running is None else {"against": "-", "frames_compared": 0}
+
+    @property
+    def shadow(self) -> tuple[ModelBundle, ShadowSettings] | None:
+        """What runs in shadow now."""
+        return self.shadows[-1] if self.shadows else None
 
 
 def _signers() -> dict[str, CryptoSigner]:
@@ -565,9 +597,15 @@ class UpdateWorld:
         node_id: str = NODE,
         sequence: int | None = None,
         length: int | None = None,
+        renewal: bool = False,
+        shadow: Release | None = None,
+        sample_per_mille: int = 100,
+        max_cpu_percent: int = 10,
+        shadow_sha256: str | None = None,
     ) -> SignedDirectorAssignment:
         """The director's signed "`node_id` shall run `rel`", valid for an hour; the next
-        sequence unless one is given."""
+        sequence unless one is given. `renewal` marks it as a renewal of the one before;
+        `shadow` adds a candidate to run in shadow (`shadow_sha256` replaces its hash)."""
         if sequence is None:
             self.sequence += 1
             sequence = self.sequence
@@ -579,7 +617,18 @@ class UpdateWorld:
             sha256=rel.sha256,
             length=len(rel.data) if length is None else length,
             format_version=_FORMAT,
+            renewal=renewal,
         )
+        if shadow is not None:
+            assignment.shadow.CopyFrom(
+                ShadowTarget(
+                    target_path=shadow.path,
+                    sha256=shadow.sha256 if shadow_sha256 is None else shadow_sha256,
+                    length=len(shadow.data),
+                    sample_per_mille=sample_per_mille,
+                    max_cpu_percent=max_cpu_percent,
+                )
+            )
         assignment.issued_at.FromDatetime(self.now - timedelta(minutes=1))
         assignment.expires_at.FromDatetime(self.now + timedelta(hours=1))
         payload = assignment.SerializeToString(deterministic=True)
@@ -637,13 +686,15 @@ class UpdateWorld:
         watchdog_s: float = 0.0,
         clock: ManualClock | None = None,
         retry: Backoff | None = None,
+        shadow_host: ShadowHost | None = None,
     ) -> Reconciler:
         """A reconciler of the node over `link` (default: a fresh `MemoryNodeLink` to
         `peer`), whose reports go to `reports` and whose download backoff takes no time.
         `clock` (default: a fresh one at `now` whose sleeps advance it) is the
         reconciler's and its journal's; `retry` the backoff of a failed trial's retry
-        (default: none, a retry is due at once). Call it on the running event loop (TUF
-        runs in its worker threads)."""
+        (default: none, a retry is due at once); `shadow_host` runs shadow candidates
+        (default: the default host). Call it on the running event loop (TUF runs in its
+        worker threads)."""
         link = link or MemoryNodeLink(self.peer)
         tuf = TufClient(
             link,
@@ -672,6 +723,7 @@ class UpdateWorld:
             clock=clock,
             selftest=selftest or default_selftest,
             host=host or self.host,
+            shadow_host=shadow_host or self.host,
             report=report,
             limits=ReconcilerLimits(
                 space_margin_bytes=1000,
@@ -688,6 +740,7 @@ class UpdateWorld:
         clock: TaskClock,
         link: NodeLink | None = None,
         watchdog: WatchdogConfig | None = None,
+        shadow_host: ShadowHost | None = None,
         **settings: Any,
     ) -> UpdateTask:
         """The node's update task over `link` (default: a fresh `MemoryNodeLink` to
@@ -704,6 +757,7 @@ class UpdateWorld:
             link=link or MemoryNodeLink(self.peer),
             clock=clock,
             host=host,
+            shadow_host=shadow_host,
         )
 
     def phases(self) -> list[str]:

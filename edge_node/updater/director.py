@@ -9,7 +9,10 @@ persists the accepted sequence in its journal.
 
 Order of the checks, cheapest trust decision first: size, key id, signature over the
 exact bytes (nothing is parsed before it is authenticated), format version, node and
-fleet, sequence, time window, target in TUF, hash and length, floor.
+fleet, sequence, time window, target in TUF, hash and length, floor. The assignment's
+`renewal` mark and its `shadow` candidate come back as signed (`ShadowRequest`): the
+candidate is checked against TUF apart, by `verify_shadow`, because a candidate the node
+refuses fails the shadow stage, not the assignment (ADR 0031).
 
     AssignmentRejectedError              refused; `reason` says why
     ├── AssignmentMalformedError         too large, not a DirectorAssignment, missing field
@@ -53,11 +56,14 @@ __all__ = [
     "AssignmentSignatureError",
     "AssignmentWrongNodeError",
     "BelowFloorError",
+    "ShadowRequest",
     "TargetInfo",
     "TargetMismatchError",
     "UnknownTargetError",
     "VerifiedAssignment",
+    "VerifiedShadow",
     "verify_assignment",
+    "verify_shadow",
 ]
 
 SUPPORTED_FORMAT_VERSIONS: Final = frozenset({1})
@@ -147,8 +153,37 @@ class TargetInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowRequest:
+    """The `shadow` of an authenticated assignment as signed; not yet checked against TUF
+    or the ranges (`verify_shadow` does both)."""
+
+    target_path: str
+    sha256: str
+    length: int
+    sample_per_mille: int
+    max_cpu_percent: int
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedShadow:
+    """A shadow candidate that passed `verify_shadow`; `target` is TUF's view of it."""
+
+    target_path: str
+    sha256: str
+    length: int
+    sample_per_mille: int
+    max_cpu_percent: int
+    model: str
+    release_counter: int
+    target: TargetInfo
+
+
+@dataclass(frozen=True, slots=True)
 class VerifiedAssignment:
-    """An assignment that passed every check; `target` is TUF's view of the target."""
+    """An assignment that passed every check; `target` is TUF's view of the target.
+
+    `renewal`: the director only renewed the assignment before it (same target, later
+    expiry). `shadow`: the candidate to run in shadow, as signed (see `verify_shadow`)."""
 
     fleet: str
     node_id: str
@@ -162,6 +197,8 @@ class VerifiedAssignment:
     release_counter: int
     keyid: str
     target: TargetInfo
+    renewal: bool = False
+    shadow: ShadowRequest | None = None
 
 
 # ------------------------------------------------------------------------ rules
@@ -247,16 +284,19 @@ def verify_assignment(
             reason="unknown-target",
             target_path=assignment.target_path,
         )
-    release_counter = _check_target(assignment, target, model)
-    floor = floor_lookup(model)
-    if release_counter < floor:
-        raise BelowFloorError(
-            f"target {assignment.target_path!r} has release counter {release_counter}, "
-            f"below the floor {floor} of model {model!r}",
-            reason="below-floor",
-            release_counter=release_counter,
-            floor=floor,
-            model=model,
+    release_counter = _check_target(
+        assignment.target_path, assignment.sha256, assignment.length, target, model
+    )
+    _check_floor(assignment.target_path, release_counter, floor_lookup(model), model)
+    shadow = None
+    if assignment.HasField("shadow"):
+        signed_shadow = assignment.shadow
+        shadow = ShadowRequest(
+            signed_shadow.target_path,
+            signed_shadow.sha256,
+            signed_shadow.length,
+            signed_shadow.sample_per_mille,
+            signed_shadow.max_cpu_percent,
         )
     return VerifiedAssignment(
         fleet=assignment.fleet,
@@ -271,7 +311,73 @@ def verify_assignment(
         release_counter=release_counter,
         keyid=signed.keyid,
         target=target,
+        renewal=assignment.renewal,
+        shadow=shadow,
     )
+
+
+def verify_shadow(
+    shadow: ShadowRequest,
+    *,
+    model: str,
+    target_lookup: Callable[[str], TargetInfo | None],
+    floor_lookup: Callable[[str], int],
+) -> VerifiedShadow:
+    """Accept the shadow candidate of an assignment of `model`, or raise an
+    `AssignmentRejectedError` (its reason is the shadow's failure): the ranges (1-1000 per
+    mille, 1-100 % CPU), a model target of the same model, present in the verified TUF
+    metadata with the same sha256 and length, its release counter not below the floor."""
+    if not 1 <= shadow.sample_per_mille <= 1000:
+        raise AssignmentMalformedError(
+            f"shadow.sample_per_mille must be 1-1000, got {shadow.sample_per_mille}",
+            reason="bad-shadow",
+            field="shadow.sample_per_mille",
+        )
+    if not 1 <= shadow.max_cpu_percent <= 100:
+        raise AssignmentMalformedError(
+            f"shadow.max_cpu_percent must be 1-100, got {shadow.max_cpu_percent}",
+            reason="bad-shadow",
+            field="shadow.max_cpu_percent",
+        )
+    candidate = _model_of(shadow.target_path)
+    if candidate != model:
+        raise AssignmentMalformedError(
+            f"shadow candidate {shadow.target_path!r} is of model {candidate!r}, the "
+            f"assignment of {model!r}",
+            reason="bad-shadow",
+            field="shadow.target_path",
+        )
+    target = target_lookup(shadow.target_path)
+    if target is None:
+        raise UnknownTargetError(
+            f"shadow target {shadow.target_path!r} is not in the verified TUF metadata",
+            reason="unknown-target",
+            target_path=shadow.target_path,
+        )
+    counter = _check_target(shadow.target_path, shadow.sha256, shadow.length, target, model)
+    _check_floor(shadow.target_path, counter, floor_lookup(model), model)
+    return VerifiedShadow(
+        shadow.target_path,
+        shadow.sha256,
+        shadow.length,
+        shadow.sample_per_mille,
+        shadow.max_cpu_percent,
+        model,
+        counter,
+        target,
+    )
+
+
+def _check_floor(path: str, release_counter: int, floor: int, model: str) -> None:
+    if release_counter < floor:
+        raise BelowFloorError(
+            f"target {path!r} has release counter {release_counter}, "
+            f"below the floor {floor} of model {model!r}",
+            reason="below-floor",
+            release_counter=release_counter,
+            floor=floor,
+            model=model,
+        )
 
 
 def _keys_by_id(director_key: Key | Collection[Key]) -> dict[str, Key]:
@@ -353,25 +459,23 @@ def _model_of(target_path: str) -> str:
     return match["model"]
 
 
-def _check_target(assignment: DirectorAssignment, target: TargetInfo, model: str) -> int:
-    """Hash, length and custom of TUF's target against the assignment; its release counter."""
-    path = assignment.target_path
+def _check_target(path: str, sha256: str, length: int, target: TargetInfo, model: str) -> int:
+    """Hash, length and custom of TUF's target against the signed ones; its release counter."""
     if target.path != path:
         raise UnknownTargetError(
             f"TUF lookup of {path!r} answered {target.path!r}",
             reason="unknown-target",
             target_path=path,
         )
-    if not _SHA256.fullmatch(assignment.sha256) or assignment.sha256 != target.sha256:
+    if not _SHA256.fullmatch(sha256) or sha256 != target.sha256:
         raise TargetMismatchError(
-            f"assignment names sha256 {assignment.sha256[:64]!r}, TUF lists {target.sha256!r} "
-            f"for {path!r}",
+            f"assignment names sha256 {sha256[:64]!r}, TUF lists {target.sha256!r} for {path!r}",
             reason="sha256-mismatch",
             target_path=path,
         )
-    if assignment.length != target.length:
+    if length != target.length:
         raise TargetMismatchError(
-            f"assignment names length {assignment.length}, TUF lists {target.length} for {path!r}",
+            f"assignment names length {length}, TUF lists {target.length} for {path!r}",
             reason="length-mismatch",
             target_path=path,
         )

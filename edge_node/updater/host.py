@@ -7,6 +7,8 @@ journal's model through it at start and reads the served model's run counters fo
 watchdog. The agent's runtime implements it (`edge_node.agent.runtime_host.RuntimeHost`).
 `ModelBundle.to_record` / `bundle_from_record` are the bundle as the model store keeps it
 beside the model, so a restarted node serves its model offline as it was signed.
+`ShadowHost` is the port of the shadow stage (ADR 0031): a verified candidate loaded,
+self-tested and run beside the served model on a sample of frames, never served.
 Not here: loading sessions, hot swap, the self-test's rules (`selftest`).
 """
 
@@ -27,6 +29,8 @@ __all__ = [
     "BUNDLE_RECORD_FORMAT",
     "ModelBundle",
     "ModelHost",
+    "ShadowHost",
+    "ShadowSettings",
     "Trial",
     "bundle_from_record",
     "name_and_version",
@@ -141,4 +145,46 @@ class ModelHost(Protocol):
 
     def health(self) -> ModelHealth | None:
         """Run counters of the model serving now (None before any serves)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowSettings:
+    """How a shadow candidate runs, as the director signed it: frames per mille of those
+    served (1-1000) and its cap on one CPU core, in percent (1-100)."""
+
+    sample_per_mille: int
+    max_cpu_percent: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.sample_per_mille <= 1000:
+            raise InvalidInputError(
+                f"sample_per_mille must be 1-1000, got {self.sample_per_mille}",
+                field="sample_per_mille",
+            )
+        if not 1 <= self.max_cpu_percent <= 100:
+            raise InvalidInputError(
+                f"max_cpu_percent must be 1-100, got {self.max_cpu_percent}",
+                field="max_cpu_percent",
+            )
+
+
+class ShadowHost(Protocol):
+    async def run_shadow(
+        self, bundle: ModelBundle, settings: ShadowSettings, *, trial: Trial
+    ) -> SelfTestResult:
+        """Load `bundle` beside the served model (at background priority), hand the
+        session to `trial` (the self-test) and, when it passes, run it on a sample of the
+        served frames as `settings` say, off the serving path, replacing any candidate
+        running before. Returns the self-test's result; on a failed one nothing runs.
+        Raises when the candidate cannot load at all."""
+        ...
+
+    async def stop_shadow(self) -> None:
+        """Stop the candidate and unload it (nothing to do when none runs)."""
+        ...
+
+    def shadow_figures(self) -> Mapping[str, Any] | None:
+        """What the running candidate measured so far (the health report's counts,
+        agreement and latency), None when none runs."""
         ...

@@ -14,6 +14,9 @@ the last reverted trial), so the updater can stop retrying a target that keeps f
 earliest time a re-delivery may try `failed` again (the updater's backoff, kept across
 restarts), and the reason its files stay in the store meanwhile (`referenced_sha256s`).
 Without it `failed` failed on its merits: only a new assignment tries it again.
+`assigned` is the target of the last assignment accepted (whatever became of it): a
+renewal of the director's decision is accepted only for that target (ADR 0032). A journal
+without it (an older agent's) reads as None.
 
 `probation` is the watchdog window of the active model after a commit: written in the
 same atomic save as the commit, so a restart always knows whether the model it is about
@@ -147,6 +150,7 @@ class JournalState:
     last_error: str | None = None
     probation: Probation | None = None
     retry_at: datetime | None = None
+    assigned: ModelRef | None = None
 
     def __post_init__(self) -> None:
         if self.retry_at is not None and self.retry_at.tzinfo is None:
@@ -182,6 +186,7 @@ class JournalState:
             "last_error": self.last_error,
             "probation": None if self.probation is None else self.probation.to_dict(),
             "retry_at": None if self.retry_at is None else _iso(self.retry_at),
+            "assigned": ref(self.assigned),
         }
 
 
@@ -312,8 +317,11 @@ def pause_probation(state: JournalState) -> JournalState:
     return dataclasses.replace(state, probation=dataclasses.replace(state.probation, paused=True))
 
 
-def accept_assignment(state: JournalState, sequence: int) -> JournalState:
-    """Remember the director sequence just accepted: anything not above it is refused."""
+def accept_assignment(
+    state: JournalState, sequence: int, target: ModelRef | None = None
+) -> JournalState:
+    """Remember the director sequence just accepted (anything not above it is refused)
+    and, when given, the target it assigns (`assigned`; a renewal keeps it)."""
     if isinstance(sequence, bool) or not isinstance(sequence, int):
         raise InvalidInputError("sequence must be an integer")
     if sequence <= state.director_sequence:
@@ -322,7 +330,11 @@ def accept_assignment(state: JournalState, sequence: int) -> JournalState:
             sequence=sequence,
             director_sequence=state.director_sequence,
         )
-    return dataclasses.replace(state, director_sequence=sequence)
+    return dataclasses.replace(
+        state,
+        director_sequence=sequence,
+        assigned=state.assigned if target is None else target,
+    )
 
 
 def _require_trial(state: JournalState, what: str) -> ModelRef:
@@ -479,6 +491,7 @@ def _parse(raw: bytes) -> JournalState:
         last_error=_text(obj.get("last_error")),
         probation=_probation(obj.get("probation")),
         retry_at=_time(obj.get("retry_at"), "retry_at"),
+        assigned=_ref(obj.get("assigned")),
     )
     if (state.phase is Phase.TRIAL) != (state.trial is not None):
         raise ValueError(f"phase {state.phase.value} does not match the trial")

@@ -14,6 +14,11 @@ interrupted. Phases go to a `report(UpdateReport)` callback that the agent turns
 UpdateStatus messages.
 With `limits.watchdog_s` the commit also opens the active model's watchdog window
 (`journal.Probation`); `revert_active`, `end_probation` and `pause_probation` close it.
+An assignment marked `renewal` (ADR 0032) is accepted only for the target of the last
+assignment accepted (`JournalState.assigned`; else `renewal-mismatch`) and only moves the
+sequence: no download, no trial, no retry it would not have made anyway. An assignment's
+`shadow` candidate goes to the shadow stage (`edge_node.updater.shadow`, ADR 0031) once
+the assignment is accepted; what it serves does not change.
 Not here: the hot swap itself, the runtime, when to call `apply` or judge the watchdog
 (the agent's update task, `edge_node.agent.update_task`).
 
@@ -49,6 +54,9 @@ Decisions:
   and reverts it to `previous` (or to nothing, rather than a crash loop).
 - The staging directory holds at most one trial's partial downloads: a trial drops the
   others when it starts, a commit drops all.
+- A renewal keeps the journal's retry schedule as it is: a target that failed for a reason
+  that may pass is retried when its backoff says (the renewal's `Outcome.retry_at`), one
+  that failed on its merits is not retried because of a renewal.
 """
 
 from __future__ import annotations
@@ -74,13 +82,22 @@ from edge_node.link.base import Backoff, LinkError, LinkUnavailableError
 from edge_node.updater.director import (
     AssignmentRejectedError,
     AssignmentReplayError,
+    ShadowRequest,
     TargetInfo,
     TargetMismatchError,
     VerifiedAssignment,
     verify_assignment,
+    verify_shadow,
 )
 from edge_node.updater.download import ArtifactRejectedError, download_target, partial_path
-from edge_node.updater.host import ModelBundle, ModelHost, bundle_from_record, name_and_version
+from edge_node.updater.host import (
+    ModelBundle,
+    ModelHost,
+    ShadowHost,
+    ShadowSettings,
+    bundle_from_record,
+    name_and_version,
+)
 from edge_node.updater.journal import (
     Journal,
     JournalState,
@@ -97,6 +114,7 @@ from edge_node.updater.journal import (
     rollback,
 )
 from edge_node.updater.selftest import SelfTestResult, TrialLoader
+from edge_node.updater.shadow import ShadowPlan, ShadowRefusal, ShadowStage, ShadowWanted
 from edge_node.updater.source import RepositorySource
 from edge_node.updater.store import DiskFullError, ModelStore, StoreIntegrityError
 from protos.bundle.spec import BundleError, RuntimeSpec, runtime_of_custom
@@ -270,6 +288,12 @@ class _Plan:
     rtol: float
     redelivered: bool
     runtime: RuntimeSpec | None = None
+    shadow: ShadowWanted = None
+
+    @property
+    def new_decision(self) -> bool:
+        """Neither a re-delivery nor a renewal: the director decided anew."""
+        return not self.redelivered and not self.assignment.renewal
 
     @property
     def target(self) -> ModelRef:
@@ -314,9 +338,11 @@ class Reconciler:
         host: ModelHost,
         report: Report | None = None,
         limits: ReconcilerLimits | None = None,
+        shadow_host: ShadowHost | None = None,
     ) -> None:
         """`source` serves the model files; `tuf_client_factory()` is called in a worker
-        thread and must refresh a fresh `Updater` (e.g. `TufClient(...).refresh`)."""
+        thread and must refresh a fresh `Updater` (e.g. `TufClient(...).refresh`);
+        `shadow_host` runs shadow candidates (None: every one fails as `unsupported`)."""
         self._journal = journal
         self._store = store
         self._source = source
@@ -333,6 +359,15 @@ class Reconciler:
         self._on_disk: JournalState | None = None
         self._journal_error: StorageError | None = None
         self._box_failures = 0  # consecutive failures of the box (NOT_COUNTED), for backoff
+        self._shadow = ShadowStage(
+            shadow_host,
+            store=store,
+            fetch=self._download,
+            room_for=lambda targets: self._room_for(sum(self._missing(t) for t in targets)),
+            selftest=selftest,
+            describe=lambda exc: (_reason_of(exc), _message_of(exc)),
+            mark_dir=journal.path.parent,
+        )
 
     @property
     def state(self) -> JournalState | None:
@@ -359,6 +394,11 @@ class Reconciler:
     def store(self) -> ModelStore:
         return self._store
 
+    @property
+    def shadow(self) -> ShadowStage:
+        """The shadow stage: its `status` and `report()` (the health report's section)."""
+        return self._shadow
+
     # ---------------------------------------------------------------- apply
 
     async def apply(self, signed: SignedDirectorAssignment) -> Outcome:
@@ -378,8 +418,20 @@ class Reconciler:
             # The TUF cache could not be written (a full disk, a read-only data dir):
             # refused like any other, never fatal to the agent.
             return await self._rejected(_storage_reason(exc), exc)
+        outcome = await self._take(plan, state)
+        if outcome.kind is not OutcomeKind.REJECTED:
+            before = self._shadow.status
+            await self._shadow.reconcile(plan.shadow, new_decision=plan.new_decision)
+            if self._state is not None and self._shadow.status is not before:
+                self._gc(self._state)  # a candidate stopped or failed leaves the store
+        return outcome
+
+    async def _take(self, plan: _Plan, state: JournalState) -> Outcome:
+        """The assignment's target: a renewal, a re-delivery or a new decision."""
         target = plan.target
         sequence = plan.assignment.sequence
+        if plan.assignment.renewal and not plan.redelivered:
+            return await self._renew(plan, state)
         if plan.redelivered:
             handled = (
                 state.phase is Phase.TRIAL
@@ -397,7 +449,7 @@ class Reconciler:
                 )
         if state.active == target:
             if not plan.redelivered:
-                state = self._record(accept_assignment(state, sequence))
+                state = self._record(accept_assignment(state, sequence, target))
             await self._report(
                 self._noted(
                     UpdateReport(UpdatePhase.ACTIVE, target.path, sequence, detail="already active")
@@ -410,7 +462,7 @@ class Reconciler:
             return await self._rejected(DISK_FULL, exc, target, sequence)
 
         trial = begin_trial(
-            state if plan.redelivered else accept_assignment(state, sequence), target
+            state if plan.redelivered else accept_assignment(state, sequence, target), target
         )
         try:
             state = self._save(trial)
@@ -442,6 +494,29 @@ class Reconciler:
             )
         )
         return Outcome(OutcomeKind.APPLIED, None, target, sequence)
+
+    async def _renew(self, plan: _Plan, state: JournalState) -> Outcome:
+        """A renewal of the last decision: only the sequence moves (and the expiry, which
+        the node does not keep). A renewal of another target is refused."""
+        target, sequence = plan.target, plan.assignment.sequence
+        if target not in _last_assigned(state):
+            assigned = _last_assigned(state)
+            named = assigned[0].path if assigned else "none"
+            return await self._rejected(
+                "renewal-mismatch",
+                _PlanError(
+                    f"a renewal of {target.path}, but the last assignment accepted was of "
+                    f"{named}; a renewal never starts an update (pin it to update)",
+                    reason="renewal-mismatch",
+                    assigned=named,
+                ),
+                target,
+                sequence,
+            )
+        state = self._record(accept_assignment(state, sequence, target))
+        retry_at = state.retry_at if state.retry_pending and state.failed == target else None
+        _log.info("assignment renewed: sequence %d, still %s", sequence, target.path)
+        return Outcome(OutcomeKind.UNCHANGED, "renewed", target, sequence, retry_at)
 
     async def _trial_failed(self, state: JournalState, plan: _Plan, exc: Exception) -> Outcome:
         """Revert the trial, say why (with the numbers), keep its files if it is retried."""
@@ -517,16 +592,9 @@ class Reconciler:
             verified = verify(state.director_sequence - 1)
             redelivered = True
         reference, atol, rtol = _reference_of(view, verified.target)
-        try:
-            runtime = runtime_of_custom(verified.target.custom)
-        except BundleError as exc:
-            named = (
-                exc.message if exc.message.startswith(exc.field) else f"{exc.field}: {exc.message}"
-            )
-            raise _PlanError(
-                f"{verified.target_path}: {named}", reason="bad-runtime", field=exc.field
-            ) from exc
-        return _Plan(verified, reference, atol, rtol, redelivered, runtime)
+        runtime = _runtime_of(verified.target)
+        shadow = None if verified.shadow is None else _shadow_of(view, verified.shadow, verified)
+        return _Plan(verified, reference, atol, rtol, redelivered, runtime, shadow)
 
     def _check_space(self, plan: _Plan) -> None:
         """Room for what is still to download, with the margin; nothing to download (a
@@ -634,6 +702,7 @@ class Reconciler:
         `previous`), and collect garbage. Nothing is activated here: the caller serves
         the returned state's `active`."""
         async with self._lock:
+            await asyncio.to_thread(self._shadow.recover)
             state = self._load()
             sequence = state.director_sequence
             if state.phase is Phase.TRIAL and state.trial is not None:
@@ -930,7 +999,7 @@ class Reconciler:
         )
 
     def _gc(self, state: JournalState, *, clear_staging: bool = False) -> None:
-        keep = state.referenced_sha256s()
+        keep = state.referenced_sha256s() | self._shadow.kept()
         if self._journal_error is not None and self._on_disk is not None:
             keep |= self._on_disk.referenced_sha256s()  # a restart would go on from that
         try:
@@ -992,6 +1061,47 @@ def _reference_of(view: TargetsView, model: TargetInfo) -> tuple[TargetInfo, flo
             target_path=path,
         )
     return reference, atol, rtol
+
+
+def _runtime_of(target: TargetInfo) -> RuntimeSpec | None:
+    """The runtime spec signed with `target` (`custom.runtime`); a bad one is `bad-runtime`."""
+    try:
+        return runtime_of_custom(target.custom)
+    except BundleError as exc:
+        named = exc.message if exc.message.startswith(exc.field) else f"{exc.field}: {exc.message}"
+        raise _PlanError(f"{target.path}: {named}", reason="bad-runtime", field=exc.field) from exc
+
+
+def _shadow_of(
+    view: TargetsView, request: ShadowRequest, assignment: VerifiedAssignment
+) -> ShadowPlan | ShadowRefusal:
+    """The assignment's shadow candidate checked against TUF, or why it is refused (a
+    refused candidate fails the shadow stage, not the assignment)."""
+    try:
+        settings: ShadowSettings | None = ShadowSettings(
+            request.sample_per_mille, request.max_cpu_percent
+        )
+    except InvalidInputError:
+        settings = None
+    try:
+        checked = verify_shadow(
+            request, model=assignment.model, target_lookup=view.target, floor_lookup=view.floor
+        )
+        reference, atol, rtol = _reference_of(view, checked.target)
+        runtime = _runtime_of(checked.target)
+    except (AssignmentRejectedError, _PlanError) as exc:
+        return ShadowRefusal(
+            request.target_path[:1024], request.sha256[:64], settings, exc.reason, _message_of(exc)
+        )
+    return ShadowPlan(checked, reference, atol, rtol, runtime)
+
+
+def _last_assigned(state: JournalState) -> tuple[ModelRef, ...]:
+    """The target a renewal may renew: the last one accepted; for a journal an older agent
+    wrote (no `assigned`), the active or the last failed one."""
+    if state.assigned is not None:
+        return (state.assigned,)
+    return tuple(ref for ref in (state.active, state.failed) if ref is not None)
 
 
 def _still_running(state: JournalState) -> str:

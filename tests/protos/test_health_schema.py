@@ -112,6 +112,10 @@ ADDED_SINCE_CAPTURE = {
     "outbox.disk_bytes",
     "outbox.pending_results",
     "outbox.dropped_results",
+} | {  # issue 13: the shadow stage (tests/edge_node/agent/test_runtime_shadow.py)
+    path
+    for path in declared(HealthReport.DESCRIPTOR)
+    if path == "shadow" or path.startswith("shadow.")
 }
 
 

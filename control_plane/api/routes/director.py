@@ -75,6 +75,14 @@ class AssignmentOut(BaseModel):
     expired: bool
     created_by: str
     keyid: str
+    renewal: bool = Field(
+        default=False, description="only renews the assignment before it (same target)"
+    )
+    shadow: dict[str, Any] | None = Field(
+        default=None,
+        description="the candidate run in shadow beside the target: target_path, sha256, "
+        "length, sample_per_mille, max_cpu_percent",
+    )
 
 
 class SignedAssignmentOut(AssignmentOut):
@@ -96,6 +104,8 @@ def _out(assignment: Assignment, now: datetime) -> AssignmentOut:
         expired=assignment.expired(now),
         created_by=assignment.created_by,
         keyid=assignment.keyid,
+        renewal=assignment.renewal,
+        shadow=None if assignment.shadow is None else assignment.shadow.to_dict(),
     )
 
 

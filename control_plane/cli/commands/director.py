@@ -112,4 +112,4 @@ def nodes_assignment(ctx: typer.Context, node_id: str) -> None:
         assignment = api.json("GET", f"/v1/nodes/{node_id}/assignment")
     if cli.output != "json":
         assignment.pop("signed", None)
-    cli.emit(assignment, [*ASSIGNMENT_COLUMNS, "expired"])
+    cli.emit(assignment, [*ASSIGNMENT_COLUMNS, "expired", "renewal", "shadow"])

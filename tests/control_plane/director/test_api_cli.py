@@ -167,6 +167,37 @@ def test_pin_through_the_cli_and_the_node_accepts_it(
         node_verifies(cli.server, node_id, tmp_path / "c", last_sequence=2)
 
 
+def test_a_shadow_candidate_shows_in_the_assignment_and_verifies_against_real_tuf(
+    cli: Cli, release: ReleaseClient, tmp_path: Path
+) -> None:
+    from control_plane.access.service import SYSTEM
+    from edge_node.updater.director import verify_shadow
+
+    node_id = enroll_node(cli.server)
+    cli.json("nodes", "pin", node_id, "--model", "det", "--version", "1.0.0")
+    cli.server.services.director.assign_shadow(
+        SYSTEM, node_id, "det", "1.1.0", sample_per_mille=20, max_cpu_percent=5
+    )
+    shown = cli.json("nodes", "assignment", node_id)
+    assert (shown["sequence"], shown["version"], shown["renewal"]) == (2, "1.0.0", True)
+    assert shown["shadow"]["target_path"] == "models/det/1.1.0/model.onnx"
+    assert (shown["shadow"]["sample_per_mille"], shown["shadow"]["max_cpu_percent"]) == (20, 5)
+    verified = node_verifies(cli.server, node_id, tmp_path / "a", last_sequence=1)
+    assert verified.renewal and verified.shadow is not None
+    updater = node_view(cli.server, tmp_path / "b")
+    info = updater.get_targetinfo(verified.shadow.target_path)
+    assert info is not None
+    checked = verify_shadow(
+        verified.shadow,
+        model="det",
+        target_lookup=lambda path: TargetInfo(
+            info.path, info.hashes["sha256"], info.length, info.custom
+        ),
+        floor_lookup=lambda model: 0,
+    )
+    assert checked.release_counter == 2
+
+
 def test_a_revoked_version_cannot_be_pinned_and_an_old_assignment_is_refused(
     cli: Cli, release: ReleaseClient, tmp_path: Path
 ) -> None:

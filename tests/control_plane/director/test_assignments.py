@@ -145,3 +145,34 @@ def test_a_key_others_can_read_is_refused(tmp_path: Path) -> None:
     (tmp_path / DIRECTOR_KEY_FILE).chmod(0o644)
     with pytest.raises(PolicyError, match="chmod 600"):
         load_or_create_director_key(tmp_path)
+
+
+def test_a_shadow_candidate_is_signed_as_the_node_checks_it() -> None:
+    from control_plane.director.assignments import ShadowSpec, shadow_of
+    from edge_node.updater.director import ShadowRequest, verify_shadow
+
+    signer = generate_signer()
+    path, sha = "models/det/1.1.0/model.onnx", hashlib.sha256(b"det 1.1").hexdigest()
+    spec = ShadowSpec(path, sha, 7, 25, 10)
+    signed = sign_assignment(signer, **values(renewal=True, shadow=spec))
+    body = DirectorAssignment.FromString(signed.assignment)
+    assert body.renewal and shadow_of(body) == spec
+    assert (
+        shadow_of(DirectorAssignment.FromString(sign_assignment(signer, **values()).assignment))
+        is None
+    )
+    request = ShadowRequest(path, sha, 7, 25, 10)
+    target = TargetInfo(path, sha, 7, {"release_counter": 2})
+    checked = verify_shadow(
+        request, model="det", target_lookup={path: target}.get, floor_lookup=lambda m: 0
+    )
+    assert checked.release_counter == 2
+    for bad, field in (
+        (ShadowSpec("models/cls/1.0.0/model.onnx", sha, 7, 25, 10), "shadow.target_path"),
+        (ShadowSpec(path, "ab", 7, 25, 10), "shadow.sha256"),
+        (ShadowSpec(path, sha, 7, 0, 10), "shadow.sample_per_mille"),
+        (ShadowSpec(path, sha, 7, 25, 101), "shadow.max_cpu_percent"),
+    ):
+        with pytest.raises(InvalidInputError) as refused:
+            sign_assignment(signer, **values(shadow=bad))
+        assert refused.value.fields["field"] == field

@@ -111,3 +111,45 @@ def test_a_report_that_cannot_be_read_is_refused_with_its_reason(
         parse_report(payload, created_at=START)
     assert caught.value.reason == reason
     assert says in str(caught.value)
+
+
+def test_the_shadow_section_reaches_the_metrics_and_the_point() -> None:
+    doc = json.loads(CAPTURED)
+    assert parse_report(CAPTURED, created_at=CREATED_AT).shadow is None
+    doc["shadow"] = {
+        "candidate": "detector@1.5.0",
+        "state": "running",
+        "reason": None,
+        "sample_per_mille": 50,
+        "max_cpu_percent": 10,
+        "against": "detector@1.4.0",
+        "frames_compared": 840,
+        "samples_dropped": 12,
+        "cpu_percent": 6.5,
+        "agreement": {"kind": "detection", "frames": 840, "recall": 0.97, "precision": 0.9},
+        "latency": {"p99_ms": 41.0, "sketch_ms": {"v": 1, "n": 0}},
+        "rss_delta_bytes": 25_000_000,
+        "a_newer_field": 1,  # an agent newer than this reader
+    }
+    doc["memory"]["rss_bytes"] = 1 << 28
+    point = parse_report(json.dumps(doc).encode(), created_at=CREATED_AT)
+    shadow = {k: v for k, v in point.metrics.items() if k.startswith("shadow_")}
+    assert shadow == {
+        "shadow_running": 1.0,
+        "shadow_frames_compared": 840.0,
+        "shadow_samples_dropped": 12.0,
+        "shadow_cpu_percent": 6.5,
+        "shadow_recall": 0.97,
+        "shadow_precision": 0.9,
+        "shadow_p99_ms": 41.0,
+        "shadow_rss_delta_bytes": 25_000_000.0,
+    }
+    assert point.shadow is not None
+    assert (point.shadow["candidate"], point.shadow["state"]) == ("detector@1.5.0", "running")
+    assert point.shadow["latency"] == {"p99_ms": 41.0}  # no sketch kept
+    assert "a_newer_field" not in point.shadow
+    # A failed candidate, with a field of the wrong type: read as far as it is understood.
+    doc["shadow"] = {"candidate": "detector@1.5.0", "state": "failed", "reason": 7}
+    failed = parse_report(json.dumps(doc).encode(), created_at=CREATED_AT)
+    assert failed.metrics["shadow_running"] == 0.0
+    assert failed.shadow == {"candidate": "detector@1.5.0", "state": "failed"}

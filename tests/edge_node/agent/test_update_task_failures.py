@@ -194,6 +194,32 @@ async def test_a_model_that_fails_on_its_merits_is_not_retried_by_the_timer(
     assert phases(world).count("downloading") == 1
 
 
+async def test_a_renewal_keeps_the_timers_retry_and_never_adds_one(world: World) -> None:
+    node = make_updater(world, Runtime(), watchdog=WatchdogConfig(window_s=0), retry=RETRY)
+    updater = node.updater
+    rel = world.releases["1.0.0"]
+    bad = world.release("2.0.0", add=3.0, counter=3, reference_add=4.0)
+    world.peer.artifacts[rel.sha256] = rel.data[:10]
+    async with running(node):
+        await updater.on_control(desired(world.assign(rel)))
+        await until(lambda: phases(world)[-1:] == ["reverted"], clock=node.clock, step_s=1)
+        # Renewed while its retry waits: the retry is still due on the timer.
+        await updater.on_control(desired(world.assign(rel, renewal=True)))
+        await until(lambda: updater.applied == 2 and updater.retry_pending)
+        world.peer.artifacts[rel.sha256] = rel.data
+        await until(lambda: journal(world).active == ref(rel), clock=node.clock, step_s=50)
+        # A version that failed on its merits, renewed: never tried again.
+        await updater.on_control(desired(world.assign(bad)))
+        await until(lambda: phases(world)[-1:] == ["reverted"])
+        tries = phases(world).count("downloading")
+        await updater.on_control(desired(world.assign(bad, renewal=True)))
+        await until(lambda: journal(world).director_sequence == 4)
+        node.clock.advance(timedelta(hours=1))
+        assert not updater.retry_pending
+    assert phases(world).count("downloading") == tries
+    assert journal(world).active == ref(rel)
+
+
 # ------------------------------------------------------------------ full disk
 
 

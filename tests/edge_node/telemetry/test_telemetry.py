@@ -521,3 +521,36 @@ def test_the_report_says_where_the_active_models_runtime_config_comes_from() -> 
         "session_overrides": ["intra_op_threads"],
         "node_preprocess_ignored": True,
     }
+
+
+def test_the_shadow_section_is_carried_and_its_sketch_shed_like_the_others() -> None:
+    from edge_node.telemetry.report import sketch_summary
+    from protos.latency_sketch import LatencySketch
+
+    rig = Rig(TelemetryConfig(max_report_bytes=4096))
+    assert rig.report()["shadow"] is None
+    sketch = LatencySketch()
+    for i in range(500):
+        sketch.add(0.05 * 1.03**i)  # a bucket each
+    shadow = {
+        "candidate": "det@1.2.0",
+        "state": "running",
+        "reason": None,
+        "detail": "",
+        "sample_per_mille": 50,
+        "max_cpu_percent": 10,
+        "against": "det@1.1.0",
+        "frames_compared": 500,
+        "cpu_percent": 4.2,
+        "agreement": {"kind": "detection", "frames": 500, "incomparable": 0, "recall": 0.97},
+        "latency": sketch_summary(sketch, with_sketch=True),
+        "rss_delta_bytes": 12 * MB,
+    }
+    for i in range(2000):
+        rig.telemetry.record_frame("det@1.1.0", 0.0001 * (1 + i), 0.0002 * (1 + i))
+    report = rig.report(shadow=shadow)
+    assert len(encode_report(report)) <= 4096
+    assert report["telemetry"]["sketches_dropped"] is True
+    assert "sketch_ms" not in report["shadow"]["latency"]
+    assert report["shadow"]["latency"]["p99_ms"] is not None
+    assert report["shadow"]["agreement"]["recall"] == 0.97

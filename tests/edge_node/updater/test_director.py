@@ -289,3 +289,47 @@ def test_a_release_counter_below_the_floor_is_refused(director: CryptoSigner) ->
 def test_target_info_is_frozen() -> None:
     with pytest.raises(TypeError):
         TARGET.custom["release_counter"] = 1  # type: ignore[index]
+
+
+def test_a_shadow_candidate_is_checked_against_tuf_like_a_target() -> None:
+    from edge_node.updater.director import (
+        AssignmentMalformedError,
+        BelowFloorError,
+        ShadowRequest,
+        TargetMismatchError,
+        UnknownTargetError,
+        verify_shadow,
+    )
+
+    path, sha = "models/det/2.0.0/model.onnx", hashlib.sha256(b"two").hexdigest()
+    tuf = {path: TargetInfo(path, sha, 3, {"release_counter": 4})}
+
+    def check(request: ShadowRequest, floor: int = 0) -> object:
+        return verify_shadow(
+            request, model="det", target_lookup=tuf.get, floor_lookup=lambda model: floor
+        )
+
+    good = ShadowRequest(path, sha, 3, 1000, 100)
+    assert check(good) is not None
+    refusals: list[tuple[ShadowRequest, int, type[AssignmentRejectedError], str]] = [
+        (dataclasses.replace(good, sample_per_mille=0), 0, AssignmentMalformedError, "bad-shadow"),
+        (dataclasses.replace(good, max_cpu_percent=0), 0, AssignmentMalformedError, "bad-shadow"),
+        (
+            dataclasses.replace(good, target_path="models/cls/2.0.0/model.onnx"),
+            0,
+            AssignmentMalformedError,
+            "bad-shadow",
+        ),
+        (
+            dataclasses.replace(good, target_path="models/det/9.0.0/model.onnx"),
+            0,
+            UnknownTargetError,
+            "unknown-target",
+        ),
+        (dataclasses.replace(good, length=4), 0, TargetMismatchError, "length-mismatch"),
+        (good, 5, BelowFloorError, "below-floor"),
+    ]
+    for request, floor, error, reason in refusals:
+        with pytest.raises(error) as refused:
+            check(request, floor)
+        assert refused.value.reason == reason

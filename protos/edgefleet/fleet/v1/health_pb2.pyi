@@ -107,6 +107,7 @@ class HealthReport(_message.Message):
     ERRORS_FIELD_NUMBER: _builtins.int
     TELEMETRY_FIELD_NUMBER: _builtins.int
     MODEL_RUNTIME_FIELD_NUMBER: _builtins.int
+    SHADOW_FIELD_NUMBER: _builtins.int
     schema: _builtins.str
     """"edgefleet.agent.health/2"; a reader reads a higher version as far as it knows it."""
     node_id: _builtins.str
@@ -159,6 +160,10 @@ class HealthReport(_message.Message):
     def model_runtime(self) -> Global___ModelRuntime:
         """How the active model is run; null when none serves (or an older agent)."""
 
+    @_builtins.property
+    def shadow(self) -> Global___Shadow:
+        """The candidate run in shadow beside the active model; null when none is assigned."""
+
     def __init__(
         self,
         *,
@@ -189,10 +194,11 @@ class HealthReport(_message.Message):
         errors: Global___Errors | None = ...,
         telemetry: Global___ReportTelemetry | None = ...,
         model_runtime: Global___ModelRuntime | None = ...,
+        shadow: Global___Shadow | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "cpu", b"cpu", "disk", b"disk", "errors", b"errors", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "cpu", b"cpu", "disk", b"disk", "errors", b"errors", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "shadow", b"shadow", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "agent_version", b"agent_version", "cpu", b"cpu", "disk", b"disk", "drift_suspected", b"drift_suspected", "errors", b"errors", "frames_dropped", b"frames_dropped", "latency", b"latency", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "node_id", b"node_id", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "schema", b"schema", "seq", b"seq", "streams", b"streams", "streams_omitted", b"streams_omitted", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink", "uptime_s", b"uptime_s", "window_end", b"window_end", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "agent_version", b"agent_version", "cpu", b"cpu", "disk", b"disk", "drift_suspected", b"drift_suspected", "errors", b"errors", "frames_dropped", b"frames_dropped", "latency", b"latency", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "node_id", b"node_id", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "schema", b"schema", "seq", b"seq", "shadow", b"shadow", "streams", b"streams", "streams_omitted", b"streams_omitted", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink", "uptime_s", b"uptime_s", "window_end", b"window_end", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__model_active: _TypeAlias = _typing.Literal["model_active"]  # noqa: Y015
     _WhichOneofArgType__model_active: _TypeAlias = _typing.Literal["_model_active", b"_model_active"]  # noqa: Y015
@@ -208,6 +214,201 @@ class HealthReport(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__system_uptime_s) -> _WhichOneofReturnType__system_uptime_s | None: ...
 
 Global___HealthReport: _TypeAlias = HealthReport  # noqa: Y015
+
+@_typing.final
+class Shadow(_message.Message):
+    """The shadow stage (ADR 0031): a candidate version downloaded, self-tested and run on a
+    sample of the frames beside the model that serves, off the serving path. The counts
+    and figures cover the candidate's whole run so far (since it started running, or since
+    the model it is compared with changed), not the report window.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CANDIDATE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    SAMPLE_PER_MILLE_FIELD_NUMBER: _builtins.int
+    MAX_CPU_PERCENT_FIELD_NUMBER: _builtins.int
+    AGAINST_FIELD_NUMBER: _builtins.int
+    FRAMES_SAMPLED_FIELD_NUMBER: _builtins.int
+    FRAMES_COMPARED_FIELD_NUMBER: _builtins.int
+    SAMPLES_DROPPED_FIELD_NUMBER: _builtins.int
+    SAMPLES_SKIPPED_CPU_FIELD_NUMBER: _builtins.int
+    SAMPLES_FAILED_FIELD_NUMBER: _builtins.int
+    CPU_PERCENT_FIELD_NUMBER: _builtins.int
+    AGREEMENT_FIELD_NUMBER: _builtins.int
+    LATENCY_FIELD_NUMBER: _builtins.int
+    RSS_DELTA_BYTES_FIELD_NUMBER: _builtins.int
+    candidate: _builtins.str
+    """`name@version` of the candidate."""
+    state: _builtins.str
+    """"downloading", "self-testing", "running" or "failed" (a string: a newer agent's state
+    reads as text).
+    """
+    reason: _builtins.str
+    """Failed: the short reason (`hash-mismatch`, `self-test: output-mismatch`, ...)."""
+    detail: _builtins.str
+    """Failed: what went wrong, in words (at most 400 characters)."""
+    sample_per_mille: _builtins.int
+    """As assigned: frames sampled per mille of those served, the CPU cap in percent."""
+    max_cpu_percent: _builtins.int
+    against: _builtins.str
+    """Label of the served model the candidate is compared with."""
+    frames_sampled: _builtins.int
+    """Served frames picked by the sample."""
+    frames_compared: _builtins.int
+    """Sampled frames both models' outputs were compared on."""
+    samples_dropped: _builtins.int
+    """Sampled frames dropped because the candidate was still busy with one (the hand-off
+    holds one frame) or skipped to keep under the CPU cap.
+    """
+    samples_skipped_cpu: _builtins.int
+    samples_failed: _builtins.int
+    """Sampled frames the candidate failed to run or decode."""
+    cpu_percent: _builtins.float
+    """The candidate's CPU time over the wall time since it started, percent of one core."""
+    rss_delta_bytes: _builtins.int
+    """How much the process's RSS grew while the candidate loaded and self-tested."""
+    @_builtins.property
+    def agreement(self) -> Global___ShadowAgreement: ...
+    @_builtins.property
+    def latency(self) -> Global___LatencySummary:
+        """The candidate's inference time per frame, on its thread's CPU time."""
+
+    def __init__(
+        self,
+        *,
+        candidate: _builtins.str = ...,
+        state: _builtins.str = ...,
+        reason: _builtins.str | None = ...,
+        detail: _builtins.str = ...,
+        sample_per_mille: _builtins.int = ...,
+        max_cpu_percent: _builtins.int = ...,
+        against: _builtins.str = ...,
+        frames_sampled: _builtins.int = ...,
+        frames_compared: _builtins.int = ...,
+        samples_dropped: _builtins.int = ...,
+        samples_skipped_cpu: _builtins.int = ...,
+        samples_failed: _builtins.int = ...,
+        cpu_percent: _builtins.float | None = ...,
+        agreement: Global___ShadowAgreement | None = ...,
+        latency: Global___LatencySummary | None = ...,
+        rss_delta_bytes: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_percent", b"_cpu_percent", "_reason", b"_reason", "_rss_delta_bytes", b"_rss_delta_bytes", "agreement", b"agreement", "cpu_percent", b"cpu_percent", "latency", b"latency", "reason", b"reason", "rss_delta_bytes", b"rss_delta_bytes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_percent", b"_cpu_percent", "_reason", b"_reason", "_rss_delta_bytes", b"_rss_delta_bytes", "against", b"against", "agreement", b"agreement", "candidate", b"candidate", "cpu_percent", b"cpu_percent", "detail", b"detail", "frames_compared", b"frames_compared", "frames_sampled", b"frames_sampled", "latency", b"latency", "max_cpu_percent", b"max_cpu_percent", "reason", b"reason", "rss_delta_bytes", b"rss_delta_bytes", "sample_per_mille", b"sample_per_mille", "samples_dropped", b"samples_dropped", "samples_failed", b"samples_failed", "samples_skipped_cpu", b"samples_skipped_cpu", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cpu_percent: _TypeAlias = _typing.Literal["cpu_percent"]  # noqa: Y015
+    _WhichOneofArgType__cpu_percent: _TypeAlias = _typing.Literal["_cpu_percent", b"_cpu_percent"]  # noqa: Y015
+    _WhichOneofReturnType__reason: _TypeAlias = _typing.Literal["reason"]  # noqa: Y015
+    _WhichOneofArgType__reason: _TypeAlias = _typing.Literal["_reason", b"_reason"]  # noqa: Y015
+    _WhichOneofReturnType__rss_delta_bytes: _TypeAlias = _typing.Literal["rss_delta_bytes"]  # noqa: Y015
+    _WhichOneofArgType__rss_delta_bytes: _TypeAlias = _typing.Literal["_rss_delta_bytes", b"_rss_delta_bytes"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_percent) -> _WhichOneofReturnType__cpu_percent | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__reason) -> _WhichOneofReturnType__reason | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rss_delta_bytes) -> _WhichOneofReturnType__rss_delta_bytes | None: ...
+
+Global___Shadow: _TypeAlias = Shadow  # noqa: Y015
+
+@_typing.final
+class ShadowAgreement(_message.Message):
+    """What `protos.bundle.agreement` says of the frames compared so far; a figure is null
+    until a frame of its kind was compared.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    FRAMES_FIELD_NUMBER: _builtins.int
+    INCOMPARABLE_FIELD_NUMBER: _builtins.int
+    TOP1_RATIO_FIELD_NUMBER: _builtins.int
+    TOPK_OVERLAP_FIELD_NUMBER: _builtins.int
+    RECALL_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
+    MEAN_SCORE_DIFF_FIELD_NUMBER: _builtins.int
+    MAX_ABS_DIFF_FIELD_NUMBER: _builtins.int
+    MIN_COSINE_FIELD_NUMBER: _builtins.int
+    MEAN_COSINE_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """"classification", "detection" or "raw" (empty before the first frame)."""
+    frames: _builtins.int
+    incomparable: _builtins.int
+    """Frames whose outputs could not be compared (other kinds, tensors or shapes)."""
+    top1_ratio: _builtins.float
+    """Classification: the share of frames with the same top class; the mean share of the
+    top-k classes both name.
+    """
+    topk_overlap: _builtins.float
+    recall: _builtins.float
+    """Detection, pooled over boxes: of the active model's boxes, the share the candidate
+    found (same class, IoU >= 0.5); of the candidate's, the share the active one found;
+    the mean score difference of the matched boxes.
+    """
+    precision: _builtins.float
+    mean_score_diff: _builtins.float
+    max_abs_diff: _builtins.float
+    """Raw: the largest absolute difference, the lowest and the mean cosine similarity."""
+    min_cosine: _builtins.float
+    mean_cosine: _builtins.float
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        frames: _builtins.int = ...,
+        incomparable: _builtins.int = ...,
+        top1_ratio: _builtins.float | None = ...,
+        topk_overlap: _builtins.float | None = ...,
+        recall: _builtins.float | None = ...,
+        precision: _builtins.float | None = ...,
+        mean_score_diff: _builtins.float | None = ...,
+        max_abs_diff: _builtins.float | None = ...,
+        min_cosine: _builtins.float | None = ...,
+        mean_cosine: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_abs_diff", b"_max_abs_diff", "_mean_cosine", b"_mean_cosine", "_mean_score_diff", b"_mean_score_diff", "_min_cosine", b"_min_cosine", "_precision", b"_precision", "_recall", b"_recall", "_top1_ratio", b"_top1_ratio", "_topk_overlap", b"_topk_overlap", "max_abs_diff", b"max_abs_diff", "mean_cosine", b"mean_cosine", "mean_score_diff", b"mean_score_diff", "min_cosine", b"min_cosine", "precision", b"precision", "recall", b"recall", "top1_ratio", b"top1_ratio", "topk_overlap", b"topk_overlap"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_abs_diff", b"_max_abs_diff", "_mean_cosine", b"_mean_cosine", "_mean_score_diff", b"_mean_score_diff", "_min_cosine", b"_min_cosine", "_precision", b"_precision", "_recall", b"_recall", "_top1_ratio", b"_top1_ratio", "_topk_overlap", b"_topk_overlap", "frames", b"frames", "incomparable", b"incomparable", "kind", b"kind", "max_abs_diff", b"max_abs_diff", "mean_cosine", b"mean_cosine", "mean_score_diff", b"mean_score_diff", "min_cosine", b"min_cosine", "precision", b"precision", "recall", b"recall", "top1_ratio", b"top1_ratio", "topk_overlap", b"topk_overlap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_abs_diff: _TypeAlias = _typing.Literal["max_abs_diff"]  # noqa: Y015
+    _WhichOneofArgType__max_abs_diff: _TypeAlias = _typing.Literal["_max_abs_diff", b"_max_abs_diff"]  # noqa: Y015
+    _WhichOneofReturnType__mean_cosine: _TypeAlias = _typing.Literal["mean_cosine"]  # noqa: Y015
+    _WhichOneofArgType__mean_cosine: _TypeAlias = _typing.Literal["_mean_cosine", b"_mean_cosine"]  # noqa: Y015
+    _WhichOneofReturnType__mean_score_diff: _TypeAlias = _typing.Literal["mean_score_diff"]  # noqa: Y015
+    _WhichOneofArgType__mean_score_diff: _TypeAlias = _typing.Literal["_mean_score_diff", b"_mean_score_diff"]  # noqa: Y015
+    _WhichOneofReturnType__min_cosine: _TypeAlias = _typing.Literal["min_cosine"]  # noqa: Y015
+    _WhichOneofArgType__min_cosine: _TypeAlias = _typing.Literal["_min_cosine", b"_min_cosine"]  # noqa: Y015
+    _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
+    _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
+    _WhichOneofReturnType__recall: _TypeAlias = _typing.Literal["recall"]  # noqa: Y015
+    _WhichOneofArgType__recall: _TypeAlias = _typing.Literal["_recall", b"_recall"]  # noqa: Y015
+    _WhichOneofReturnType__top1_ratio: _TypeAlias = _typing.Literal["top1_ratio"]  # noqa: Y015
+    _WhichOneofArgType__top1_ratio: _TypeAlias = _typing.Literal["_top1_ratio", b"_top1_ratio"]  # noqa: Y015
+    _WhichOneofReturnType__topk_overlap: _TypeAlias = _typing.Literal["topk_overlap"]  # noqa: Y015
+    _WhichOneofArgType__topk_overlap: _TypeAlias = _typing.Literal["_topk_overlap", b"_topk_overlap"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_abs_diff) -> _WhichOneofReturnType__max_abs_diff | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mean_cosine) -> _WhichOneofReturnType__mean_cosine | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mean_score_diff) -> _WhichOneofReturnType__mean_score_diff | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_cosine) -> _WhichOneofReturnType__min_cosine | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__precision) -> _WhichOneofReturnType__precision | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__recall) -> _WhichOneofReturnType__recall | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top1_ratio) -> _WhichOneofReturnType__top1_ratio | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__topk_overlap) -> _WhichOneofReturnType__topk_overlap | None: ...
+
+Global___ShadowAgreement: _TypeAlias = ShadowAgreement  # noqa: Y015
 
 @_typing.final
 class ModelRuntime(_message.Message):
