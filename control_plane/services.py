@@ -200,6 +200,10 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     notifier: Notifier = (
         WebhookNotifier(config.webhooks) if config.webhooks is not None else NullNotifier()
     )
+    # Here, not at import: the gates bring numpy and scipy, which nothing else of the
+    # server imports (ADR 0030).
+    from control_plane.rollouts.gates_source import GatesVerdicts
+
     rollouts = RolloutService(
         sessions,
         clock,
@@ -207,6 +211,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         inventory=nodes.inventory,
         health=health.queries,
         director=director,
+        verdicts=GatesVerdicts(sessions, retention=config.health.raw_retention),
         notifier=notifier,
         config=config.rollouts,
     )

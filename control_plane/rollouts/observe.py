@@ -20,7 +20,14 @@ from control_plane.rollouts.machine import NodeReport, Observations, ReportPhase
 from control_plane.rollouts.plan import FleetNode
 from control_plane.trust.custom import parse_target_path
 
-__all__ = ["fleet_node", "observe", "report_of", "running_version", "watchdog_passed"]
+__all__ = [
+    "fleet_node",
+    "observe",
+    "report_of",
+    "running_version",
+    "shadow_report",
+    "watchdog_passed",
+]
 
 # The node's update phases (edge_node UpdatePhase) as the machine's report phases.
 _PHASES: Final[Mapping[str, ReportPhase]] = {
@@ -30,6 +37,13 @@ _PHASES: Final[Mapping[str, ReportPhase]] = {
     "active": "active",
     "failed": "failed",
     "reverted": "failed",
+}
+# The shadow stage's states (a health report's `shadow` section, ADR 0031).
+_SHADOW_PHASES: Final[Mapping[str, ReportPhase]] = {
+    "downloading": "downloading",
+    "self-testing": "activating",
+    "running": "active",
+    "failed": "failed",
 }
 # An active status whose watchdog window is still open says so.
 _ON_WATCH: Final = ("on watch until", "the agent restarted in the watchdog window")
@@ -89,6 +103,35 @@ def report_of(
         at=now,
         watchdog_passed=watchdog_passed(status),
         samples=samples,
+        reason=str(reason) if phase == "failed" else "",
+    )
+
+
+def shadow_report(
+    section: object,
+    *,
+    reported_at: datetime,
+    model: str,
+    version: str,
+    started: datetime,
+    now: datetime,
+) -> NodeReport | None:
+    """A health report's `shadow` section as a report about the shadow candidate, or None:
+    another candidate, an unknown state, or a report made before the shadow assignment.
+    Samples arrive once it runs and has compared frames."""
+    if not isinstance(section, Mapping) or reported_at < started:
+        return None
+    phase = _SHADOW_PHASES.get(str(section.get("state")))
+    if section.get("candidate") != f"{model}@{version}" or phase is None:
+        return None
+    compared = section.get("frames_compared")
+    reason = section.get("reason") or section.get("detail") or "the shadow candidate failed"
+    return NodeReport(
+        version=version,
+        phase=phase,
+        at=now,
+        shadow=True,
+        samples=phase == "active" and isinstance(compared, int) and compared > 0,
         reason=str(reason) if phase == "failed" else "",
     )
 

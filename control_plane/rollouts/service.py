@@ -44,13 +44,14 @@ from control_plane.errors import (
     PolicyError,
 )
 from control_plane.health.queries import HealthQueries
+from control_plane.health.report import MalformedReportError, parse_report
 from control_plane.nodes.inventory import NodeInventory
 from control_plane.nodes.model import Node
 from control_plane.registry.service import RegistryService
-from control_plane.rollouts.machine import Command, CommandKind, step
+from control_plane.rollouts.machine import Command, CommandKind, NodeReport, Observations, step
 from control_plane.rollouts.machine import apply_command as apply_rollout_command
 from control_plane.rollouts.notify import Notifier, NullNotifier
-from control_plane.rollouts.observe import fleet_node, observe
+from control_plane.rollouts.observe import fleet_node, observe, shadow_report
 from control_plane.rollouts.plan import (
     Conflict,
     FleetNode,
@@ -74,6 +75,7 @@ from control_plane.rollouts.store import (
 from control_plane.rollouts.verdicts import Judgement, NoGates, VerdictSource
 from control_plane.storage.models import (
     FleetRow,
+    NodeRecordRow,
     RolloutActionRow,
     RolloutDecisionRow,
     RolloutNodeRow,
@@ -102,6 +104,9 @@ ACTIVE_STATUSES: Final[tuple[RolloutStatus, ...]] = (
 )
 """Statuses that hold their nodes: a new rollout for the same nodes and model is refused."""
 _JUDGED: Final = frozenset({"running", "baking", "paused"})
+_IN_FLIGHT: Final = frozenset(
+    {"assigned", "downloading", "activating", "active-unhealthy", "healthy"}
+)
 _COMMAND_ROLES: Final[Mapping[str, Role]] = {
     "pause": Role.OPERATOR,
     "rollback": Role.OPERATOR,
@@ -270,7 +275,6 @@ class RolloutService:
         verdicts: VerdictSource | None = None,
         notifier: Notifier | None = None,
         config: RolloutConfig | None = None,
-        shadow: bool = False,
     ) -> None:
         self._sessions = sessions
         self._clock = clock
@@ -281,7 +285,6 @@ class RolloutService:
         self._verdicts: VerdictSource = verdicts if verdicts is not None else NoGates()
         self._notifier: Notifier = notifier if notifier is not None else NullNotifier()
         self.config = config or RolloutConfig()
-        self._shadow = shadow
         self._mutations = AuditedMutations(sessions, clock)
         self.failed_ticks = 0
 
@@ -350,12 +353,7 @@ class RolloutService:
 
     def _checked(self, fleet: str, request: RolloutRequest) -> tuple[RolloutSpec, list[FleetNode]]:
         spec = request.spec(fleet)
-        if spec.stages.shadow is not None and not self._shadow:
-            raise InvalidInputError(
-                "stages: this control plane cannot run a shadow stage yet (the director "
-                "has no shadow assignments); leave out `shadow:N`",
-                field="stages",
-            )
+        self._verdicts.check(spec)
         info = self._registry.get_version(fleet, spec.model, spec.version)
         if info.revoked:
             raise PolicyError(
@@ -644,6 +642,9 @@ class RolloutService:
                 sampling=self._sampling(state, nodes, now),
                 now=now,
             )
+            shadows = self._shadow_reports(state, now)
+            if shadows:
+                observations = Observations(observations.nodes, {**observations.reports, **shadows})
             new, actions = step(state, observations, judgement.verdict if judgement else None, now)
             if new == state and not actions and judgement is None:
                 return
@@ -687,11 +688,7 @@ class RolloutService:
     def _sampling(self, state: RolloutState, nodes: Sequence[Node], now: datetime) -> set[str]:
         """The rollout's nodes in flight whose newest health report, fresh and made after
         their assignment, carries samples of the candidate."""
-        flying = {
-            node_id: r
-            for node_id, r in state.nodes.items()
-            if r.phase in ("assigned", "downloading", "activating", "active-unhealthy", "healthy")
-        }
+        flying = {node_id: r for node_id, r in state.nodes.items() if r.phase in _IN_FLIGHT}
         if not flying:
             return set()
         label = f"{state.spec.model}@{state.spec.version}"
@@ -708,6 +705,42 @@ class RolloutService:
             elif label in latest.latency:
                 found.add(node_id)
         return found
+
+    def _shadow_reports(self, state: RolloutState, now: datetime) -> dict[str, NodeReport]:
+        """What the shadow nodes in flight say of the candidate: the `shadow` section of
+        each one's newest health report (the health store keeps only its numbers)."""
+        flying = {
+            node_id: r
+            for node_id, r in state.nodes.items()
+            if r.track == "shadow" and r.shadowing and r.phase in _IN_FLIGHT
+        }
+        reports: dict[str, NodeReport] = {}
+        with self._sessions() as session:
+            for node_id, record in sorted(flying.items()):
+                row = session.execute(
+                    select(NodeRecordRow.payload, NodeRecordRow.created_at)
+                    .where(NodeRecordRow.node_id == node_id, NodeRecordRow.kind == "health")
+                    .order_by(NodeRecordRow.received_at.desc())
+                    .limit(1)
+                ).first()
+                if row is None:
+                    continue
+                payload, created_at = row
+                try:
+                    point = parse_report(payload, created_at=created_at)
+                except MalformedReportError:
+                    continue
+                report = shadow_report(
+                    point.shadow,
+                    reported_at=point.at,
+                    model=state.spec.model,
+                    version=state.spec.version,
+                    started=record.started_at or record.since,
+                    now=now,
+                )
+                if report is not None:
+                    reports[node_id] = report
+        return reports
 
     # --------------------------------------------------------------- actions
 
@@ -835,13 +868,11 @@ class RolloutService:
         self, ctx: RequestContext, action: PendingAction, spec: RolloutSpec
     ) -> _Outcome:
         """assign-shadow or end-shadow through the director's shadow assignments."""
-        assign = getattr(self._director, "assign_shadow", None)
-        clear = getattr(self._director, "clear_shadow", None)
-        if assign is None or clear is None or action.node_id is None:
-            return _Outcome("failed", "this control plane has no shadow assignments")
+        if action.node_id is None:
+            return _Outcome("failed", "a shadow action without a node")
         try:
             if action.kind == "assign-shadow":
-                assignment: Assignment = assign(
+                assignment = self._director.assign_shadow(
                     ctx,
                     action.node_id,
                     spec.model,
@@ -850,7 +881,7 @@ class RolloutService:
                     max_cpu_percent=self.config.shadow_cpu_percent,
                 )
             else:
-                assignment = clear(ctx, action.node_id)
+                assignment = self._director.clear_shadow(ctx, action.node_id)
         except EdgefleetError as exc:
             return _Outcome("failed", exc.message[:1000])
         return _Outcome("done", "", assignment.sequence)
@@ -937,7 +968,7 @@ def _already(held: Assignment | None, model: str, version: str, now: datetime) -
     no shadow beside it: pinning again would only repeat it."""
     if held is None or held.model != model or held.version != version or held.expired(now):
         return False
-    return getattr(held, "shadow", None) is None
+    return held.shadow is None
 
 
 def _request_details(request: RolloutRequest) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any, Final, Protocol
 
 from control_plane.rollouts.machine import Outcome, Verdict
+from control_plane.rollouts.spec import RolloutSpec
 from control_plane.rollouts.state import RolloutState
 
 __all__ = ["NO_GATES", "Judgement", "NoGates", "VerdictSource"]
@@ -34,6 +35,10 @@ class Judgement:
 
 
 class VerdictSource(Protocol):
+    def check(self, spec: RolloutSpec) -> None:
+        """Refuse, naming the field, a spec whose gates this source cannot judge."""
+        ...
+
     def judge(
         self, state: RolloutState, previous: Mapping[str, Any] | None, now: datetime
     ) -> Judgement | None:
@@ -58,6 +63,9 @@ class _Inconclusive:
 
 class NoGates:
     """Every verdict inconclusive, with the reason: a baked stage pauses for a person."""
+
+    def check(self, spec: RolloutSpec) -> None:
+        return None
 
     def judge(
         self, state: RolloutState, previous: Mapping[str, Any] | None, now: datetime

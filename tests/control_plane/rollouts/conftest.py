@@ -22,6 +22,7 @@ from control_plane.rollouts.machine import Verdict
 from control_plane.rollouts.notify import Notifier
 from control_plane.rollouts.service import RolloutConfig, RolloutRequest, RolloutService
 from control_plane.rollouts.simulation import StaticVerdict
+from control_plane.rollouts.spec import RolloutSpec
 from control_plane.rollouts.state import RolloutState
 from control_plane.rollouts.verdicts import Judgement
 from control_plane.services import HealthServices, build_health
@@ -58,6 +59,9 @@ class ScriptedVerdicts:
 
     decide: Callable[[RolloutState], Verdict | None] = lambda state: PASS
     asked: list[tuple[int, str]] = field(default_factory=list)
+
+    def check(self, spec: RolloutSpec) -> None:
+        return None
 
     def judge(self, state: RolloutState, previous: Any, now: datetime) -> Judgement | None:
         self.asked.append((state.stage, state.status))

@@ -33,6 +33,8 @@ class AgentDouble:
     work: tuple[str, int] | None = None  # (version, sequence) being applied
     phase: int = 0
     statuses: list[str] = field(default_factory=list)
+    shadow: str | None = None  # the shadow candidate's version, while one is assigned
+    shadow_steps: int = 0
 
     def hello(self, presence: NodePresence, now: datetime) -> None:
         state = {"active_target": target(self.serving) if self.serving else ""}
@@ -50,7 +52,10 @@ class AgentDouble:
         latest = director.latest(self.node_id)
         if latest is not None and latest.sequence > self.handled:
             self.handled = latest.sequence
-            if latest.version == self.serving:
+            wanted = None if latest.shadow is None else latest.shadow.target_path.split("/")[2]
+            if wanted != self.shadow:
+                self.shadow, self.shadow_steps = wanted, 0
+            if latest.renewal or latest.version == self.serving:
                 self._status(presence, "active", latest.version, latest.sequence, "already active")
                 self.work = None
             else:
@@ -79,8 +84,20 @@ class AgentDouble:
             else:
                 self._status(presence, "active", version, sequence, "watchdog window passed")
                 self.work = None
+        extra = {}
+        if self.shadow is not None:
+            self.shadow_steps += 1
+            state = ("downloading", "self-testing")[self.shadow_steps - 1 : self.shadow_steps]
+            running = self.shadow_steps > 2
+            extra["shadow"] = {
+                "candidate": f"{MODEL}@{self.shadow}",
+                "state": "running" if running else state[0],
+                "frames_compared": 50 * (self.shadow_steps - 2) if running else 0,
+                "latency": {"p99_ms": 12.0},
+                "agreement": {"kind": "classification", "top1_ratio": 0.99},
+            }
         if self.serving is not None:
-            sender.send(self.node_id, v2_report(now, model=f"{MODEL}@{self.serving}"))
+            sender.send(self.node_id, v2_report(now, model=f"{MODEL}@{self.serving}", **extra))
 
     def _status(
         self,

@@ -215,7 +215,7 @@ def test_an_action_done_before_a_crash_is_not_done_twice(world: World) -> None:
     assert set(world.candidate_pins().values()) == {1}
 
 
-def test_create_refuses_bad_specs_unknown_versions_overlaps_and_shadow(world: World) -> None:
+def test_create_refuses_bad_specs_unknown_versions_and_overlaps(world: World) -> None:
     make_fleet(world, 3)
     service = world.service()
     with pytest.raises(InvalidInputError) as bad:
@@ -223,8 +223,6 @@ def test_create_refuses_bad_specs_unknown_versions_overlaps_and_shadow(world: Wo
     assert bad.value.fields["field"] == "bake"
     with pytest.raises(NotFoundError, match=r"no version '9\.9\.9'"):
         service.create(RELEASE, "gates", request(version="9.9.9"))
-    with pytest.raises(InvalidInputError, match="shadow"):
-        service.create(RELEASE, "gates", request(stages="shadow:1,1,100%"))
     with pytest.raises(PermissionDeniedError):
         service.create(OPERATOR, "gates", request())
 
@@ -309,3 +307,37 @@ def test_two_replicas_ticking_at_once_step_each_rollout_once(world: World) -> No
     pins = world.candidate_pins()
     assert sorted(pins.values()) == [0, 0, 1, 1, 1, 1]  # sites a and b once each, c never
     assert won["a"] and won["b"]  # both replicas took turns
+
+
+def test_a_shadow_stage_runs_the_candidate_beside_then_the_canaries_take_it(
+    world: World,
+) -> None:
+    make_fleet(world, 4)
+    service = world.service()
+    created = service.create(RELEASE, "gates", request(stages="shadow:1,1,100%"))
+    world.run(service, until=status(created.id, "done"))
+
+    decisions = [d.kind for d in service.get(created.id, decisions=200).decisions]
+    assert decisions.count("stage-passed") == 3  # the shadow stage, then both canary stages
+    state = service.state(created.id)
+    (shadowed,) = [n for n, r in state.nodes.items() if r.rank == 0]
+    with world.sessions() as session:
+        kinds = session.scalars(
+            select(RolloutActionRow.kind).where(RolloutActionRow.node_id == shadowed)
+        ).all()
+    assert kinds[0] == "assign-shadow"
+    assert "assign" in kinds
+    assert set(world.fleet.serving().values()) == {"1.1.0"}
+    assert set(world.candidate_pins().values()) == {1}
+
+
+def test_a_failing_shadow_candidate_never_reaches_a_box(world: World) -> None:
+    make_fleet(world, 4)
+    world.verdicts.decide = lambda state: FAIL if state.stage == 0 else PASS
+    service = world.service()
+    created = service.create(RELEASE, "gates", request(stages="shadow:1,1,100%"))
+    world.run(service, until=status(created.id, "rolled-back"))
+    assert sum(world.candidate_pins().values()) == 0
+    assert set(world.fleet.serving().values()) == {"1.0.0"}
+    latest = [world.director.latest(n) for n in world.fleet.agents]
+    assert all(a is not None and a.shadow is None for a in latest)  # the shadows ended
