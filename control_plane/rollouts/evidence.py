@@ -222,7 +222,9 @@ def stage_samples(
             for node_id in state.controls
         ]
     )
-    end = min(max(ends, default=window_start), now)
+    # No canary has reported since its assignment: the window is now (too few samples),
+    # not the window's start (which would read as stale samples).
+    end = min(max(ends, default=now), now)
     return Samples(
         window_start=min(window_start, end),
         window_end=end,

@@ -37,6 +37,24 @@ log = logging.getLogger(__name__)
 _ID_BATCH: Final = 500
 
 
+class _Judged:
+    """A gates decision as the machine's verdict: its summary without the leading
+    outcome (the machine says "inconclusive: …" or "the gates failed …" itself)."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+
+    @property
+    def outcome(self) -> Any:
+        return self.decision.outcome
+
+    def summary(self) -> str:
+        return self.decision.summary().removeprefix(f"{self.decision.outcome}: ")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.decision.to_dict()
+
+
 class _Refused:
     """The samples could not be judged (a bad series, a gates file gone wrong)."""
 
@@ -105,7 +123,7 @@ class GatesVerdicts:
         except InvalidInputError as exc:
             refused = _Refused(f"the samples could not be judged: {exc.message}")
             return Judgement(refused, refused.to_dict())
-        return Judgement(decision, decision.to_dict())
+        return Judgement(_Judged(decision), decision.to_dict())
 
     def _points(
         self, node_ids: Sequence[str], since: datetime, until: datetime

@@ -214,17 +214,20 @@ def _frame(rollout: dict[str, Any]) -> Group:
     ):
         head.add_row(key, Text(str(value)))
     parts: list[Any] = [head]
-    stages = Table(title="nodes per stage", title_justify="left")
-    stages.add_column("stage")
-    stages.add_column("nodes", overflow="fold")
     labels = rollout["stages"]
-    for key, counts in sorted(rollout.get("stage_counts", {}).items()):
-        label = labels[int(key)] if key.isdigit() and int(key) < len(labels) else key
-        stages.add_row(label, _counts_text(counts))
-    parts.append(stages)
+    if rollout.get("stage_counts"):
+        stages = Table(title="nodes per stage", title_justify="left")
+        stages.add_column("stage")
+        stages.add_column("nodes", overflow="fold")
+        for key, counts in sorted(rollout["stage_counts"].items()):
+            label = labels[int(key)] if key.isdigit() and int(key) < len(labels) else key
+            stages.add_row(label, _counts_text(counts))
+        parts.append(stages)
     verdict = rollout.get("verdict")
     if verdict:
-        parts.append(_verdict_table(verdict))
+        stage = verdict.get("stage")
+        where = labels[stage] if isinstance(stage, int) and 0 <= stage < len(labels) else "?"
+        parts.append(_verdict_table(verdict, where))
     decisions = rollout.get("decisions") or []
     if decisions:
         table = Table(title="decisions", title_justify="left")
@@ -237,15 +240,15 @@ def _frame(rollout: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def _verdict_table(verdict: dict[str, Any]) -> Any:
+def _verdict_table(verdict: dict[str, Any], where: str) -> Any:
     from rich.table import Table
     from rich.text import Text
 
     document = verdict.get("document") or {}
     gates = document.get("gates") or []
     title = (
-        f"gates at {_time_text(verdict.get('evaluated_at'))}: {verdict.get('outcome')}"
-        f" — {verdict.get('summary')}"
+        f"gates of {where} at {_time_text(verdict.get('evaluated_at'))}: "
+        f"{verdict.get('outcome')} — {verdict.get('summary')}"
     )
     table = Table(title=title, title_justify="left")
     table.add_column("gate")
