@@ -27,7 +27,7 @@ from control_plane.rollouts.evidence import Point, stage_samples
 from control_plane.rollouts.gates import Decision, evaluate, parse_gates
 from control_plane.rollouts.spec import RolloutSpec
 from control_plane.rollouts.state import RolloutState
-from control_plane.rollouts.verdicts import Judgement
+from control_plane.rollouts.verdicts import Inconclusive, Judgement
 from control_plane.storage.models import HealthPointRow
 
 __all__ = ["GatesVerdicts"]
@@ -53,23 +53,6 @@ class _Judged:
 
     def to_dict(self) -> dict[str, Any]:
         return self.decision.to_dict()
-
-
-class _Refused:
-    """The samples could not be judged (a bad series, a gates file gone wrong)."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    @property
-    def outcome(self) -> Any:
-        return "inconclusive"
-
-    def summary(self) -> str:
-        return self.reason
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"outcome": "inconclusive", "summary": self.reason, "gates": []}
 
 
 class GatesVerdicts:
@@ -121,7 +104,7 @@ class GatesVerdicts:
         try:
             decision = evaluate(gates, samples, now, [d for d in history if d.evaluated_at < now])
         except InvalidInputError as exc:
-            refused = _Refused(f"the samples could not be judged: {exc.message}")
+            refused = Inconclusive(f"the samples could not be judged: {exc.message}")
             return Judgement(refused, refused.to_dict())
         return Judgement(_Judged(decision), decision.to_dict())
 

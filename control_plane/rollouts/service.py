@@ -25,9 +25,9 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal, cast, get_args
 
 from sqlalchemy import CursorResult, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -61,7 +61,7 @@ from control_plane.rollouts.plan import (
     refuse_conflicts,
 )
 from control_plane.rollouts.spec import RolloutSpec, parse_rollout_spec
-from control_plane.rollouts.state import Decision, RolloutState, RolloutStatus
+from control_plane.rollouts.state import Decision, NodePhase, RolloutState, RolloutStatus
 from control_plane.rollouts.store import (
     PendingAction,
     decision_of,
@@ -183,20 +183,7 @@ class RolloutRequest:
 
     def spec(self, fleet: str) -> RolloutSpec:
         return parse_rollout_spec(
-            fleet=fleet,
-            model=self.model,
-            version=self.version,
-            stages=self.stages,
-            selector=self.selector,
-            bake=self.bake,
-            max_rate=self.max_rate,
-            failure_budget=self.failure_budget,
-            window=self.window,
-            control=self.control,
-            gates=self.gates,
-            deadlines=self.deadlines,
-            spread=self.spread,
-            partial=self.partial,
+            fleet=fleet, **{f.name: getattr(self, f.name) for f in fields(self)}
         )
 
 
@@ -439,7 +426,7 @@ class RolloutService:
                         status=row.status,
                         label=state.label,
                         stage=row.stage,
-                        counts=counts[row.id],
+                        counts=_in_phase_order(counts[row.id]),
                         created_by=row.created_by,
                         created_at=row.created_at,
                         updated_at=row.updated_at,
@@ -453,11 +440,7 @@ class RolloutService:
             raise InvalidInputError(f"decisions must be 0-{_MAX_DECISIONS}", field="decisions")
         number = _rollout_number(rollout_id)
         with self._sessions() as session:
-            found = session.execute(
-                select(RolloutRow, FleetRow.name)
-                .join(FleetRow, FleetRow.id == RolloutRow.fleet_id)
-                .where(RolloutRow.id == number)
-            ).first()
+            found = _with_fleet(session, number)
             if found is None:
                 raise NotFoundError(f"no rollout {rollout_id!r}", rollout=rollout_id)
             row, fleet_name = found
@@ -485,11 +468,12 @@ class RolloutService:
             for per_phase in stage_counts.values():
                 for phase, count in per_phase.items():
                     counts[phase] = counts.get(phase, 0) + count
+            stage_counts = {k: _in_phase_order(v) for k, v in stage_counts.items()}
             return RolloutInfo(
                 id=str(row.id),
                 fleet=fleet_name,
                 state=state,
-                counts=counts,
+                counts=_in_phase_order(counts),
                 stage_counts=stage_counts,
                 created_by=row.created_by,
                 created_at=row.created_at,
@@ -617,11 +601,7 @@ class RolloutService:
         lock if nobody stored another meanwhile (else read again, a few times)."""
         for _ in range(_STEP_ATTEMPTS):
             with self._sessions() as session:
-                found = session.execute(
-                    select(RolloutRow, FleetRow.name)
-                    .join(FleetRow, FleetRow.id == RolloutRow.fleet_id)
-                    .where(RolloutRow.id == number)
-                ).first()
+                found = _with_fleet(session, number)
                 if found is None:
                     return
                 row, fleet = found
@@ -747,11 +727,7 @@ class RolloutService:
     def _carry_out(self, number: int, now: datetime) -> int:
         """Carry out the rollout's pending actions; how many were settled."""
         with self._sessions() as session:
-            found = session.execute(
-                select(RolloutRow, FleetRow.name)
-                .join(FleetRow, FleetRow.id == RolloutRow.fleet_id)
-                .where(RolloutRow.id == number)
-            ).first()
+            found = _with_fleet(session, number)
             if found is None:
                 return 0
             row, fleet = found
@@ -949,11 +925,27 @@ class RolloutService:
 # ------------------------------------------------------------------ helpers
 
 
+def _with_fleet(session: Session, number: int) -> tuple[RolloutRow, str] | None:
+    """The rollout's row and its fleet's name (None: no such rollout)."""
+    found = session.execute(
+        select(RolloutRow, FleetRow.name)
+        .join(FleetRow, FleetRow.id == RolloutRow.fleet_id)
+        .where(RolloutRow.id == number)
+    ).first()
+    return None if found is None else (found[0], found[1])
+
+
 def _rollout_number(rollout_id: str) -> int:
     text = str(rollout_id).strip()
     if not text.isdigit() or len(text) > 18:
         raise NotFoundError(f"no rollout {rollout_id!r}", rollout=str(rollout_id)[:64])
     return int(text)
+
+
+def _in_phase_order(counts: Mapping[str, int]) -> dict[str, int]:
+    """Nodes per phase, the phases in the order a node moves through them."""
+    order = {phase: i for i, phase in enumerate(get_args(NodePhase))}
+    return {p: counts[p] for p in sorted(counts, key=lambda p: (order.get(p, len(order)), p))}
 
 
 def _bare_state(row: RolloutRow) -> RolloutState:

@@ -21,7 +21,7 @@ from control_plane.rollouts.machine import Outcome, Verdict
 from control_plane.rollouts.spec import RolloutSpec
 from control_plane.rollouts.state import RolloutState
 
-__all__ = ["NO_GATES", "Judgement", "NoGates", "VerdictSource"]
+__all__ = ["NO_GATES", "Inconclusive", "Judgement", "NoGates", "VerdictSource"]
 
 NO_GATES: Final = "no gates on this control plane: promote the stage by hand"
 
@@ -47,7 +47,9 @@ class VerdictSource(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class _Inconclusive:
+class Inconclusive:
+    """A verdict that could not be given, with the reason: it pauses, never passes."""
+
     reason: str
 
     @property
@@ -70,5 +72,5 @@ class NoGates:
     def judge(
         self, state: RolloutState, previous: Mapping[str, Any] | None, now: datetime
     ) -> Judgement:
-        verdict = _Inconclusive(NO_GATES)
+        verdict = Inconclusive(NO_GATES)
         return Judgement(verdict, {**verdict.to_dict(), "evaluated_at": now.isoformat()})

@@ -180,19 +180,7 @@ def rollout_out(info: RolloutInfo, now: datetime) -> RolloutOut:
 
 
 def _listed(summary: RolloutSummary) -> RolloutListed:
-    return RolloutListed(
-        id=summary.id,
-        fleet=summary.fleet,
-        model=summary.model,
-        version=summary.version,
-        status=summary.status,
-        label=summary.label,
-        stage=summary.stage,
-        counts=dict(summary.counts),
-        created_by=summary.created_by,
-        created_at=summary.created_at,
-        updated_at=summary.updated_at,
-    )
+    return RolloutListed.model_validate(summary, from_attributes=True)
 
 
 def _dry_run_out(plan: Plan, found: tuple[Conflict, ...]) -> DryRunOut:
@@ -234,19 +222,8 @@ def create_rollout(
 ) -> RolloutOut | DryRunOut:
     """Start a rollout (release-manager), or with `dry_run` see its plan (operator)."""
     request = RolloutRequest(
-        model=body.model,
-        version=body.version,
-        stages=body.stages,
-        selector=body.selector,
-        bake=body.bake,
-        max_rate=body.max_rate,
-        failure_budget=body.failure_budget,
+        **body.model_dump(exclude={"dry_run", "window"}),
         window=None if body.window is None else (body.window.cron, body.window.duration),
-        control=body.control,
-        gates=body.gates,
-        deadlines=body.deadlines,
-        spread=body.spread,
-        partial=body.partial,
     )
     if body.dry_run:
         planned = rollouts.dry_run(ctx, fleet, request)

@@ -28,26 +28,12 @@ rollout_app = typer.Typer(
 
 LIST_COLUMNS = ["id", "fleet", "model", "version", "status", "nodes", "updated_at"]
 ENDED: Final = frozenset({"done", "aborted", "rolled-back"})
-_PHASE_ORDER: Final = (
-    "queued",
-    "assigned",
-    "downloading",
-    "activating",
-    "active-unhealthy",
-    "healthy",
-    "failed",
-    "timed-out",
-    "rolling-back",
-    "rolled-back",
-    "left",
-)
 _MAX_WATCH_S: Final = 7 * 24 * 3600
 
 
 def _counts_text(counts: dict[str, int]) -> str:
-    known = [p for p in _PHASE_ORDER if counts.get(p)]
-    known += sorted(p for p in counts if p not in _PHASE_ORDER and counts[p])
-    return " ".join(f"{p}={counts[p]}" for p in known) or "-"
+    """`queued=3 healthy=2`, in the server's order (the order a node moves through)."""
+    return " ".join(f"{p}={n}" for p, n in counts.items() if n) or "-"
 
 
 def _duration_text(seconds: float | None) -> str:
