@@ -6,6 +6,7 @@ Called by `server.main()` and by tests; nothing here runs at import time.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -39,6 +40,8 @@ from control_plane.link.records import IngestLimits
 from control_plane.nodes.model import NodeConfig
 from control_plane.nodes.wiring import NodeServices, build_node_services
 from control_plane.registry.service import RegistryConfig, RegistryService
+from control_plane.rollouts.notify import Notifier, NullNotifier, WebhookConfig, WebhookNotifier
+from control_plane.rollouts.service import RolloutConfig, RolloutService
 from control_plane.storage.db import create_engine_for, migrate, session_factory
 from control_plane.trust.signer import FileOnlineKeyStore
 
@@ -63,6 +66,11 @@ class ServiceConfig:
     mqtt: MqttBridgeConfig | None = None
     # Sampled inference results kept per node (node_results).
     results_per_node: int = 100
+    rollouts: RolloutConfig = field(default_factory=RolloutConfig)
+    # Whether this replica runs the rollout controller's loop (several may: leases).
+    rollout_controller: bool = True
+    # Where rollout decisions and alerts are POSTed (none: nowhere).
+    webhooks: WebhookConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +114,8 @@ class Services:
     # New assignments go out through whatever transports run in this process: the gRPC
     # link server and the MQTT bridge attach themselves while they run.
     delivery: FanOutDelivery
+    rollouts: RolloutService
+    notifier: Notifier
 
     @property
     def admin_token_file(self) -> Path:
@@ -148,6 +158,12 @@ class Services:
 
     def close(self) -> None:
         self.records.close()  # stores what was submitted, then stops its writer
+        try:
+            self.rollouts.release()  # another replica steps our rollouts from now on
+        except Exception:
+            logging.getLogger(__name__).exception("releasing rollout leases failed")
+        if isinstance(self.notifier, WebhookNotifier):
+            self.notifier.close()
         self.engine.dispose()
 
 
@@ -172,6 +188,33 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     ca = CertificateAuthority.load_or_create(config.data_dir / "ca", now=clock.now())
     nodes = build_node_services(sessions, ca, clock, config.nodes)
     delivery = FanOutDelivery()
+    health = build_health(sessions, clock, config.health)
+    director = DirectorService(
+        sessions,
+        registry,
+        nodes.inventory,
+        load_or_create_director_key(config.data_dir / "director"),
+        clock,
+        delivery=delivery,
+    )
+    notifier: Notifier = (
+        WebhookNotifier(config.webhooks) if config.webhooks is not None else NullNotifier()
+    )
+    # Here, not at import: the gates bring numpy and scipy, which nothing else of the
+    # server imports (ADR 0030).
+    from control_plane.rollouts.gates_source import GatesVerdicts
+
+    rollouts = RolloutService(
+        sessions,
+        clock,
+        registry=registry,
+        inventory=nodes.inventory,
+        health=health.queries,
+        director=director,
+        verdicts=GatesVerdicts(sessions, retention=config.health.raw_retention),
+        notifier=notifier,
+        config=config.rollouts,
+    )
     return Services(
         config=config,
         engine=engine,
@@ -184,16 +227,11 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         records=RecordIngest(
             sessions, clock, IngestLimits(results_per_node=config.results_per_node)
         ),
-        health=build_health(sessions, clock, config.health),
-        director=DirectorService(
-            sessions,
-            registry,
-            nodes.inventory,
-            load_or_create_director_key(config.data_dir / "director"),
-            clock,
-            delivery=delivery,
-        ),
+        health=health,
+        director=director,
         delivery=delivery,
+        rollouts=rollouts,
+        notifier=notifier,
     )
 
 

@@ -18,6 +18,8 @@ from control_plane.health.config import AlertThresholds, HealthConfig
 from control_plane.link.grpc_server import GrpcLinkConfig
 from control_plane.link.mqtt_acl import CONTROL_PLANE_MQTT_USER
 from control_plane.link.mqtt_bridge import MqttBridgeConfig
+from control_plane.rollouts.notify import WebhookConfig
+from control_plane.rollouts.service import RolloutConfig
 
 
 class ServerSettings(BaseSettings):
@@ -78,6 +80,18 @@ class ServerSettings(BaseSettings):
     # Sampled inference results (`edgefleet nodes results`) kept per node, newest first.
     results_per_node: int = Field(default=100, ge=1, le=10_000)
 
+    # Rollouts: the controller's loop (every replica may run it: leases), and webhooks.
+    rollout_controller: bool = Field(default=True, description="step rollouts on this replica")
+    rollout_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
+    rollout_lease_s: float = Field(
+        default=60.0, ge=5, le=3600, description="a replica that stops holds its rollouts this long"
+    )
+    # From the environment: EDGEFLEET_ROLLOUT_WEBHOOKS=https://chat.example/hook,https://...
+    rollout_webhooks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    rollout_webhook_secret_file: Path | None = Field(
+        default=None, description="the HMAC-SHA256 key of the webhooks' signatures"
+    )
+
     def health_config(self) -> HealthConfig:
         """The health store's config; an inconsistent retention fails here, at start."""
         try:
@@ -96,7 +110,27 @@ class ServerSettings(BaseSettings):
         except ValueError as exc:
             raise InvalidInputError(f"health settings: {exc}") from exc
 
-    @field_validator("grpc_hostnames", mode="before")
+    def rollout_config(self) -> RolloutConfig:
+        return RolloutConfig(
+            interval_s=self.rollout_interval_s, lease=timedelta(seconds=self.rollout_lease_s)
+        )
+
+    def webhook_config(self) -> WebhookConfig | None:
+        """The webhooks' config when URLs are set; the secret file must be (fails fast)."""
+        if not self.rollout_webhooks:
+            return None
+        if self.rollout_webhook_secret_file is None:
+            raise InvalidInputError(
+                "rollout webhooks need EDGEFLEET_ROLLOUT_WEBHOOK_SECRET_FILE (their HMAC key)",
+                field="rollout_webhook_secret_file",
+            )
+        try:
+            secret = self.rollout_webhook_secret_file.read_bytes().strip()
+        except OSError as exc:
+            raise InvalidInputError(f"cannot read the webhook secret file: {exc}") from exc
+        return WebhookConfig(tuple(self.rollout_webhooks), secret)
+
+    @field_validator("grpc_hostnames", "rollout_webhooks", mode="before")
     @classmethod
     def _names(cls, value: object) -> object:
         if isinstance(value, str):

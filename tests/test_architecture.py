@@ -90,6 +90,9 @@ PURE_CORES = (
     "control_plane/rollouts/state.py",
     "control_plane/rollouts/machine.py",
     "control_plane/rollouts/simulation.py",
+    "control_plane/rollouts/observe.py",
+    "control_plane/rollouts/verdicts.py",
+    "control_plane/rollouts/evidence.py",
     "control_plane/rollouts/gates.py",
 )
 
@@ -115,7 +118,11 @@ CLI_ONLY = (
 )
 # The server's modules that need numpy and scipy, which `edgefleet[server]` carries for
 # them (ADR 0030); a module that imports one at import time is listed here too.
-STATISTICS_MODULES = ("control_plane.rollouts.gates",)
+STATISTICS_MODULES = (
+    "control_plane.rollouts.gates",
+    "control_plane.rollouts.evidence",
+    "control_plane.rollouts.gates_source",
+)
 NUMPY_PACKAGES = frozenset({"numpy", "scipy", "onnx", "onnxruntime", "PIL"})
 
 

@@ -1,5 +1,5 @@
-"""The FastAPI application factory; the lifespan runs the freshness, renewal and liveness
-duties.
+"""The FastAPI application factory; the lifespan runs the freshness, renewal, liveness,
+health and rollout duties.
 
 `create_app(services)` takes a built `Services` container (see control_plane.services);
 it reads no settings and opens nothing by itself.
@@ -28,12 +28,14 @@ from control_plane.api.routes import (
     models,
     mqtt,
     nodes,
+    rollouts,
     tuf,
 )
 from control_plane.director.service import DirectorService
 from control_plane.health.processor import HealthProcessor
 from control_plane.nodes.presence import NodePresence
 from control_plane.registry.service import RegistryService
+from control_plane.rollouts.service import RolloutService
 from control_plane.services import Services, bridge_running
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,12 @@ async def _health_loop(processor: HealthProcessor) -> None:
         await anyio.sleep(0 if busy else config.interval_s)
 
 
+async def _rollout_loop(controller: RolloutService) -> None:
+    """Step the rollouts (control_plane.rollouts.service): every replica may run it, the
+    leases make one step each rollout at a time."""
+    await _every(controller.config.interval_s, controller.tick, "the rollout controller's tick")
+
+
 async def _liveness_loop(presence: NodePresence) -> None:
     """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
     await _every(LIVENESS_INTERVAL_S, presence.mark_offline_stale, "marking silent nodes offline")
@@ -113,6 +121,8 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
                 tasks.start_soon(_liveness_loop, services.nodes.presence)
                 if config.health_processor:
                     tasks.start_soon(_health_loop, services.health.processor)
+                if config.rollout_controller:
+                    tasks.start_soon(_rollout_loop, services.rollouts)
             yield
             tasks.cancel_scope.cancel()
 
@@ -135,6 +145,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         access,
         nodes,
         director,
+        rollouts,
         mqtt,
         fleet_health,
         metrics,

@@ -24,6 +24,7 @@ from control_plane.nodes.inventory import NodeInventory
 from control_plane.nodes.results import NodeResults
 from control_plane.nodes.tokens import BootstrapTokens
 from control_plane.registry.service import RegistryService
+from control_plane.rollouts.service import RolloutService
 from control_plane.services import ServiceConfig, Services
 
 
@@ -92,6 +93,10 @@ async def get_rest_inbox(request: Request) -> NodeInbox:
     return inbox
 
 
+async def get_rollouts(services: ServicesDep) -> RolloutService:
+    return services.rollouts
+
+
 async def get_service_config(services: ServicesDep) -> ServiceConfig:
     return services.config
 
@@ -109,6 +114,7 @@ NodeTokensDep = Annotated[BootstrapTokens, Depends(get_node_tokens)]
 ReadinessDep = Annotated[Callable[[], dict[str, str]], Depends(get_readiness)]
 RegistryDep = Annotated[RegistryService, Depends(get_registry)]
 RestInboxDep = Annotated[NodeInbox, Depends(get_rest_inbox)]
+RolloutsDep = Annotated[RolloutService, Depends(get_rollouts)]
 ServiceConfigDep = Annotated[ServiceConfig, Depends(get_service_config)]
 
 

@@ -21,6 +21,7 @@ from control_plane.cli.commands.alerts import alerts_app
 from control_plane.cli.commands.mqtt import mqtt_app
 from control_plane.cli.commands.nodes import node_app, nodes_app
 from control_plane.cli.commands.registry import fleet_app, keys_app, model_app
+from control_plane.cli.commands.rollouts import rollout_app
 from control_plane.cli.context import CliContext, cli_context
 from control_plane.cli.global_options import hoist_global_options
 from control_plane.errors import EdgefleetError, InvalidInputError
@@ -43,6 +44,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(mqtt_app, name="mqtt")
 app.add_typer(alerts_app, name="alerts")
+app.add_typer(rollout_app, name="rollout")
 
 
 @app.callback()

@@ -841,6 +841,37 @@ class DirectorService:
             ).first()
             return None if row is None else _assignment(row, node.fleet)
 
+    def latest_many(self, node_ids: Sequence[str]) -> dict[str, Assignment]:
+        """The newest assignment of each of `node_ids` that has one (unknown ids and nodes
+        without one are left out); a few statements per 500 nodes."""
+        found: dict[str, Assignment] = {}
+        ids = sorted({i for i in node_ids if isinstance(i, str) and 0 < len(i) <= _MAX_NODE_ID})
+        with self._sessions() as session:
+            for start in range(0, len(ids), _ID_QUERY_BATCH):
+                batch = ids[start : start + _ID_QUERY_BATCH]
+                newest = (
+                    select(
+                        DirectorAssignmentRow.node_id,
+                        func.max(DirectorAssignmentRow.sequence).label("sequence"),
+                    )
+                    .where(DirectorAssignmentRow.node_id.in_(batch))
+                    .group_by(DirectorAssignmentRow.node_id)
+                    .subquery()
+                )
+                rows = session.execute(
+                    select(DirectorAssignmentRow, FleetRow.name)
+                    .join(
+                        newest,
+                        (newest.c.node_id == DirectorAssignmentRow.node_id)
+                        & (newest.c.sequence == DirectorAssignmentRow.sequence),
+                    )
+                    .join(NodeRow, NodeRow.id == DirectorAssignmentRow.node_id)
+                    .join(FleetRow, FleetRow.id == NodeRow.fleet_id)
+                )
+                for row, fleet in rows:
+                    found[row.node_id] = _assignment(row, fleet)
+        return found
+
     def current(self, node_id: str) -> SignedDirectorAssignment | None:
         """What the node is sent at its Hello: its newest signed assignment, or None when
         it has none or the newest has expired (the node would refuse it; it keeps running

@@ -7,7 +7,9 @@ storage. Not for wire formats (`control_plane.link.wire`) or certificates (`iden
 from __future__ import annotations
 
 import logging
+import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -26,6 +28,7 @@ __all__ = [
     "NodeRefusals",
     "RefusalCounter",
     "checked_agent",
+    "served_target",
     "update_summary",
 ]
 
@@ -38,6 +41,11 @@ LAST_FAILURE: Final = "last_failure"
 """`Node.reported_state` key of its latest `failed` or `reverted` status, which outlives
 the node's Hellos (`presence.record_update_status`)."""
 FAILURE_PHASES: Final = frozenset({"failed", "reverted"})
+ACTIVE_TARGET: Final = "active_target"
+"""`Node.reported_state` key of the target the node serves: its Hello's, then each update
+status that says what it serves (`served_target`)."""
+# A failed or reverted status ends with what the node serves instead (the agent's words).
+_SERVING = re.compile(r"(?:^|; )serving (?P<what>\S+)$")
 MAX_AGENT_VERSION: Final = 64
 MAX_NODE_ID: Final = 64
 
@@ -179,6 +187,22 @@ def human_duration(delta: timedelta) -> str:
         if seconds % size == 0 and seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def served_target(status: Mapping[str, Any]) -> str | None:
+    """The target a node serves once it sent this update status: an active one's target;
+    for a failed or reverted one, what its detail names (`...; serving <path>`, "" for
+    `serving nothing`); None when the status does not say (downloading, ...)."""
+    phase = status.get("phase")
+    target = status.get("target_path")
+    if phase == "active":
+        return target if isinstance(target, str) and target else None
+    detail = status.get("detail")
+    if phase in FAILURE_PHASES and isinstance(detail, str):
+        found = _SERVING.search(detail)
+        if found is not None:
+            return "" if found["what"] == "nothing" else found["what"]
+    return None
 
 
 def update_summary(status: object) -> str | None:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from control_plane.clock import Clock
 from control_plane.errors import EdgefleetError
 from control_plane.nodes.model import (
+    ACTIVE_TARGET,
     FAILURE_PHASES,
     LAST_FAILURE,
     UPDATE,
@@ -24,6 +25,7 @@ from control_plane.nodes.model import (
     NodeConfig,
     NodeRefusals,
     checked_agent,
+    served_target,
 )
 from control_plane.nodes.rows import (
     checked_state,
@@ -95,7 +97,9 @@ class NodePresence:
         self, node_id: str, status: Mapping[str, Any], now: datetime | None = None
     ) -> Node:
         """The node reported progress of an update; kept as `reported_state["update"]`,
-        and a `failed` or `reverted` one also as `reported_state["last_failure"]`.
+        and a `failed` or `reverted` one also as `reported_state["last_failure"]`. A status
+        that says what the node serves now (active, or reverted "serving X") moves
+        `reported_state["active_target"]`, so it stays true between Hellos.
 
         Only the latest status is kept: the history of an update belongs to the rollout
         that asked for it, not to the inventory. The next Hello replaces the whole
@@ -111,6 +115,9 @@ class NodePresence:
                 changes: dict[str, Any] = {UPDATE: update}
                 if update.get("phase") in FAILURE_PHASES:
                     changes[LAST_FAILURE] = update
+                serving = served_target(update)
+                if serving is not None:
+                    changes[ACTIVE_TARGET] = serving
                 state = checked_state(
                     {**(row.reported_state or {}), **changes},
                     self._config.max_reported_state_bytes,

@@ -24,6 +24,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -52,6 +53,10 @@ __all__ = [
     "NodeRecordRow",
     "NodeResultRow",
     "NodeRow",
+    "RolloutActionRow",
+    "RolloutDecisionRow",
+    "RolloutNodeRow",
+    "RolloutRow",
     "TufMetadataRow",
 ]
 
@@ -444,3 +449,140 @@ class HealthAlertRow(Base):
     # Set once the condition is seen to have ended (an operator's clear silences the
     # alert until then).
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+ROLLOUT_STATUSES = (
+    "pending",
+    "running",
+    "baking",
+    "paused",
+    "rolling-back",
+    "done",
+    "aborted",
+    "rolled-back",
+)
+
+
+class RolloutRow(Base):
+    """A canary rollout (ADR 0033, 0034): the spec, the controller's state without its
+    nodes, and who may step it.
+
+    ``state`` is `RolloutState.to_dict()` less ``spec`` and ``nodes`` (those are the
+    ``spec`` column and one ``rollout_nodes`` row per node). ``revision`` counts the
+    steps and commands stored; a write names the revision it read. ``lease_owner`` and
+    ``lease_expires_at``: the replica stepping the rollout, until then (one at a time).
+    ``following``: a done rollout still takes in nodes that enrol later, until a newer
+    rollout of the same model supersedes it. ``verdict``: the gates' latest evaluation
+    (what ``watch`` shows, and the history the next one continues).
+    """
+
+    __tablename__ = "rollouts"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ({})".format(", ".join(f"'{s}'" for s in ROLLOUT_STATUSES)),
+            name="status",
+        ),
+        CheckConstraint("revision >= 0", name="revision_nonnegative"),
+        Index("ix_rollouts_fleet_id_model", "fleet_id", "model"),
+        Index("ix_rollouts_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True, init=False)
+    fleet_id: Mapped[int] = mapped_column(ForeignKey("fleets.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(128))
+    version: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]]
+    state: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16))
+    stage: Mapped[int]
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    revision: Mapped[int] = mapped_column(BigInteger, default=0)
+    following: Mapped[bool] = mapped_column(default=True)
+    verdict: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    lease_owner: Mapped[str | None] = mapped_column(String(128), default=None)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class RolloutNodeRow(Base):
+    """One node's `NodeRecord` in a rollout, and the director sequence of the last
+    assignment the rollout gave it (a node's update status counts from that sequence on).
+
+    No foreign key to ``nodes``: the record outlives a node that leaves, as history.
+    """
+
+    __tablename__ = "rollout_nodes"
+
+    rollout_id: Mapped[int] = mapped_column(
+        BigInteger,
+        ForeignKey("rollouts.id", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    )
+    node_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    stage: Mapped[int | None]
+    rank: Mapped[int]
+    stratum: Mapped[str] = mapped_column(String(512))
+    previous: Mapped[str | None] = mapped_column(String(64))
+    since: Mapped[datetime]
+    phase: Mapped[str] = mapped_column(String(24))
+    track: Mapped[str] = mapped_column(String(16))
+    shadowing: Mapped[bool]
+    touched: Mapped[bool]
+    started_at: Mapped[datetime | None]
+    reason: Mapped[str] = mapped_column(Text)
+    sequence: Mapped[int | None] = mapped_column(BigInteger, default=None)
+
+
+class RolloutDecisionRow(Base):
+    """Every decision of a rollout (a machine `Record`), with the numbers behind it."""
+
+    __tablename__ = "rollout_decisions"
+    __table_args__ = (Index("ix_rollout_decisions_rollout_id_id", "rollout_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True, init=False)
+    rollout_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("rollouts.id", ondelete="CASCADE")
+    )
+    revision: Mapped[int] = mapped_column(BigInteger)
+    at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(32))
+    stage: Mapped[int]
+    text: Mapped[str] = mapped_column(Text)
+    numbers: Mapped[dict[str, Any]]
+
+
+class RolloutActionRow(Base):
+    """An action a rollout step decided (assign, assign-shadow, end-shadow, rollback,
+    notify), stored with the state that decided it and carried out after the commit.
+
+    ``done_at`` is set once it was carried out, with its ``outcome`` (done, skipped: the
+    node's assignment already said so, superseded: a later action for the node replaced
+    it, failed) and the director ``sequence`` it produced; a crash in between leaves it
+    pending, and the next pass finds what the director already holds.
+    """
+
+    __tablename__ = "rollout_actions"
+    __table_args__ = (
+        CheckConstraint(
+            "kind IN ('assign', 'assign-shadow', 'end-shadow', 'rollback', 'notify')",
+            name="kind",
+        ),
+        Index("ix_rollout_actions_rollout_id_done_at", "rollout_id", "done_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True, init=False)
+    rollout_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("rollouts.id", ondelete="CASCADE")
+    )
+    revision: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(16))
+    node_id: Mapped[str | None] = mapped_column(String(64))
+    version: Mapped[str | None] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    done_at: Mapped[datetime | None] = mapped_column(default=None)
+    outcome: Mapped[str | None] = mapped_column(String(16), default=None)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    sequence: Mapped[int | None] = mapped_column(BigInteger, default=None)

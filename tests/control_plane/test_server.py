@@ -16,6 +16,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from control_plane.errors import InvalidInputError
 from control_plane.settings import ServerSettings
 from tests.conftest import free_port, wait_for_port
 
@@ -43,6 +44,24 @@ def test_grpc_settings_split_names_from_addresses(monkeypatch: pytest.MonkeyPatc
 def test_bad_grpc_settings_fail_fast(values: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="grpc"):
         ServerSettings(**values)  # type: ignore[arg-type]
+
+
+def test_rollout_webhooks_need_their_secret_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("EDGEFLEET_ROLLOUT_WEBHOOKS", "https://chat.example/a, https://pager/b")
+    monkeypatch.delenv("EDGEFLEET_ROLLOUT_WEBHOOK_SECRET_FILE", raising=False)
+    with pytest.raises(InvalidInputError, match="SECRET_FILE"):
+        ServerSettings().webhook_config()
+    secret = tmp_path / "hook.key"
+    secret.write_text("0123456789abcdef0123\n")
+    monkeypatch.setenv("EDGEFLEET_ROLLOUT_WEBHOOK_SECRET_FILE", str(secret))
+    config = ServerSettings().webhook_config()
+    assert config is not None
+    assert config.urls == ("https://chat.example/a", "https://pager/b")
+    assert config.secret == b"0123456789abcdef0123"
+    monkeypatch.setenv("EDGEFLEET_ROLLOUT_INTERVAL_S", "5")
+    assert ServerSettings().rollout_config().interval_s == 5.0
 
 
 @pytest.mark.slow

@@ -213,6 +213,18 @@ def clear_alert(world: World) -> Call:
     return Call("POST", f"/v1/alerts/{alert_id}/clear", 200)
 
 
+def create_rollout(world: World) -> Call:
+    body = {"model": "detector", "version": "1.0.0", "stages": "1,100%", "selector": "site=new"}
+    return Call("POST", f"/v1/fleets/{world.fleet}/rollouts", 201, json=body)
+
+
+def command_rollout(world: World) -> Call:
+    body = {"model": "detector", "version": "1.0.0", "stages": "1,100%", "selector": "site=old"}
+    with world.api() as api:
+        created = api.json("POST", f"/v1/fleets/{world.fleet}/rollouts", json=body)
+    return Call("POST", f"/v1/rollouts/{created['id']}/pause", 200, json={"note": "wait"})
+
+
 # (method, route path as the schema names it) -> how to make a valid call of it.
 CASES: dict[tuple[str, str], Callable[[World], Call]] = {
     ("POST", "/v1/fleets"): create_fleet,
@@ -230,6 +242,8 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
     ("POST", "/v1/nodes/{node_id}/pin"): pin_node,
     ("POST", "/v1/fleets/{fleet}/pin"): pin_fleet_nodes,
     ("POST", "/v1/alerts/{alert_id}/clear"): clear_alert,
+    ("POST", "/v1/fleets/{fleet}/rollouts"): create_rollout,
+    ("POST", "/v1/rollouts/{rollout_id}/{command}"): command_rollout,
 }
 
 

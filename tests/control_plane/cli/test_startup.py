@@ -49,7 +49,18 @@ HEAVY_OWN = frozenset(
         "control_plane.trust",
     }
 )
-GROUPS = ["keys", "fleet", "model", "token", "audit", "node", "nodes", "mqtt", "alerts"]
+GROUPS = [
+    "keys",
+    "fleet",
+    "model",
+    "token",
+    "audit",
+    "node",
+    "nodes",
+    "mqtt",
+    "alerts",
+    "rollout",
+]
 
 _DUMP = """
 import json, sys

@@ -44,6 +44,10 @@ TABLES = {
     "health_rollups",
     "health_latest",
     "health_alerts",
+    "rollouts",
+    "rollout_nodes",
+    "rollout_decisions",
+    "rollout_actions",
 }
 
 

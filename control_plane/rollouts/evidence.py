@@ -1,0 +1,234 @@
+"""A stage's health points as the gates' `Samples`: the canaries (or shadow nodes) over the
+evaluation window, each with its own series before the update, and the controls over the
+same window.
+
+What it is for: `stage_samples` turns the health store's raw points (one per report,
+`HealthPoint`s as stored: flat metrics and per-version latency percentiles) into
+`gates.Samples`. A canary's series are its points of the candidate since it became
+healthy; its baseline is as many of its points of the version it ran before, just before
+its assignment. A control's series are its points over the same window, its baseline
+the same number before. In the shadow stage a node's series is the candidate's P99
+beside it (`shadow_p99_ms`), its baseline the served model's over the same points, and
+its agreement counts come from the newest point (the node reports them since the
+candidate started). What it is not for: reading the database (`gates_source.py`) or
+judging (`gates.py`). Pure: no I/O, no framework (the gates' data classes only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from control_plane.rollouts.gates import Counters, NodeSamples, Samples, ShadowCounts
+from control_plane.rollouts.state import RolloutState
+
+__all__ = ["Point", "p99_s", "stage_samples"]
+
+_KINDS: Final = ("end_to_end", "compute")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One stored health report of a node."""
+
+    at: datetime
+    metrics: Mapping[str, float]
+    latency: Mapping[str, Any]
+
+
+def p99_s(point: Point, label: str) -> float | None:
+    """The report's P99 of `label` (`name@version`) in seconds: end to end, else compute."""
+    kinds = point.latency.get(label)
+    if not isinstance(kinds, Mapping):
+        return None
+    for kind in _KINDS:
+        values = kinds.get(kind)
+        value = values.get("p99_ms") if isinstance(values, Mapping) else None
+        if isinstance(value, int | float) and math.isfinite(value) and value > 0:
+            return float(value) / 1000.0
+    return None
+
+
+def _metric(point: Point, name: str) -> float | None:
+    value = point.metrics.get(name)
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _counters(points: Sequence[Point]) -> Counters:
+    frames = dropped = errors = restarts = 0
+    seconds = 0.0
+    uptime: float | None = None
+    for p in points:
+        frames += int(_metric(p, "frames") or 0)
+        dropped += int(_metric(p, "frames_dropped") or 0)
+        errors += int(_metric(p, "errors") or 0)
+        seconds += max(_metric(p, "window_s") or 0.0, 0.0)
+        now = _metric(p, "uptime_s")
+        if now is not None and uptime is not None and now < uptime:
+            restarts += 1
+        uptime = now if now is not None else uptime
+    return Counters(
+        frames=frames,
+        errors=min(errors, frames),
+        dropped=dropped,
+        restarts=restarts,
+        seconds=seconds,
+    )
+
+
+def _rss(points: Sequence[Point], origin: datetime) -> list[tuple[float, float]]:
+    out = []
+    for p in points:
+        rss = _metric(p, "rss_bytes")
+        if rss is not None and rss >= 0:
+            out.append(((p.at - origin).total_seconds(), rss))
+    return out
+
+
+def _shadow_counts(points: Sequence[Point]) -> ShadowCounts | None:
+    """The newest point's agreement figures as counts. The store keeps ratios over the
+    frames compared, not box counts: boxes are counted as the frames compared, and a
+    matched box's score as agreeing (score agreement is not measured this way)."""
+    for p in reversed(points):
+        frames = int(_metric(p, "shadow_frames_compared") or 0)
+        if frames <= 0:
+            continue
+        top1, recall = _metric(p, "shadow_top1_ratio"), _metric(p, "shadow_recall")
+        classified = frames if top1 is not None else 0
+        boxes = frames if recall is not None else 0
+        matched = round(min(max(recall or 0.0, 0.0), 1.0) * boxes)
+        return ShadowCounts(
+            frames=frames,
+            classified=classified,
+            top1_agreed=round(min(max(top1 or 0.0, 0.0), 1.0) * classified),
+            boxes_reference=boxes,
+            boxes_matched=matched,
+            scores_agreed=matched,
+        )
+    return None
+
+
+def _canary(
+    node_id: str,
+    points: Sequence[Point],
+    *,
+    new: str,
+    old: str | None,
+    started: datetime,
+    healthy: datetime,
+    window_start: datetime,
+) -> NodeSamples:
+    after = [p for p in points if p.at >= max(healthy, window_start) and p99_s(p, new)]
+    before = [p for p in points if p.at < started and old is not None and p99_s(p, old)]
+    before = before[-len(after) :] if after else []
+    return NodeSamples(
+        node_id,
+        p99_s=[v for p in after if (v := p99_s(p, new)) is not None],
+        baseline_p99_s=[v for p in before if old and (v := p99_s(p, old)) is not None],
+        rss=_rss(after, window_start),
+        counters=_counters(after),
+    )
+
+
+def _control(
+    node_id: str, points: Sequence[Point], label: str | None, window_start: datetime
+) -> NodeSamples:
+    if label is None:
+        return NodeSamples(node_id)
+    within = [p for p in points if p.at >= window_start and p99_s(p, label)]
+    before = [p for p in points if p.at < window_start and p99_s(p, label)]
+    before = before[-len(within) :] if within else []
+    return NodeSamples(
+        node_id,
+        p99_s=[v for p in within if (v := p99_s(p, label)) is not None],
+        baseline_p99_s=[v for p in before if (v := p99_s(p, label)) is not None],
+        rss=_rss(within, window_start),
+        counters=_counters(within),
+    )
+
+
+def _shadow(
+    node_id: str, points: Sequence[Point], serving: str | None, started: datetime
+) -> NodeSamples:
+    after = [p for p in points if p.at >= started]
+    paired = [
+        (shadow, served)
+        for p in after
+        if (shadow := _metric(p, "shadow_p99_ms")) is not None
+        and shadow > 0
+        and serving is not None
+        and (served := p99_s(p, serving)) is not None
+    ]
+    return NodeSamples(
+        node_id,
+        p99_s=[shadow / 1000.0 for shadow, _ in paired],
+        baseline_p99_s=[served for _, served in paired],
+        shadow=_shadow_counts(after),
+    )
+
+
+def stage_samples(
+    state: RolloutState,
+    points: Mapping[str, Sequence[Point]],
+    versions: Mapping[str, str | None],
+    *,
+    window_start: datetime,
+    now: datetime,
+    canaries: Iterable[str],
+) -> Samples:
+    """The current stage's samples. `points`: each node's points, oldest first;
+    `versions`: what each control serves; `canaries`: the stage's judged nodes (healthy
+    on the candidate, or on the shadow)."""
+    spec = state.spec
+    new = f"{spec.model}@{spec.version}"
+    shadow = spec.stages.is_shadow(state.stage)
+    judged: list[NodeSamples] = []
+    ends: list[datetime] = []
+    for node_id in canaries:
+        record = state.nodes[node_id]
+        mine = points.get(node_id, ())
+        old = f"{spec.model}@{record.previous}" if record.previous else None
+        started = record.started_at or record.since
+        if shadow:
+            judged.append(_shadow(node_id, mine, old, started))
+        else:
+            judged.append(
+                _canary(
+                    node_id,
+                    mine,
+                    new=new,
+                    old=old,
+                    started=started,
+                    healthy=record.since,
+                    window_start=window_start,
+                )
+            )
+        ends.extend(p.at for p in mine[-1:] if p.at >= started)
+    controls = (
+        []
+        if shadow
+        else [
+            _control(
+                node_id,
+                points.get(node_id, ()),
+                f"{spec.model}@{versions[node_id]}" if versions.get(node_id) else None,
+                window_start,
+            )
+            for node_id in state.controls
+        ]
+    )
+    # No canary has reported since its assignment: the window is now (too few samples),
+    # not the window's start (which would read as stale samples).
+    end = min(max(ends, default=now), now)
+    return Samples(
+        window_start=min(window_start, end),
+        window_end=end,
+        canaries=judged,
+        controls=controls,
+        stage="shadow" if shadow else "canary",
+    )

@@ -1,0 +1,163 @@
+"""The gates fed from the health store: a stage's canaries, controls and baselines read
+from stored health points, judged by the real gates (scipy), on both backends."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from control_plane.errors import InvalidInputError
+from control_plane.rollouts.evidence import Point, p99_s, stage_samples
+from control_plane.rollouts.gates_source import GatesVerdicts
+from control_plane.rollouts.spec import parse_rollout_spec
+from control_plane.rollouts.state import NodeRecord, RolloutState
+from control_plane.storage import create_engine_for, migrate, session_factory
+from control_plane.storage.models import HealthPointRow
+from tests.control_plane.health.support import add_nodes
+
+T0 = datetime.fromisoformat("2026-03-01T12:00:00+00:00")  # the canaries' assignment
+CANARIES = [f"c{i}" for i in range(5)]
+CONTROLS = [f"k{i}" for i in range(5)]
+STEP = timedelta(seconds=30)
+
+
+@pytest.fixture
+def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
+    engine: Engine = create_engine_for(database_url)
+    migrate(engine)
+    made = session_factory(engine)
+    add_nodes(made, *CANARIES, *CONTROLS)
+    try:
+        yield made
+    finally:
+        engine.dispose()
+
+
+def state(**spec: Any) -> RolloutState:
+    parsed = parse_rollout_spec(
+        fleet="gates", model="det", version="2.0", stages="5,100%", bake="30m", **spec
+    )
+    nodes = {
+        node_id: NodeRecord(
+            stage=0 if node_id in CANARIES else 1,
+            rank=rank,
+            stratum="",
+            previous="1.0",
+            since=T0 + timedelta(minutes=5) if node_id in CANARIES else T0,
+            phase="healthy" if node_id in CANARIES else "queued",
+            touched=node_id in CANARIES,
+            started_at=T0 if node_id in CANARIES else None,
+        )
+        for rank, node_id in enumerate([*CANARIES, *CONTROLS])
+    }
+    base = RolloutState.new("7", parsed, T0)
+    return replace(base, status="baking", nodes=nodes, controls=tuple(CONTROLS))
+
+
+def report(node_id: str, at: datetime, version: str, p99_ms: float) -> HealthPointRow:
+    return HealthPointRow(
+        node_id=node_id,
+        record_id=f"{node_id}-{at.isoformat()}",
+        at=at,
+        received_at=at,
+        schema="edgefleet.agent.health/2",
+        metrics={
+            "frames": 300.0,
+            "frames_dropped": 1.0,
+            "errors": 0.0,
+            "window_s": 30.0,
+            "uptime_s": (at - T0).total_seconds() + 7200,
+            "rss_bytes": 200e6,
+        },
+        latency={f"det@{version}": {"end_to_end": {"p99_ms": p99_ms}}},
+    )
+
+
+def seed(sessions: sessionmaker[Session], slowdown: float, until: datetime) -> None:
+    """Every node reports every 30 s from an hour before the assignment until `until`;
+    the canaries on 2.0 after it, `slowdown` times their old P99."""
+    rng = random.Random(4)
+    rows = []
+    at = T0 - timedelta(hours=1)
+    while at <= until:
+        for node_id in CANARIES + CONTROLS:
+            base = 20.0 * (1 + 0.02 * int(node_id[1:])) * rng.lognormvariate(0, 0.05)
+            on_new = node_id in CANARIES and at >= T0 + timedelta(minutes=5)
+            if node_id in CANARIES and T0 <= at < T0 + timedelta(minutes=5):
+                continue  # updating: no samples of either version
+            version, p99 = ("2.0", base * slowdown) if on_new else ("1.0", base)
+            rows.append(report(node_id, at, version, p99))
+        at += STEP
+    with sessions() as session:
+        session.add_all(rows)
+        session.commit()
+
+
+def test_a_good_stage_passes_and_a_slow_one_fails_after_three_evaluations(
+    sessions: sessionmaker[Session],
+) -> None:
+    verdicts = GatesVerdicts(sessions)
+    now = T0 + timedelta(minutes=40)
+    seed(sessions, 1.0, now + timedelta(minutes=10))
+    good = verdicts.judge(state(), None, now)
+    assert good is not None and good.verdict.outcome == "pass", good.verdict.summary()
+    assert {g["name"] for g in good.document["gates"]} >= {"latency_vs_control", "error_rate"}
+
+
+def test_a_slower_canary_fails_on_the_third_evaluation_in_a_row(
+    sessions: sessionmaker[Session],
+) -> None:
+    verdicts = GatesVerdicts(sessions)
+    seed(sessions, 2.0, T0 + timedelta(minutes=45))
+    previous = None
+    outcomes = []
+    for minute in (40, 42, 44):
+        judged = verdicts.judge(state(), previous, T0 + timedelta(minutes=minute))
+        assert judged is not None
+        outcomes.append(judged.verdict.outcome)
+        previous = judged.document
+    assert outcomes == ["inconclusive", "inconclusive", "fail"]
+    latency = next(g for g in previous["gates"] if g["name"] == "latency_vs_control")
+    assert latency["consecutive_failures"] == 3
+
+
+def test_thin_data_is_inconclusive_never_a_pass(sessions: sessionmaker[Session]) -> None:
+    verdicts = GatesVerdicts(sessions)
+    seed(sessions, 1.0, T0 + timedelta(minutes=8))  # three minutes of the candidate
+    judged = verdicts.judge(state(), None, T0 + timedelta(minutes=8))
+    assert judged is not None and judged.verdict.outcome == "inconclusive"
+
+
+def test_a_bad_gates_file_is_refused_at_creation(sessions: sessionmaker[Session]) -> None:
+    verdicts = GatesVerdicts(sessions)
+    with pytest.raises(InvalidInputError) as bad:
+        verdicts.check(state(gates={"error_rate": {"max_increase": "lots"}}).spec)
+    assert "gates.error_rate.max_increase" in bad.value.message
+
+
+def test_samples_pair_each_canary_with_its_own_past() -> None:
+    points = {
+        "c0": [
+            Point(T0 - timedelta(minutes=m), {}, {"det@1.0": {"end_to_end": {"p99_ms": 10}}})
+            for m in (3, 2, 1)
+        ]
+        + [
+            Point(T0 + timedelta(minutes=5 + m), {}, {"det@2.0": {"compute": {"p99_ms": 30}}})
+            for m in (1, 2)
+        ]
+    }
+    samples = stage_samples(
+        state(), points, {}, window_start=T0, now=T0 + timedelta(minutes=9), canaries=["c0"]
+    )
+    (canary,) = samples.canaries
+    assert list(canary.p99_s) == [0.03, 0.03]
+    assert list(canary.baseline_p99_s) == [0.01, 0.01]  # the two just before the update
+    assert samples.window_end == T0 + timedelta(minutes=7)
+    assert p99_s(points["c0"][0], "det@2.0") is None
