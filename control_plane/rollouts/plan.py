@@ -13,6 +13,7 @@ not for: time, phases or actions (`machine.py`). Pure: no I/O, no framework.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -89,17 +90,26 @@ class Candidate:
     rank: int  # its place in the spread order: the last to be updated are chosen first
 
 
+MIN_CONTROLS: Final = 3
+"""Controls a stage gets at least (the default gates compare with no fewer: a first stage of
+one canary still has a control group to be judged against)."""
+
+
 def pick_controls(canary_strata: Mapping[str, int], pool: Iterable[Candidate]) -> tuple[str, ...]:
-    """As many controls per stratum as the stage has canaries there, online ones and those
-    updated last first (so one control group serves as many stages as it can)."""
+    """As many controls per stratum as the stage has canaries there, and at least
+    `MIN_CONTROLS` in all (shared out over the strata by their canaries); online ones and
+    those updated last first (so one control group serves as many stages as it can)."""
+    total = sum(n for n in canary_strata.values() if n > 0)
     by_stratum: dict[str, list[Candidate]] = {}
     for candidate in pool:
         if canary_strata.get(candidate.stratum, 0) > 0:
             by_stratum.setdefault(candidate.stratum, []).append(candidate)
     chosen: list[str] = []
     for stratum in sorted(by_stratum):
+        count = canary_strata[stratum]
+        wanted = max(count, math.ceil(MIN_CONTROLS * count / total))
         ranked = sorted(by_stratum[stratum], key=lambda c: (not c.online, -c.rank))
-        chosen.extend(c.node_id for c in ranked[: canary_strata[stratum]])
+        chosen.extend(c.node_id for c in ranked[:wanted])
     return tuple(chosen)
 
 
