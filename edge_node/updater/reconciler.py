@@ -777,9 +777,7 @@ class Reconciler:
                 state = await self._restarted_on_watch(state, state.probation)
             active = state.active
             store_verify = self._store.verify
-            cached = (
-                None if self._cached_view is None else await asyncio.to_thread(self._cached_view)
-            )
+            cached = await self._cached()
             if active is not None and not await asyncio.to_thread(store_verify, active.sha256):
                 previous = state.previous
                 revoked = None if cached is None else _revocation(cached, previous)
@@ -900,9 +898,7 @@ class Reconciler:
             if state.phase is not Phase.IDLE or state.active != expected:
                 return Outcome(OutcomeKind.UNCHANGED, "not-active", expected, sequence)
             previous = state.previous
-            cached = (
-                None if self._cached_view is None else await asyncio.to_thread(self._cached_view)
-            )
+            cached = await self._cached()
             revoked = None if cached is None else _revocation(cached, previous)
             problem = None
             if previous is None:
@@ -1036,6 +1032,10 @@ class Reconciler:
         )
         self._gc(state)
         return state
+
+    async def _cached(self) -> TargetsView | None:
+        """The metadata the last refresh kept, offline (None without `cached_view`)."""
+        return None if self._cached_view is None else await asyncio.to_thread(self._cached_view)
 
     async def _refusal(self, exc: BaseException) -> Outcome:
         """The assignment refused for `exc` (one of `_REFUSALS`), reported."""
