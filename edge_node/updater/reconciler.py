@@ -458,8 +458,13 @@ class Reconciler:
             plan = await asyncio.to_thread(self._plan, signed, state, view)
         except _REFUSALS as exc:
             outcome = await self._refusal(exc)
-            if revoked is not None:  # reported last: it is what the node does now
+            # Reported last, since it is what the node does now: the recall it learns now,
+            # or the one that left it serving nothing (the Hello announcing that brings
+            # the refused assignment back).
+            if revoked is not None:
                 await self._leave_revoked(state, view, revoked)
+            elif state.active is None and state.last_error == REVOKED_ACTIVE:
+                await self._still_stopped(state, view)
             return outcome
         if revoked is not None:
             # Before the trial: a trial that fails must not go back to the revoked model.
@@ -1032,6 +1037,21 @@ class Reconciler:
         )
         self._gc(state)
         return state
+
+    async def _still_stopped(self, state: JournalState, view: TargetsView) -> None:
+        """Say again that the node serves nothing because its model was revoked."""
+        revoked = await asyncio.to_thread(_revocation, view, state.failed)
+        if revoked is not None:
+            await self._report(
+                UpdateReport(
+                    UpdatePhase.FAILED,
+                    revoked.ref.path,
+                    state.director_sequence,
+                    REVOKED_ACTIVE,
+                    f"{revoked.detail}; serving nothing",
+                    revoked.facts,
+                )
+            )
 
     async def _cached(self) -> TargetsView | None:
         """The metadata the last refresh kept, offline (None without `cached_view`)."""

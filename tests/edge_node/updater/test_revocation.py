@@ -167,6 +167,16 @@ async def test_with_nothing_allowed_the_node_stops_serving_and_says_so(
     assert "previous model is revoked too" in report.detail
     assert report.detail.endswith("serving nothing")
 
+    # The Hello that says so brings the refused assignment back: refused again, and the
+    # recall stays the last word.
+    again = await rec.apply(world.assign(new, renewal=True, sequence=world.sequence))
+    assert again.reason == "below-floor"
+    assert [(r.phase, r.reason) for r in world.reports[-2:]] == [
+        (UpdatePhase.FAILED, "below-floor"),
+        (UpdatePhase.FAILED, REVOKED_ACTIVE),
+    ]
+    assert world.host.stops == 1
+
     # The control plane moves it once a good version is pushed.
     fixed = world.release("1.2.0", add=3.0, counter=3)
     assert (await rec.apply(world.assign(fixed))).kind is OutcomeKind.APPLIED
