@@ -64,6 +64,7 @@ PURE_CORES = (
     "control_plane/nodes/model.py",
     "control_plane/durations.py",
     "control_plane/director/delivery.py",
+    "control_plane/director/revocation.py",
     "control_plane/health/config.py",
     "control_plane/health/report.py",
     "control_plane/health/rollup.py",

@@ -63,7 +63,15 @@ async def _renewal_loop(director: DirectorService, interval_s: float) -> None:
     """Renew director assignments before they lapse (ADR 0032), at least six times per
     renewal window (a third of their lifetime), so a missed pass is caught up in time."""
     interval = min(interval_s, director.ttl.total_seconds() / 18)
-    await _every(interval, director.renew_expiring, "renewing director assignments")
+
+    def renew_and_move() -> None:
+        try:
+            director.renew_expiring()
+        finally:
+            # Nodes still assigned a revoked version (a move a crash interrupted): ADR 0035.
+            director.move_all_off_revoked()
+
+    await _every(interval, renew_and_move, "renewing director assignments")
 
 
 async def _every(interval_s: float, work: Callable[[], object], what: str) -> None:

@@ -37,6 +37,17 @@ class ArtifactOut(BaseModel):
     created: bool
 
 
+class RevocationOut(BaseModel):
+    """What a push did to the nodes on versions it revoked (ADR 0035)."""
+
+    model: str
+    floor: int
+    moved_to: str | None = Field(description="the version they got; null: none is allowed")
+    moved: list[str] = Field(description="node ids given a fresh assignment of `moved_to`")
+    left: list[str] = Field(description="node ids left on a revoked version (none allowed)")
+    skipped: list[str] = Field(default_factory=list, description="`node (revoked|gone)`")
+
+
 class PushOut(BaseModel):
     fleet: str
     targets_version: int
@@ -44,6 +55,7 @@ class PushOut(BaseModel):
     timestamp_version: int
     added: list[str]
     floors: dict[str, int]
+    revocations: list[RevocationOut] = Field(default_factory=list)
 
 
 class RotationOut(BaseModel):
@@ -72,6 +84,11 @@ class ModelVersionOut(BaseModel):
     created_by: str
     revoked: bool
     download_url: str | None = None
+    left_on_it: list[str] = Field(
+        default_factory=list,
+        description="revoked versions: the nodes still assigned it, for want of a version "
+        "at or above the floor (ADR 0035)",
+    )
     runtime: dict[str, Any] | None = None
     """How the version is run, summarised (the signed form is `custom.runtime`): preprocess,
     decoder and its params, the number of labels and the first few; null for a version

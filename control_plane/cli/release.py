@@ -450,7 +450,7 @@ class ReleaseClient:
             )
             return new, counter
 
-        targets_version, counter, attempts, warnings = self._publish(fleet, build)
+        targets_version, counter, attempts, warnings, _ = self._publish(fleet, build)
         return ReleaseResult(
             fleet=fleet,
             model=name,
@@ -482,21 +482,29 @@ class ReleaseClient:
             self.api.upload_bytes(floor_bytes)
             return new, floor
 
-        targets_version, floor, attempts, warnings = self._publish(fleet, build)
+        targets_version, floor, attempts, warnings, pushed = self._publish(fleet, build)
+        moves: dict[str, Any] = next(
+            (r for r in pushed.get("revocations") or [] if r.get("model") == name), {}
+        )
         return {
             "fleet": fleet,
             "model": name,
             "revoked_version": version,
             "floor": floor,
             "targets_version": targets_version,
+            "nodes_moved": len(moves.get("moved") or []),
+            "moved_to": moves.get("moved_to"),
+            "nodes_left": list(moves.get("left") or []),
             "attempts": attempts,
             "warnings": warnings,
         }
 
     def _publish(
         self, fleet: str, build: Callable[[Metadata[Targets]], tuple[Metadata[Targets], int]]
-    ) -> tuple[int, int, int, list[str]]:
-        """Read, build, sign, post; on 409 start again from a fresh read (bounded)."""
+    ) -> tuple[int, int, int, list[str], dict[str, Any]]:
+        """Read, build, sign, post; on 409 start again from a fresh read (bounded).
+        Returns the targets version, the built value, the attempts, the warnings and the
+        push's answer."""
         last: ApiError | None = None
         for attempt in range(1, MAX_PUSH_ATTEMPTS + 1):
             _, current, warnings = self.trusted_metadata(fleet)
@@ -510,7 +518,7 @@ class ReleaseClient:
                     last = exc
                     continue
                 raise
-            return int(result["targets_version"]), value, attempt, warnings
+            return int(result["targets_version"]), value, attempt, warnings, dict(result)
         raise ConflictError(
             f"gave up after {MAX_PUSH_ATTEMPTS} attempts: other pushes kept winning ({last})",
             fleet=fleet,

@@ -17,6 +17,11 @@ takes a renewal only for the target it already holds and never retries a failed 
 because of it. `assign_shadow` / `clear_shadow` sign the node's current target again with
 or without a shadow candidate (ADR 0031), marked as renewals too: the served target is
 not a new decision, so a target that failed on the node is not tried again.
+
+`move_off_revoked` is revocation as a rollout (ADR 0035): after a push raises a floor
+(`after_push`), and in a periodic pass (`move_all_off_revoked`), every node assigned a
+version below its model's floor is pinned to the newest version at or above it (the plan:
+`control_plane.director.revocation`); with none, the nodes are left and named.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from control_plane.director.assignments import (
     sign_assignments,
 )
 from control_plane.director.delivery import AssignmentDelivery, FanOutDelivery
+from control_plane.director.revocation import Release, plan_revocation
 from control_plane.errors import (
     ConflictError,
     EdgefleetError,
@@ -52,9 +58,15 @@ from control_plane.errors import (
 )
 from control_plane.identity.bootstrap import validate_labels
 from control_plane.nodes.inventory import NodeInventory
-from control_plane.registry.service import ModelVersionInfo, RegistryService
+from control_plane.registry.service import ModelVersionInfo, PushResult, RegistryService
 from control_plane.storage.copy import BinaryCopy, copy_rows
-from control_plane.storage.models import DirectorAssignmentRow, FleetRow, NodeRow
+from control_plane.storage.models import (
+    DirectorAssignmentRow,
+    FleetRow,
+    ModelFloorRow,
+    ModelVersionRow,
+    NodeRow,
+)
 from control_plane.trust.custom import parse_target_path, validate_model_name, validate_version
 from control_plane.trust.keys import public_key_dict
 from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
@@ -66,6 +78,7 @@ __all__ = [
     "Assignment",
     "DirectorService",
     "PinManyResult",
+    "RevocationMoves",
     "SkippedNode",
 ]
 
@@ -146,6 +159,21 @@ class PinManyResult:
     @property
     def selected(self) -> int:
         return len(self.assignments) + len(self.skipped)
+
+
+@dataclass(frozen=True, slots=True)
+class RevocationMoves:
+    """What `move_off_revoked` did for one model: the floor, the version the nodes were
+    moved to (None: none is allowed), their new assignments, the nodes left on a revoked
+    version for want of one, and the nodes skipped (revoked or gone meanwhile)."""
+
+    fleet: str
+    model: str
+    floor: int
+    to_version: str | None
+    moved: tuple[Assignment, ...]
+    left: tuple[str, ...]
+    skipped: tuple[SkippedNode, ...]
 
 
 class DirectorService:
@@ -826,6 +854,234 @@ class DirectorService:
                 ", ".join(via),
                 extra={"node_id": assignment.node_id, "sequence": assignment.sequence},
             )
+
+    # -------------------------------------------------------------- revocation
+
+    def move_off_revoked(
+        self,
+        fleet: str,
+        model: str,
+        *,
+        ctx: RequestContext = SYSTEM,
+        chunk_size: int = PIN_CHUNK,
+    ) -> RevocationMoves:
+        """Give every unrevoked node of `fleet` whose current assignment is a version of
+        `model` below its floor a fresh assignment of the newest version at or above the
+        floor (ADR 0035). The pins go as `pin_many`'s do: `chunk_size` nodes per
+        transaction, rows locked in id order, one audit entry per chunk ("node.pin" on
+        "fleet:NAME", reason "revoked"), each chunk delivered once committed. Under the
+        lock each node's current assignment is read again: a node moved meanwhile (by a
+        replica, a retry, an operator) is not pinned twice. With no allowed version the
+        nodes are left as they are and named in `left`; the next push of a good version
+        moves them (`after_push`)."""
+        if not 1 <= chunk_size <= _MAX_PIN_CHUNK:
+            raise InvalidInputError(
+                f"chunk size must be 1..{_MAX_PIN_CHUNK}", chunk_size=chunk_size
+            )
+        validate_model_name(model)
+        with self._sessions() as session:
+            fleet_id, floor, releases, revoked_paths, current = self._on_revoked(
+                session, fleet, model
+            )
+        plan = plan_revocation(model, floor, releases.values(), current)
+        if not plan.affected or plan.to is None:
+            if plan.left:
+                log.warning(
+                    "%d nodes of fleet %s are left on a revoked version of %s: no version "
+                    "at or above the floor %d",
+                    len(plan.left),
+                    fleet,
+                    model,
+                    floor,
+                    extra={"fleet": fleet, "model": model},
+                )
+            return RevocationMoves(fleet, model, floor, None, (), plan.left, ())
+        info = self._registry.get_version(fleet, model, plan.to.version)
+        _require_runnable(info)
+        issued_at = self._clock.now().replace(microsecond=0)
+        expires_at = issued_at + self._ttl
+        affected = list(plan.affected)
+        chunks = [affected[i : i + chunk_size] for i in range(0, len(affected), chunk_size)]
+        moved: list[Assignment] = []
+        skipped: list[SkippedNode] = []
+        for number, chunk in enumerate(chunks, start=1):
+            details: dict[str, Any] = {
+                "reason": "revoked",
+                "model": model,
+                "version": info.version,
+                "target_path": info.target_path,
+                "floor": floor,
+                "node_ids": list(chunk),
+                "chunk": number,
+                "chunks": len(chunks),
+            }
+            with self._mutations.mutation(
+                ctx, "node.pin", f"fleet:{fleet}", needs=Role.OPERATOR, details=details
+            ) as session:
+                if number > 1:  # the floor may have risen again meanwhile
+                    _require_runnable(self._registry.get_version(fleet, model, info.version))
+                still = self._still_on(session, fleet_id, chunk, revoked_paths)
+                pinned, signed, passed = (
+                    self._pin_chunk(
+                        session, ctx, fleet, fleet_id, still, info, issued_at, expires_at
+                    )
+                    if still
+                    else ([], [], [])
+                )
+                details.update(
+                    nodes=len(pinned),
+                    sequences=_sequence_range(pinned),
+                    skipped=[f"{s.node_id} ({s.reason})" for s in passed],
+                )
+            moved.extend(pinned)
+            skipped.extend(passed)
+            self._deliver_many(fleet, signed)
+        log.info(
+            "moved %d nodes of fleet %s off revoked versions of %s to %s",
+            len(moved),
+            fleet,
+            model,
+            info.version,
+            extra={"fleet": fleet, "target": info.target_path},
+        )
+        return RevocationMoves(fleet, model, floor, info.version, tuple(moved), (), tuple(skipped))
+
+    def after_push(self, push: PushResult) -> list[RevocationMoves]:
+        """After a push is stored: move the nodes off what it revoked (the models whose
+        floor it raised) and off what an earlier revoke left them on (the models it adds a
+        version of). The push stands whatever happens here: a failure is logged and the
+        periodic pass (`move_all_off_revoked`) tries again."""
+        models = set(push.floors)
+        for path in push.added:
+            parsed = parse_target_path(path)
+            if parsed is not None and parsed.version is not None:
+                models.add(parsed.model)
+        done: list[RevocationMoves] = []
+        for model in sorted(models):
+            try:
+                moves = self.move_off_revoked(push.fleet, model)
+            except Exception:  # the push committed already; the periodic pass retries
+                log.exception(
+                    "moving the nodes of fleet %s off revoked %s failed", push.fleet, model
+                )
+                continue
+            if model in push.floors or moves.moved or moves.left:
+                done.append(moves)
+        return done
+
+    def move_all_off_revoked(self) -> int:
+        """The periodic pass: every (fleet, model) with a node assigned below the model's
+        floor is moved (`move_off_revoked`): a move a crash interrupted, a node pinned by
+        an older replica. Returns how many nodes were moved."""
+        newest = _newest()
+        with self._sessions() as session:
+            pairs = session.execute(
+                select(FleetRow.name, ModelVersionRow.model)
+                .select_from(DirectorAssignmentRow)
+                .join(newest, _is_newest(newest))
+                .join(NodeRow, NodeRow.id == DirectorAssignmentRow.node_id)
+                .join(FleetRow, FleetRow.id == NodeRow.fleet_id)
+                .join(
+                    ModelVersionRow,
+                    and_(
+                        ModelVersionRow.fleet_id == NodeRow.fleet_id,
+                        ModelVersionRow.target_path == DirectorAssignmentRow.target_path,
+                    ),
+                )
+                .join(
+                    ModelFloorRow,
+                    and_(
+                        ModelFloorRow.fleet_id == NodeRow.fleet_id,
+                        ModelFloorRow.model == ModelVersionRow.model,
+                    ),
+                )
+                .where(NodeRow.revoked_at.is_(None))
+                .where(ModelVersionRow.release_counter < ModelFloorRow.floor)
+                .distinct()
+                .order_by(FleetRow.name, ModelVersionRow.model)
+            ).all()
+        moved = 0
+        for fleet, model in pairs:
+            try:
+                moved += len(self.move_off_revoked(fleet, model).moved)
+            except EdgefleetError as exc:
+                log.error("cannot move nodes of fleet %s off revoked %s: %s", fleet, model, exc)
+        return moved
+
+    def left_on_revoked(self, fleet: str, model: str) -> dict[str, list[str]]:
+        """Each revoked version of `model` with the unrevoked nodes whose current
+        assignment it still is (for `model show`), sorted by node id."""
+        validate_model_name(model)
+        with self._sessions() as session:
+            _, _, releases, _, current = self._on_revoked(session, fleet, model)
+        by_counter = {r.release_counter: r.version for r in releases.values()}
+        left: dict[str, list[str]] = {}
+        for node_id in sorted(current):
+            left.setdefault(by_counter[current[node_id]], []).append(node_id)
+        return left
+
+    def _on_revoked(
+        self, session: Session, fleet: str, model: str
+    ) -> tuple[int, int, dict[str, Release], list[str], dict[str, int]]:
+        """The fleet's id, the model's floor, its releases by target path, the target
+        paths below the floor, and each unrevoked node currently assigned one of those
+        (node id -> release counter)."""
+        fleet_id = session.scalar(select(FleetRow.id).where(FleetRow.name == fleet))
+        if fleet_id is None:
+            raise NotFoundError(f"no fleet named {fleet!r}", fleet=fleet)
+        floor = session.scalar(
+            select(ModelFloorRow.floor).where(
+                ModelFloorRow.fleet_id == fleet_id, ModelFloorRow.model == model
+            )
+        )
+        releases = {
+            path: Release(version, counter)
+            for path, version, counter in session.execute(
+                select(
+                    ModelVersionRow.target_path,
+                    ModelVersionRow.version,
+                    ModelVersionRow.release_counter,
+                ).where(ModelVersionRow.fleet_id == fleet_id, ModelVersionRow.model == model)
+            )
+        }
+        revoked_paths = sorted(p for p, r in releases.items() if r.release_counter < (floor or 0))
+        current: dict[str, int] = {}
+        if revoked_paths:
+            newest = _newest()
+            for start in range(0, len(revoked_paths), _ID_QUERY_BATCH):
+                batch = revoked_paths[start : start + _ID_QUERY_BATCH]
+                for node_id, path in session.execute(
+                    select(DirectorAssignmentRow.node_id, DirectorAssignmentRow.target_path)
+                    .join(newest, _is_newest(newest))
+                    .join(NodeRow, NodeRow.id == DirectorAssignmentRow.node_id)
+                    .where(NodeRow.fleet_id == fleet_id, NodeRow.revoked_at.is_(None))
+                    .where(DirectorAssignmentRow.target_path.in_(batch))
+                ):
+                    current[node_id] = releases[path].release_counter
+        return fleet_id, floor or 0, releases, revoked_paths, current
+
+    def _still_on(
+        self, session: Session, fleet_id: int, node_ids: list[str], paths: list[str]
+    ) -> list[str]:
+        """Of `node_ids`, those whose current assignment is still one of `paths`, read with
+        their rows locked (in id order, as `_pin_chunk` locks them)."""
+        session.execute(
+            select(NodeRow.id)
+            .where(NodeRow.id.in_(node_ids), NodeRow.fleet_id == fleet_id)
+            .order_by(NodeRow.id)
+            .with_for_update(key_share=True)
+        ).all()
+        newest = _newest()
+        wanted = set(paths)
+        return sorted(
+            node_id
+            for node_id, path in session.execute(
+                select(DirectorAssignmentRow.node_id, DirectorAssignmentRow.target_path)
+                .join(newest, _is_newest(newest))
+                .where(DirectorAssignmentRow.node_id.in_(node_ids))
+            )
+            if path in wanted
+        )
 
     # ------------------------------------------------------------------- reads
 

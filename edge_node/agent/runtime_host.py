@@ -329,6 +329,14 @@ class RuntimeHost:
         runs, failures = session.run_counts()
         return ModelHealth(str(session.path), runs, failures)
 
+    async def stop_serving(self) -> None:
+        """Serve nothing (see `ModelHost.stop_serving`): the pipeline stops, its in-flight
+        frames finish, and every session closes; the next `serve` starts a new pipeline."""
+        await self.close()  # takes the lock itself (via stop_shadow)
+        self._model = None
+        self._use = None
+        log.warning("serving no model")
+
     async def close(self) -> None:
         """Stop the pipeline (its in-flight frames finish) and close every session."""
         await self.stop_shadow()

@@ -191,6 +191,9 @@ class _FaultingHost:
     def health(self) -> ModelHealth | None:
         return self._host.health()
 
+    async def stop_serving(self) -> None:
+        await self._host.stop_serving()
+
 
 class UpdateTask:
     def __init__(
@@ -325,6 +328,7 @@ class UpdateTask:
             store=store,
             source=self._source,
             tuf_client_factory=tuf.refresh,
+            cached_view=tuf.cached_view,
             trust=AssignmentTrust(self._files.node_id, self._files.fleet, director_keys),
             clock=self._clock,
             selftest=self._self_test,

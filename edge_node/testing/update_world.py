@@ -313,7 +313,8 @@ class FakeModelHost:
     was told to serve (`served` paths, `bundles`), runs a trial's self-test on a
     `BareModel` of the bundle (the node's preprocess config `preprocess` for a version
     without a spec), refuses the paths in `refuse`, holds each swap at `gate` while it
-    is set, and reports the run counters a test puts in `counters` (by model path).
+    is set, and reports the run counters a test puts in `counters` (by model path);
+    `stop_serving` clears `serving`.
 
     As a `ShadowHost` it self-tests a shadow candidate the same way and records what runs
     in shadow (`shadows`: the bundle and settings, None once stopped)."""
@@ -327,6 +328,10 @@ class FakeModelHost:
     busy: int = 0
     most_busy: int = 0
     shadows: list[tuple[ModelBundle, ShadowSettings] | None] = field(default_factory=list)
+    serving: bool = False
+    """A model serves: `served[-1]`, unless `stop_serving` came after it."""
+    stops: int = 0
+    """How many times `stop_serving` was called."""
 
     async def serve(
         self, bundle: ModelBundle, *, trial: Trial | None = None
@@ -349,12 +354,17 @@ class FakeModelHost:
                 raise RuntimeError(f"cannot load {bundle.path.name}")
             self.served.append(bundle.path)
             self.bundles.append(bundle)
+            self.serving = True
             return result
         finally:
             self.busy -= 1
 
+    async def stop_serving(self) -> None:
+        self.serving = False
+        self.stops += 1
+
     def health(self) -> ModelHealth | None:
-        if not self.served:
+        if not self.served or not self.serving:
             return None
         model = str(self.served[-1])
         frames, errors = self.counters.get(model, (0, 0))
@@ -719,6 +729,7 @@ class UpdateWorld:
             store=store or self.store,
             source=link,
             tuf_client_factory=tuf.refresh,
+            cached_view=tuf.cached_view,
             trust=AssignmentTrust(NODE, FLEET, self.director.public_key),
             clock=clock,
             selftest=selftest or default_selftest,

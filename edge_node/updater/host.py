@@ -147,6 +147,11 @@ class ModelHost(Protocol):
         """Run counters of the model serving now (None before any serves)."""
         ...
 
+    async def stop_serving(self) -> None:
+        """Serve nothing from now on (a revoked model with nothing allowed to replace it,
+        ADR 0035); in-flight frames finish. A later `serve` starts again."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ShadowSettings:

@@ -54,6 +54,12 @@ Decisions:
   and reverts it to `previous` (or to nothing, rather than a crash loop).
 - The staging directory holds at most one trial's partial downloads: a trial drops the
   others when it starts, a commit drops all.
+- A node never serves a revoked version (ADR 0035). When fresh metadata (every `apply`
+  refreshes it) or, at start-up, the metadata the last refresh kept (`cached_view`) says
+  the active model is below its model's floor, the node goes back to `previous` if that
+  one is in the store and not revoked, else it serves nothing; either way it reports
+  `revoked-active`. The fallback from a damaged active file and the watchdog's revert
+  never go to a revoked `previous`.
 - A renewal keeps the journal's retry schedule as it is: a target that failed for a reason
   that may pass is retried when its backoff says (the renewal's `Outcome.retry_at`), one
   that failed on its merits is not retried because of a renewal.
@@ -123,6 +129,7 @@ from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 __all__ = [
     "NOT_COUNTED",
     "RETRIED",
+    "REVOKED_ACTIVE",
     "AssignmentTrust",
     "Outcome",
     "OutcomeKind",
@@ -144,6 +151,8 @@ _MAX_FACT_KEY: Final = 64
 _MAX_FACT_VALUE: Final = 256
 RESTART_REASON: Final = "interrupted by a restart"
 PROBATION_RESTART_REASON: Final = "restarted-on-watch"
+REVOKED_ACTIVE: Final = "revoked-active"
+"""The active model's release counter is below its model's signed floor (ADR 0035)."""
 DISK_FULL: Final = "disk-full"
 STORAGE_ERROR: Final = "storage-error"
 NOT_COUNTED: Final = frozenset({DISK_FULL, STORAGE_ERROR})
@@ -320,6 +329,34 @@ class _PlanError(EdgeNodeError):
         self.reason = reason
 
 
+_REFUSALS: Final = (AssignmentRejectedError, _PlanError, RepositoryError, DownloadError, OSError)
+"""What refuses an assignment before any trial (OSError: the TUF cache cannot be written,
+a full disk or a read-only data dir; refused like any other, never fatal to the agent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Revoked:
+    """An installed model whose release counter is below its model's floor."""
+
+    ref: ModelRef
+    model: str
+    release_counter: int
+    floor: int
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"{self.ref.path} (release counter {self.release_counter}) is below the floor "
+            f"{self.floor} of model {self.model!r}"
+        )
+
+    @property
+    def facts(self) -> dict[str, str]:
+        return bounded_facts(
+            {"model": self.model, "release_counter": self.release_counter, "floor": self.floor}
+        )
+
+
 async def _no_report(report: UpdateReport) -> None:
     return None
 
@@ -339,14 +376,19 @@ class Reconciler:
         report: Report | None = None,
         limits: ReconcilerLimits | None = None,
         shadow_host: ShadowHost | None = None,
+        cached_view: Callable[[], TargetsView] | None = None,
     ) -> None:
         """`source` serves the model files; `tuf_client_factory()` is called in a worker
         thread and must refresh a fresh `Updater` (e.g. `TufClient(...).refresh`);
-        `shadow_host` runs shadow candidates (None: every one fails as `unsupported`)."""
+        `shadow_host` runs shadow candidates (None: every one fails as `unsupported`);
+        `cached_view()` (in a worker thread, offline) is the metadata the last refresh
+        kept (`TufClient.cached_view`), for the floors at start-up and in a watchdog
+        revert (None: no floor is known then)."""
         self._journal = journal
         self._store = store
         self._source = source
         self._tuf = tuf_client_factory
+        self._cached_view = cached_view
         self._trust = trust
         self._clock = clock
         self._selftest = selftest
@@ -409,15 +451,24 @@ class Reconciler:
     async def _apply(self, signed: SignedDirectorAssignment) -> Outcome:
         state = self._load()
         try:
-            plan = await asyncio.to_thread(self._plan, signed, state)
-        except (AssignmentRejectedError, _PlanError) as exc:
-            return await self._rejected(exc.reason, exc)
-        except (RepositoryError, DownloadError) as exc:
-            return await self._rejected(metadata_reason(exc), exc)
-        except OSError as exc:
-            # The TUF cache could not be written (a full disk, a read-only data dir):
-            # refused like any other, never fatal to the agent.
-            return await self._rejected(_storage_reason(exc), exc)
+            view, revoked = await asyncio.to_thread(self._refresh, state)
+        except _REFUSALS as exc:
+            return await self._refusal(exc)
+        try:
+            plan = await asyncio.to_thread(self._plan, signed, state, view)
+        except _REFUSALS as exc:
+            outcome = await self._refusal(exc)
+            # Reported last, since it is what the node does now: the recall it learns now,
+            # or the one that left it serving nothing (the Hello announcing that brings
+            # the refused assignment back).
+            if revoked is not None:
+                await self._leave_revoked(state, view, revoked)
+            elif state.active is None and state.last_error == REVOKED_ACTIVE:
+                await self._still_stopped(state, view)
+            return outcome
+        if revoked is not None:
+            # Before the trial: a trial that fails must not go back to the revoked model.
+            state = await self._leave_revoked(state, view, revoked)
         outcome = await self._take(plan, state)
         if outcome.kind is not OutcomeKind.REJECTED:
             before = self._shadow.status
@@ -560,9 +611,15 @@ class Reconciler:
         wait = retry_at - self._clock.now()
         return timedelta(0) < wait <= timedelta(seconds=self._limits.retry_backoff.cap_s)
 
-    def _plan(self, signed: SignedDirectorAssignment, state: JournalState) -> _Plan:
-        """In a worker thread: refresh TUF, verify the assignment, find its reference."""
+    def _refresh(self, state: JournalState) -> tuple[TargetsView, _Revoked | None]:
+        """In a worker thread: refresh TUF; is the active model below its floor now?"""
         view = self._tuf()
+        return view, _revocation(view, state.active)
+
+    def _plan(
+        self, signed: SignedDirectorAssignment, state: JournalState, view: TargetsView
+    ) -> _Plan:
+        """In a worker thread: verify the assignment against `view`, find its reference."""
         now = self._clock.now()
 
         def verify(last_sequence: int) -> VerifiedAssignment:
@@ -725,9 +782,25 @@ class Reconciler:
                 state = await self._restarted_on_watch(state, state.probation)
             active = state.active
             store_verify = self._store.verify
+            cached = await self._cached()
             if active is not None and not await asyncio.to_thread(store_verify, active.sha256):
                 previous = state.previous
-                if previous is not None and await asyncio.to_thread(
+                revoked = None if cached is None else _revocation(cached, previous)
+                if revoked is not None:
+                    # Never the fallback: forget it, so that no later revert goes to it.
+                    state = self._record(dataclasses.replace(state, previous=None))
+                    await self._report(
+                        UpdateReport(
+                            UpdatePhase.FAILED,
+                            active.path,
+                            sequence,
+                            "active-missing",
+                            "the model file is missing or damaged and the previous one is "
+                            f"revoked: {revoked.detail}",
+                            revoked.facts,
+                        )
+                    )
+                elif previous is not None and await asyncio.to_thread(
                     self._store.verify, previous.sha256
                 ):
                     state = self._record(rollback(state))
@@ -751,6 +824,10 @@ class Reconciler:
                             "the model file is missing or damaged and there is no previous one",
                         )
                     )
+            revoked_active = None if cached is None else _revocation(cached, state.active)
+            if revoked_active is not None and state.phase is Phase.IDLE:
+                assert cached is not None
+                state = await self._leave_revoked(state, cached, revoked_active, serve=False)
             self._gc(state)
             return state
 
@@ -826,11 +903,15 @@ class Reconciler:
             if state.phase is not Phase.IDLE or state.active != expected:
                 return Outcome(OutcomeKind.UNCHANGED, "not-active", expected, sequence)
             previous = state.previous
+            cached = await self._cached()
+            revoked = None if cached is None else _revocation(cached, previous)
             problem = None
             if previous is None:
                 problem = "there is no previous model to go back to"
             elif not await asyncio.to_thread(self._store.verify, previous.sha256):
                 problem = f"the previous model {previous.path} is missing or damaged"
+            elif revoked is not None:
+                problem = f"the previous model is revoked: {revoked.detail}"
             else:
                 try:
                     bundle = await asyncio.to_thread(self.bundle_of, previous)
@@ -904,6 +985,85 @@ class Reconciler:
             if state.probation is not None and not state.probation.paused:
                 state = self._record(pause_probation(state))
             return state
+
+    # ----------------------------------------------------------- revocation
+
+    async def _leave_revoked(
+        self, state: JournalState, view: TargetsView, revoked: _Revoked, *, serve: bool = True
+    ) -> JournalState:
+        """The active model is revoked (ADR 0035): back to `previous` when it is in the
+        store and not revoked itself, else to nothing (the runtime stops serving); the
+        revoked model counts as failed (`revoked-active`, never retried). With `serve`
+        False (start-up) only the journal moves: the caller serves what it says."""
+        sequence = state.director_sequence
+        if state.phase is not Phase.IDLE or state.active != revoked.ref:
+            return state
+        previous = state.previous
+        problem = None
+        if previous is None:
+            problem = "there is no previous model to go back to"
+        elif (also := await asyncio.to_thread(_revocation, view, previous)) is not None:
+            problem = f"the previous model is revoked too: {also.detail}"
+        elif not await asyncio.to_thread(self._store.verify, previous.sha256):
+            problem = f"the previous model {previous.path} is missing or damaged"
+        elif serve:
+            try:
+                bundle = await asyncio.to_thread(self.bundle_of, previous)
+                await self._host.serve(bundle)
+            except Exception as exc:
+                problem = f"the previous model {previous.path} cannot be served: {exc}"
+        reverted = revert_active(state, REVOKED_ACTIVE)
+        if problem is None:
+            state = self._record(reverted)
+            _log.warning("%s: serving the previous model again", revoked.detail)
+            phase = UpdatePhase.REVERTED
+            detail = f"{revoked.detail}; {_still_running(state)}"
+        else:
+            if serve:
+                try:
+                    await self._host.stop_serving()
+                except Exception:  # the journal says nothing runs; a restart serves nothing
+                    _log.exception("stopping the runtime failed")
+            state = self._record(dataclasses.replace(reverted, active=None))
+            _log.error("%s; %s: serving nothing", revoked.detail, problem)
+            phase = UpdatePhase.FAILED
+            detail = f"{revoked.detail}; not reverted: {problem}; serving nothing"
+        await self._report(
+            self._noted(
+                UpdateReport(
+                    phase, revoked.ref.path, sequence, REVOKED_ACTIVE, detail, revoked.facts
+                )
+            )
+        )
+        self._gc(state)
+        return state
+
+    async def _still_stopped(self, state: JournalState, view: TargetsView) -> None:
+        """Say again that the node serves nothing because its model was revoked."""
+        revoked = await asyncio.to_thread(_revocation, view, state.failed)
+        if revoked is not None:
+            await self._report(
+                UpdateReport(
+                    UpdatePhase.FAILED,
+                    revoked.ref.path,
+                    state.director_sequence,
+                    REVOKED_ACTIVE,
+                    f"{revoked.detail}; serving nothing",
+                    revoked.facts,
+                )
+            )
+
+    async def _cached(self) -> TargetsView | None:
+        """The metadata the last refresh kept, offline (None without `cached_view`)."""
+        return None if self._cached_view is None else await asyncio.to_thread(self._cached_view)
+
+    async def _refusal(self, exc: BaseException) -> Outcome:
+        """The assignment refused for `exc` (one of `_REFUSALS`), reported."""
+        if isinstance(exc, AssignmentRejectedError | _PlanError):
+            return await self._rejected(exc.reason, exc)
+        if isinstance(exc, RepositoryError | DownloadError):
+            return await self._rejected(metadata_reason(exc), exc)
+        return await self._rejected(_storage_reason(exc), exc)
 
     # -------------------------------------------------------------- helpers
 
@@ -1089,6 +1249,20 @@ def _shadow_of(
             request.target_path[:1024], request.sha256[:64], settings, exc.reason, _message_of(exc)
         )
     return ShadowPlan(checked, reference, atol, rtol, runtime)
+
+
+def _revocation(view: TargetsView, ref: ModelRef | None) -> _Revoked | None:
+    """`ref` when `view` lists it with a release counter below its model's floor; None
+    for a model that is allowed, not a release, or not listed (nothing is known of it)."""
+    if ref is None:
+        return None
+    model, version = name_and_version(ref.path)
+    target = None if version is None else view.target(ref.path)
+    counter = None if target is None else target.custom.get("release_counter")
+    if not isinstance(counter, int) or isinstance(counter, bool):
+        return None
+    floor = view.floor(model)
+    return _Revoked(ref, model, counter, floor) if counter < floor else None
 
 
 def _last_assigned(state: JournalState) -> tuple[ModelRef, ...]:

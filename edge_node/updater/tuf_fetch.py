@@ -9,8 +9,10 @@ so **`TufClient.refresh()` and every `TufView` lookup must run in a worker threa
 `TufClient.refresh()` builds a fresh `Updater` each time (DESIGN §3), bootstrapped from
 the node's enrolled `tuf-root.json` on first use and from its own verified cache after,
 and returns a `TufView`: answers from verified metadata in the node's terms
-(`TargetInfo`, floors). Not here: downloading model files (see `download`), which uses
-the link directly so it can resume.
+(`TargetInfo`, floors). `TufClient.cached_view()` answers the same from the metadata the
+last refresh kept, offline (start-up: is the model about to be served revoked?). Not
+here: downloading model files (see `download`), which uses the link directly so it can
+resume.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from tuf.api.exceptions import DownloadError, DownloadHTTPError
-from tuf.api.metadata import TargetFile
+from tuf.api.exceptions import DownloadError, DownloadHTTPError, RepositoryError
+from tuf.api.metadata import Metadata, Root, TargetFile, Targets
+from tuf.api.serialization import DeserializationError
 from tuf.ngclient import Updater, UpdaterConfig
 from tuf.ngclient.fetcher import FetcherInterface
 
@@ -34,6 +38,7 @@ from edge_node.updater.source import RepositorySource
 __all__ = [
     "METADATA_BASE_URL",
     "TARGETS_BASE_URL",
+    "CachedTufView",
     "LinkFetcher",
     "TufClient",
     "TufView",
@@ -47,6 +52,7 @@ DEFAULT_CALL_TIMEOUT_S: Final = 60.0
 _NOT_FOUND: Final = 404
 
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
 
 
 def floor_target_path(model: str) -> str:
@@ -144,12 +150,44 @@ class TufView:
         """The model's signed floor: the `floor` in the custom of `floors/<model>.json`; 0
         when the model has none (or the entry carries no valid one)."""
         info = self._updater.get_targetinfo(floor_target_path(model))
-        if info is None:
-            return 0
-        floor = (info.custom or {}).get("floor")
-        if not isinstance(floor, int) or isinstance(floor, bool) or floor < 0:
-            return 0
-        return floor
+        return 0 if info is None else _floor_of(info.custom or {})
+
+
+def _floor_of(custom: Any) -> int:
+    floor = custom.get("floor") if isinstance(custom, dict) else None
+    if not isinstance(floor, int) or isinstance(floor, bool) or floor < 0:
+        return 0
+    return floor
+
+
+class CachedTufView:
+    """The top-level targets the last refresh verified and kept (`<metadata dir>/targets.
+    json`), checked again offline against the cached root's targets keys and threshold;
+    expiry is not checked (the node may be offline for days; floors only rise, so an old
+    floor is the least that holds). No cache, or one that does not verify (logged): no
+    targets and no floors — nothing is known to be revoked."""
+
+    def __init__(self, metadata_dir: Path) -> None:
+        self._targets: dict[str, TargetFile] = {}
+        root_file, targets_file = metadata_dir / "root.json", metadata_dir / "targets.json"
+        if not targets_file.is_file():
+            return
+        try:
+            root = Metadata[Root].from_bytes(root_file.read_bytes())
+            targets = Metadata[Targets].from_bytes(targets_file.read_bytes())
+            root.verify_delegate(Targets.type, targets)
+        except (OSError, ValueError, DeserializationError, RepositoryError) as exc:
+            _log.error("the cached TUF metadata in %s is unusable: %s", metadata_dir, exc)
+            return
+        self._targets = dict(targets.signed.targets)
+
+    def target(self, path: str) -> TargetInfo | None:
+        target = self._targets.get(path)
+        return None if target is None else _target_info(target)
+
+    def floor(self, model: str) -> int:
+        target = self._targets.get(floor_target_path(model))
+        return 0 if target is None else _floor_of(target.custom or {})
 
 
 class TufClient:
@@ -191,6 +229,10 @@ class TufClient:
         )
         updater.refresh()
         return TufView(updater)
+
+    def cached_view(self) -> CachedTufView:
+        """What the last refresh verified, offline (blocking: reads two files)."""
+        return CachedTufView(self._metadata_dir)
 
 
 def _target_info(target: TargetFile) -> TargetInfo:

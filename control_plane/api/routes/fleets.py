@@ -7,12 +7,13 @@ import json
 import anyio.to_thread
 from fastapi import APIRouter, Request, status
 
-from control_plane.api.deps import ContextDep, PrincipalDep, RegistryDep
+from control_plane.api.deps import ContextDep, DirectorDep, PrincipalDep, RegistryDep
 from control_plane.api.schemas import (
     FleetCreate,
     FleetOut,
     FleetRootUpload,
     PushOut,
+    RevocationOut,
     RotationOut,
 )
 from control_plane.registry.service import FleetInfo
@@ -83,9 +84,10 @@ def get_fleet(fleet: str, _: PrincipalDep, registry: RegistryDep) -> FleetOut:
 
 @router.post("/{fleet}/targets", status_code=status.HTTP_201_CREATED)
 async def push_targets(
-    fleet: str, request: Request, ctx: ContextDep, registry: RegistryDep
+    fleet: str, request: Request, ctx: ContextDep, registry: RegistryDep, director: DirectorDep
 ) -> PushOut:
-    """Accept operator-signed targets metadata (version = current + 1) and publish it.
+    """Accept operator-signed targets metadata (version = current + 1) and publish it;
+    then move the nodes off the versions it revoked (`revocations`, ADR 0035).
 
     409 when another push got there first: re-read targets, re-sign and retry.
     """
@@ -93,6 +95,7 @@ async def push_targets(
     # The push waits on the database's write lock (SQLite's is the whole file's): in a
     # worker thread, so the event loop serves probes and node streams meanwhile.
     result = await anyio.to_thread.run_sync(registry.push_targets, ctx, fleet, body)
+    moves = await anyio.to_thread.run_sync(director.after_push, result)
     return PushOut(
         fleet=result.fleet,
         targets_version=result.targets_version,
@@ -100,4 +103,15 @@ async def push_targets(
         timestamp_version=result.timestamp_version,
         added=result.added,
         floors=result.floors,
+        revocations=[
+            RevocationOut(
+                model=m.model,
+                floor=m.floor,
+                moved_to=m.to_version,
+                moved=[a.node_id for a in m.moved],
+                left=list(m.left),
+                skipped=[f"{s.node_id} ({s.reason})" for s in m.skipped],
+            )
+            for m in moves
+        ],
     )

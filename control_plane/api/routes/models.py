@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from control_plane.api.deps import ArtifactStoreDep, PrincipalDep, RegistryDep
+from control_plane.api.deps import ArtifactStoreDep, DirectorDep, PrincipalDep, RegistryDep
 from control_plane.api.schemas import ModelVersionOut
 from control_plane.api.streaming import artifact_response
 from control_plane.artifacts.base import ArtifactStore
@@ -13,7 +13,11 @@ from control_plane.registry.service import ModelVersionInfo
 router = APIRouter(prefix="/v1/fleets/{fleet}/models", tags=["models"])
 
 
-def _out(info: ModelVersionInfo, store: ArtifactStore | None = None) -> ModelVersionOut:
+def _out(
+    info: ModelVersionInfo,
+    store: ArtifactStore | None = None,
+    left: dict[str, list[str]] | None = None,
+) -> ModelVersionOut:
     url = store.download_url(info.sha256) if store is not None else None
     return ModelVersionOut(
         fleet=info.fleet,
@@ -29,6 +33,7 @@ def _out(info: ModelVersionInfo, store: ArtifactStore | None = None) -> ModelVer
         created_by=info.created_by,
         revoked=info.revoked,
         download_url=url,
+        left_on_it=(left or {}).get(info.version, []),
         runtime=info.runtime,
     )
 
@@ -41,10 +46,13 @@ def list_models(fleet: str, _: PrincipalDep, registry: RegistryDep) -> list[Mode
 
 @router.get("/{model}")
 def list_versions(
-    fleet: str, model: str, _: PrincipalDep, registry: RegistryDep
+    fleet: str, model: str, _: PrincipalDep, registry: RegistryDep, director: DirectorDep
 ) -> list[ModelVersionOut]:
-    """Every version of one model, oldest release first."""
-    return [_out(m) for m in registry.list_versions(fleet, model)]
+    """Every version of one model, oldest release first; a revoked one with the nodes left
+    on it (`left_on_it`)."""
+    versions = registry.list_versions(fleet, model)
+    left = director.left_on_revoked(fleet, model)
+    return [_out(m, left=left) for m in versions]
 
 
 @router.get("/{model}/versions/{version}")

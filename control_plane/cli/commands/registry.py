@@ -315,7 +315,7 @@ def model_show(
     with cli.client() as api:
         if version is None:
             versions = api.json("GET", f"/v1/fleets/{fleet}/models/{name}")
-            cli.emit(_brief_runtime(cli.output, versions), VERSION_COLUMNS)
+            cli.emit(_brief_runtime(cli.output, versions), [*VERSION_COLUMNS, "left_on_it"])
             return
         shown = api.json("GET", f"/v1/fleets/{fleet}/models/{name}/versions/{version}")
     if cli.output != "json" and isinstance(shown, dict):
@@ -330,7 +330,15 @@ def model_show(
 def _brief_runtime(output: str, versions: Any) -> Any:
     if output == "json" or not isinstance(versions, list):
         return versions
-    return [{**v, "runtime": runtime_brief(v.get("runtime"))} for v in versions]
+    return [
+        {
+            **v,
+            "runtime": runtime_brief(v.get("runtime")),
+            # The nodes left on a revoked version, named (ADR 0035).
+            "left_on_it": ", ".join(v.get("left_on_it") or []) or "-",
+        }
+        for v in versions
+    ]
 
 
 @model_app.command("revoke")
@@ -341,7 +349,11 @@ def model_revoke(
     fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")],
     keys: KeysDir,
 ) -> None:
-    """Raise the signed floor above VERSION: nodes refuse it and every older version."""
+    """Raise the signed floor above VERSION: nodes refuse it and every older version.
+
+    The nodes assigned a revoked version are moved to the newest version at or above the
+    floor (`nodes_moved`, `moved_to`); with none, they are left (`nodes_left`) until a good
+    version is pushed (ADR 0035)."""
     from control_plane.cli.release import ReleaseClient
     from control_plane.trust.keys import load_operator_keyset
 

@@ -203,7 +203,12 @@ def test_a_revoked_version_cannot_be_pinned_and_an_old_assignment_is_refused(
 ) -> None:
     node_id = enroll_node(cli.server)
     cli.json("nodes", "pin", node_id, "--model", "det", "--version", "1.0.0")
-    release.revoke(FLEET, "det", "1.0.0")
+    # Every version revoked: the node has nowhere to go and is left (ADR 0035).
+    revoked = release.revoke(FLEET, "det", "1.1.0")
+    assert (revoked["nodes_moved"], revoked["moved_to"]) == (0, None)
+    assert revoked["nodes_left"] == [node_id]
+    shown = cli.json("model", "show", "det", "--fleet", FLEET)
+    assert {v["version"]: v["left_on_it"] for v in shown} == {"1.0.0": [node_id], "1.1.0": []}
 
     code, _, err = cli.run("nodes", "pin", node_id, "--model", "det", "--version", "1.0.0")
     assert code == 1
@@ -215,6 +220,27 @@ def test_a_revoked_version_cannot_be_pinned_and_an_old_assignment_is_refused(
     entries = cli.json("audit", "list", "--action", "node.pin")
     assert [e["outcome"] for e in reversed(entries)] == ["ok", "refused"]
     assert {e["target"] for e in entries} == {f"node:{node_id}"}
+
+
+def test_revoke_moves_the_nodes_to_the_newest_allowed_version(
+    cli: Cli, release: ReleaseClient, tmp_path: Path
+) -> None:
+    moved, other = enroll_node(cli.server), enroll_node(cli.server)
+    cli.json("nodes", "pin", moved, "--model", "det", "--version", "1.0.0")
+    cli.json("nodes", "pin", other, "--model", "det", "--version", "1.1.0")
+
+    revoked = release.revoke(FLEET, "det", "1.0.0")
+
+    assert (revoked["nodes_moved"], revoked["moved_to"], revoked["nodes_left"]) == (1, "1.1.0", [])
+    verified = node_verifies(cli.server, moved, tmp_path / "node", last_sequence=1)
+    assert (verified.sequence, verified.target_path) == (2, "models/det/1.1.0/model.onnx")
+    assert cli.json("nodes", "assignment", other)["sequence"] == 1  # allowed: untouched
+    system = [
+        e for e in cli.json("audit", "list", "--action", "node.pin") if e["actor"] == "system"
+    ]
+    assert [(e["target"], e["details"]["reason"]) for e in system] == [
+        (f"fleet:{FLEET}", "revoked")
+    ]
 
 
 def test_rest_refusals(cli: Cli, release: ReleaseClient) -> None:

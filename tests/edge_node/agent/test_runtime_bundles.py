@@ -196,6 +196,24 @@ async def test_a_fleet_moves_between_two_models_by_assignment_alone_and_back(
         assert seen(await results.next(host)) == expected(IMAGENET)
 
 
+async def test_a_revoked_model_with_nothing_allowed_stops_serving_until_a_good_one_comes(
+    world: UpdateWorld, tmp_path: Path
+) -> None:
+    """ADR 0035 on the real runtime: the pipeline stops, and the next version starts one."""
+    results = Results()
+    first, second = world.releases["1.0.0"], world.releases["1.1.0"]
+    async with runtime(tmp_path, results) as host:
+        rec = world.reconciler(host=host)
+        assert (await rec.apply(world.assign(first))).kind is OutcomeKind.APPLIED
+        world.raise_floor(2)
+        refused = await rec.apply(world.assign(first, renewal=True))
+        assert refused.reason == "below-floor"
+        assert (host.pipeline, host.model, host.health()) == (None, None, None)
+
+        assert (await rec.apply(world.assign(second))).kind is OutcomeKind.APPLIED
+        assert seen(await results.next(host)) == expected(IMAGENET)
+
+
 async def test_a_version_signing_the_same_bytes_with_another_spec_is_a_new_target(
     tmp_path: Path,
 ) -> None:

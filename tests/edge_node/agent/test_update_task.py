@@ -28,6 +28,7 @@ from edge_node.updater.watchdog import WatchdogConfig
 from protos.edgefleet.fleet.v1 import link_pb2
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 from tests.edge_node.updater._world import make_world
+from tests.edge_node.updater.test_revocation import refresh_cache
 
 pytestmark = pytest.mark.anyio
 
@@ -467,3 +468,32 @@ async def test_with_nothing_to_go_back_to_the_configured_model_serves(
     await again_node.updater.start()
     assert runtime.served == [configured]
     assert statuses(world)[-1].phase == "failed"
+
+
+async def test_a_restart_on_a_revoked_version_serves_the_allowed_previous_and_says_so(
+    world: World,
+) -> None:
+    """ADR 0035 through the update task: the floor in the cached metadata, offline."""
+    old, new = world.releases["1.0.0"], world.releases["1.1.0"]
+    node = make_updater(world, Runtime(), watchdog=WatchdogConfig(window_s=0))
+    async with running(node):
+        await applied(world, node.updater, new)
+        await applied(world, node.updater, old)  # pinned back: previous is 1.1.0
+    world.raise_floor(2)  # `model revoke det 1.0.0`, seen by a refresh before the restart
+    await refresh_cache(world)
+    world.peer.metadata.clear()  # offline
+
+    restarted = Runtime()
+    again = make_updater(world, restarted)
+    await again.link.connect(link_pb2.Hello())
+    state = await again.updater.start()
+
+    assert state.active == ref(new)
+    assert restarted.served == [again.updater.reconciler.store.path_of(new.sha256)]
+    status = statuses(world)[-1]
+    assert (status.phase, status.reason, status.target_path) == (
+        "reverted",
+        "revoked-active",
+        old.path,
+    )
+    assert dict(status.facts) == {"floor": "2", "model": "det", "release_counter": "1"}

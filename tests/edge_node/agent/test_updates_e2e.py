@@ -337,17 +337,26 @@ async def test_bad_updates_leave_the_node_on_its_model_and_say_why(
             assert update["detail"].endswith(f"serving {target_path('1.0.0')}")
             assert serving(agent) == good
 
-        # Pinned while the node was away, then its version revoked (floor raised):
-        # the node refuses it at its next Hello, against the floor it verified itself.
+        # Pinned while the node was away, then revoked with every older version (the floor
+        # rises above 4.0.0): the director has no version to move it to (ADR 0035). At its
+        # next Hello the node refuses the assignment against the floor it verified itself,
+        # learns that its own 1.0.0 is below the floor too, and stops serving it.
         model = sample_models.tiny_detector(tmp_path / "det-4.onnx", seed=4)
         await fp.push(model, "4.0.0")
         await fp.pin(node_id, "4.0.0")
         await fp.revoke("4.0.0")
         async with running_agent(fp, data_dir, bootstrap_token=None) as agent:
-            await refused(node_id, "below-floor")
-            assert serving(agent) == good
+            update = await update_where(fp, node_id, phase="failed", reason="revoked-active")
+            assert update["target_path"] == target_path("1.0.0")
+            assert update["detail"].endswith("serving nothing")
+            await until(lambda: serving(agent) is None)
+            capsys.readouterr()
+            assert await anyio.to_thread.run_sync(cli, fp, "nodes", "show", node_id) == 0
+            shown = capsys.readouterr().out
+            assert "last update: failed — revoked-active" in shown
+            assert "floor=6, model=det, release_counter=1" in shown
 
         state = journal(data_dir)
-        assert state.active is not None and state.active.path == target_path("1.0.0")
+        assert state.active is None and state.previous is None
         assert state.trial is None and state.probation is None
-        assert [p.name for p in (data_dir / "models" / "sha256").iterdir()] == [fp.sha256["1.0.0"]]
+        assert list((data_dir / "models" / "sha256").iterdir()) == []
