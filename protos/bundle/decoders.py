@@ -84,7 +84,7 @@ class RawDecoder:
             summaries.append(
                 TensorSummary(
                     name=str(name),
-                    shape=tuple(int(d) for d in value.shape),
+                    shape=value.shape,  # an ndarray's: already a tuple of ints
                     dtype=_dtype_name(value.dtype),
                     min=low,
                     max=high,
