@@ -602,10 +602,42 @@ class Results:
 
 
 def onnx_machine(**extra: Any) -> dict[str, Any]:
-    """The machine, and the libraries the ONNX benchmarks' figures depend on."""
+    """The machine, the libraries the ONNX benchmarks' figures depend on, and how this
+    process was scheduled."""
     from PIL import __version__ as pillow
 
-    return machine(onnxruntime=ort.__version__, numpy=np.__version__, pillow=pillow, **extra)
+    return machine(
+        onnxruntime=ort.__version__,
+        numpy=np.__version__,
+        pillow=pillow,
+        scheduling=scheduling(),
+        **extra,
+    )
+
+
+def scheduling() -> dict[str, Any]:
+    """This process's nice and, where the kernel groups processes by session (autogroup),
+    its group (``/autogroup-N nice K``): with autogroup on, a nice ranks a process only
+    within its own session, and every other session's group gets an equal share."""
+    info: dict[str, Any] = {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
+    with contextlib.suppress(OSError):
+        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+        info["autogroup_enabled"] = enabled == "1"
+        info["autogroup"] = Path("/proc/self/autogroup").read_text().strip()
+    return info
+
+
+def scheduling_note(info: dict[str, Any]) -> str | None:
+    """A warning when a negative nice was asked for but the autogroup's nice is 0: other
+    sessions' processes then share the CPUs with this one at equal weight."""
+    group = str(info.get("autogroup", ""))
+    if info.get("nice", 0) < 0 and info.get("autogroup_enabled") and group.endswith(" nice 0"):
+        return (
+            f"note: nice {info['nice']} ranks this process only within its session "
+            f"({group}, autogroup on): other sessions share the CPUs at equal weight; "
+            "see docs/benchmarks.md (bench.runtime_overhead) to raise the group's priority"
+        )
+    return None
 
 
 def run(args: argparse.Namespace) -> Results:
@@ -646,6 +678,9 @@ def print_results(results: Results, report: Report) -> None:
         f"machine: {m['cpus']} CPUs ({m['processor']}), Python {m['python']}, onnxruntime "
         f"{m['onnxruntime']}, numpy {m['numpy']}, Pillow {m['pillow']}; {report.load_line()}"
     )
+    note = scheduling_note(m["scheduling"])
+    if note:
+        print(note)
     for case in results.cases:
         size = case["preprocess"]["size"]
         print(
