@@ -35,8 +35,8 @@ import gc
 import importlib.util
 import io
 import os
+import queue
 import sys
-import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -321,8 +321,9 @@ class AgentPath:
     ) -> None:
         self.model = ModelSession.load(case.path, session, case.preprocess, label=case.key)
         self.depth = depth
-        self._done = threading.Semaphore(0)
-        self._slots: threading.Semaphore | None = None
+        # One token per result. A C queue, not threading.Semaphore (Python, ~3 us a call):
+        # the harness's own bookkeeping is not the pipeline's cost.
+        self._done: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.keep_splits = False
         self.splits: list[tuple[float, float, float]] = []
         self.arrivals: list[float] = []
@@ -340,24 +341,21 @@ class AgentPath:
         if self.keep_splits:
             self.arrivals.append(time.perf_counter())
             self.splits.append((result.queue_s, result.preprocess_s, result.inference_s))
-        self._done.release()
-        slots = self._slots
-        if slots is not None:
-            slots.release()
+        self._done.put(None)
 
     def fps(self, frames: Sequence[object], n: int) -> float:
-        self._slots = slots = threading.Semaphore(self.depth)
+        done, depth = self._done.get, self.depth
         submit = self.pipeline.submit
         started = time.perf_counter()
         for i in range(n):
-            slots.acquire()
+            if i >= depth:
+                done()  # a result came back: one of the depth slots is free
             outcome = submit("cam", frames[i % len(frames)])
             if not outcome.queued:
                 raise RuntimeError(f"frame not queued: {outcome}")
-        for _ in range(n):
-            self._done.acquire()
+        for _ in range(min(n, depth)):
+            done()
         elapsed = time.perf_counter() - started
-        self._slots = None
         stats = self.pipeline.stats()["cam"]
         if stats.dropped or stats.failed or stats.bad:
             raise RuntimeError(f"frames lost in the pipeline: {stats}")
@@ -374,7 +372,7 @@ class AgentPath:
         for i in range(n):
             started = time.perf_counter()
             self.pipeline.submit("cam", frames[i % len(frames)])
-            self._done.acquire()
+            self._done.get()
             e2e.append(self.arrivals[-1] - started)
         self.keep_splits = False
         return e2e, list(self.splits)
@@ -604,10 +602,42 @@ class Results:
 
 
 def onnx_machine(**extra: Any) -> dict[str, Any]:
-    """The machine, and the libraries the ONNX benchmarks' figures depend on."""
+    """The machine, the libraries the ONNX benchmarks' figures depend on, and how this
+    process was scheduled."""
     from PIL import __version__ as pillow
 
-    return machine(onnxruntime=ort.__version__, numpy=np.__version__, pillow=pillow, **extra)
+    return machine(
+        onnxruntime=ort.__version__,
+        numpy=np.__version__,
+        pillow=pillow,
+        scheduling=scheduling(),
+        **extra,
+    )
+
+
+def scheduling() -> dict[str, Any]:
+    """This process's nice and, where the kernel groups processes by session (autogroup),
+    its group (``/autogroup-N nice K``): with autogroup on, a nice ranks a process only
+    within its own session, and every other session's group gets an equal share."""
+    info: dict[str, Any] = {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
+    with contextlib.suppress(OSError):
+        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+        info["autogroup_enabled"] = enabled == "1"
+        info["autogroup"] = Path("/proc/self/autogroup").read_text().strip()
+    return info
+
+
+def scheduling_note(info: dict[str, Any]) -> str | None:
+    """A warning when a negative nice was asked for but the autogroup's nice is 0: other
+    sessions' processes then share the CPUs with this one at equal weight."""
+    group = str(info.get("autogroup", ""))
+    if info.get("nice", 0) < 0 and info.get("autogroup_enabled") and group.endswith(" nice 0"):
+        return (
+            f"note: nice {info['nice']} ranks this process only within its session "
+            f"({group}, autogroup on): other sessions share the CPUs at equal weight; "
+            "see docs/benchmarks.md (bench.runtime_overhead) to raise the group's priority"
+        )
+    return None
 
 
 def run(args: argparse.Namespace) -> Results:
@@ -648,6 +678,9 @@ def print_results(results: Results, report: Report) -> None:
         f"machine: {m['cpus']} CPUs ({m['processor']}), Python {m['python']}, onnxruntime "
         f"{m['onnxruntime']}, numpy {m['numpy']}, Pillow {m['pillow']}; {report.load_line()}"
     )
+    note = scheduling_note(m["scheduling"])
+    if note:
+        print(note)
     for case in results.cases:
         size = case["preprocess"]["size"]
         print(

@@ -71,6 +71,7 @@ _ELEMENT_TYPES: Final[dict[str, ElementType]] = {
     "tensor(float16)": "float16",
     "tensor(uint8)": "uint8",
 }
+_GEOMETRY_CACHE_SIZE: Final = 16
 _ORT_WARNING_LEVEL: Final = 2  # ONNX Runtime's own log: warnings and errors only
 
 RuntimeSource = Literal["signed", "node"]
@@ -153,6 +154,8 @@ class ModelSession:
         self.input_name: str = model_input.name
         self.input_shape: tuple[int | str | None, ...] = tuple(model_input.shape)
         self.output_names: tuple[str, ...] = tuple(o.name for o in session.get_outputs())
+        self._output_list = list(self.output_names)  # named: ONNX Runtime need not list them
+        self._geometries: dict[tuple[int, int], Geometry] = {}
 
     @classmethod
     def load(
@@ -249,20 +252,24 @@ class ModelSession:
 
     def run(self, batch: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
         """Run one input batch; outputs by name. Safe from several threads at once."""
-        return self.run_inputs({self.input_name: batch})
+        return self._run({self.input_name: batch})
 
     def run_inputs(self, inputs: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
         """Run named inputs (the self-test's reference pair); outputs by name."""
+        return self._run(dict(inputs))
+
+    def _run(self, feed: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+        """``feed`` is this call's own dict (ONNX Runtime only reads it)."""
         session = self._session
         if session is None:
             raise ClosedError(f"model session {self.label} is closed", label=self.label)
         try:
-            outputs = session.run(None, dict(inputs))
+            outputs = session.run(self._output_list, feed)
         except Exception as exc:  # ONNX Runtime's pybind errors share no useful base class
             with self._lock:
                 self._runs += 1
                 self._failures += 1
-            first = next(iter(inputs.values()), None)
+            first = next(iter(feed.values()), None)
             raise InferenceError(
                 f"{self.label}: inference failed: {type(exc).__name__}: {exc}",
                 label=self.label,
@@ -279,8 +286,16 @@ class ModelSession:
 
     def geometry(self, frame_h: int, frame_w: int) -> Geometry:
         """How a ``frame_h`` x ``frame_w`` frame maps onto the model's input (stretched or
-        letterboxed, as the preprocessor fits it)."""
-        return self.preprocessor.geometry(frame_h, frame_w)
+        letterboxed, as the preprocessor fits it). Cached per frame size (a camera sends
+        one), bounded."""
+        key = (frame_h, frame_w)
+        geometry = self._geometries.get(key)
+        if geometry is None:
+            geometry = self.preprocessor.geometry(frame_h, frame_w)
+            if len(self._geometries) >= _GEOMETRY_CACHE_SIZE:
+                self._geometries.clear()
+            self._geometries[key] = geometry
+        return geometry
 
     def decode(
         self, outputs: Mapping[str, npt.NDArray[Any]], frame_h: int, frame_w: int

@@ -371,6 +371,7 @@ class Scheduler:
             for p in priorities
         ]  # highest priority first
         self._ready = threading.Condition(threading.Lock())
+        self._waiting = 0  # workers blocked in next_frame: a submit wakes one only if any
         self._closed = False
 
     # -- producers -------------------------------------------------------------------
@@ -420,7 +421,8 @@ class Scheduler:
                 counters.count_accepted()
                 state.queue.put(frame)
                 self._enforce_backlog_locked()
-                self._ready.notify()
+                if self._waiting:
+                    self._ready.notify()
         return SubmitOutcome(stream, frame_id, "queued")
 
     def _enforce_backlog_locked(self) -> None:
@@ -453,7 +455,12 @@ class Scheduler:
                     return frame
                 if self._closed:
                     return None
-                if not self._ready.wait(timeout):
+                self._waiting += 1
+                try:
+                    woken = self._ready.wait(timeout)
+                finally:
+                    self._waiting -= 1
+                if not woken:
                     return None
 
     def _pick_locked(self) -> Frame | None:

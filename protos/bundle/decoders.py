@@ -54,7 +54,11 @@ def _output(outputs: Mapping[str, Array], name: str | None) -> Array:
 
 class RawDecoder:
     """Every output (or the named one) summarised: shape, dtype, min, max, mean, and with a
-    threshold the fraction of values above it."""
+    threshold the fraction of values above it.
+
+    It runs for every frame of a version without a decoder of its own: a small output is
+    summarised in Python floats, a large one by the ufuncs' reductions called directly
+    (``ndarray.min``/``mean`` go through Python helpers), and dtype names are cached."""
 
     def __init__(self, spec: RuntimeSpec) -> None:
         self._name = spec.output.output
@@ -66,26 +70,64 @@ class RawDecoder:
             if self._name is not None
             else [(name, np.asarray(value)) for name, value in outputs.items()]
         )
+        threshold = self._threshold
         summaries = []
         for name, value in items:
-            numeric = value.dtype.kind in "fiub" and value.size > 0
-            data = value.astype(np.float64, copy=False) if numeric else None
+            size = value.size
+            low = high = mean = float("nan")
             above = None
-            if data is not None and self._threshold is not None:
-                above = round(float(np.count_nonzero(data > self._threshold)) / data.size, 6)
+            if size > 0 and value.dtype.kind in "fiub":
+                data = value.astype(np.float64, copy=False)
+                low, high, mean = _min_max_mean(data, size)
+                if threshold is not None:
+                    above = round(float(np.count_nonzero(data > threshold)) / size, 6)
             summaries.append(
                 TensorSummary(
                     name=str(name),
-                    shape=tuple(int(d) for d in value.shape),
-                    dtype=str(value.dtype),
-                    min=float(data.min()) if data is not None else float("nan"),
-                    max=float(data.max()) if data is not None else float("nan"),
-                    mean=float(data.mean()) if data is not None else float("nan"),
-                    threshold=self._threshold,
+                    shape=value.shape,  # an ndarray's: already a tuple of ints
+                    dtype=_dtype_name(value.dtype),
+                    min=low,
+                    max=high,
+                    mean=mean,
+                    threshold=threshold,
                     above=above,
                 )
             )
         return Decoded("raw", tensors=tuple(summaries))
+
+
+def _min_max_mean(data: FloatArray, size: int) -> tuple[float, float, float]:
+    """A small output (a classifier's scores) in Python floats, several times cheaper than
+    three numpy reductions; a large one, or one with a NaN or both infinities (their sum
+    is NaN), in numpy, as ``ndarray.min``/``max``/``mean`` compute them."""
+    if size <= _SMALL_OUTPUT:
+        values = data.ravel().tolist()
+        total = sum(values)
+        if total == total:
+            return min(values), max(values), total / size
+    return (
+        float(_MINIMUM(data, axis=None)),
+        float(_MAXIMUM(data, axis=None)),
+        float(_ADD(data, axis=None)) / size,
+    )
+
+
+_SMALL_OUTPUT: Final = 64
+_MINIMUM: Final = np.minimum.reduce
+_MAXIMUM: Final = np.maximum.reduce
+_ADD: Final = np.add.reduce
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
+_DTYPE_NAMES_MAX: Final = 64
+
+
+def _dtype_name(dtype: np.dtype[Any]) -> str:
+    """``str(dtype)``, cached (numpy builds it in Python each time); bounded."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = str(dtype)
+        if len(_DTYPE_NAMES) < _DTYPE_NAMES_MAX:
+            _DTYPE_NAMES[dtype] = name
+    return name
 
 
 class ClassificationDecoder:

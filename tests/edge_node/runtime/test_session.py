@@ -263,3 +263,14 @@ def test_a_signed_decoder_that_cannot_read_the_outputs_is_refused_at_load(
     with pytest.raises(ModelSignatureError, match=message) as caught:
         ModelSession.load(echo_model(tmp_path / "m.onnx"), CPU, runtime=spec)
     assert "m.onnx" in caught.value.message
+
+
+def test_geometry_is_the_preprocessors_for_every_frame_size(tmp_path: Path) -> None:
+    # Cached per frame size and bounded: a camera that keeps changing size still gets
+    # the right geometry for each.
+    model = ModelSession.load(
+        echo_model(tmp_path / "m.onnx"), CPU, PreprocessConfig(fit="letterbox")
+    )
+    sizes = [(h, w) for h in range(1, 7) for w in range(1, 7)] * 2  # 36 sizes, twice
+    for h, w in sizes:
+        assert model.geometry(h, w) == model.preprocessor.geometry(h, w)

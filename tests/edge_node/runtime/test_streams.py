@@ -291,3 +291,25 @@ def test_close_refuses_new_frames_and_wakes_idle_workers() -> None:
 def test_next_frame_times_out_when_idle() -> None:
     s, _ = scheduler(StreamConfig("cam"))
     assert s.next_frame(timeout=0.01) is None
+
+
+def test_a_worker_waiting_for_a_frame_is_woken_by_each_one() -> None:
+    # A submit wakes a worker only if one waits: no frame may be left unseen while the
+    # worker sleeps. One frame at a time, so the worker is usually waiting when it comes.
+    s, _ = scheduler(StreamConfig("cam", queue_size=4))
+    got: list[int] = []
+    taken = threading.Semaphore(0)
+
+    def worker() -> None:
+        while (frame := s.next_frame()) is not None:
+            got.append(frame.frame_id)
+            taken.release()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    for _ in range(200):
+        s.submit("cam", image())
+        assert taken.acquire(timeout=5), f"frame {len(got)} never reached the waiting worker"
+    s.close()
+    thread.join(5)
+    assert got == list(range(200))

@@ -312,3 +312,46 @@ def test_raw_named_output() -> None:
     with pytest.raises(BundleError) as caught:
         build_decoder(spec("raw", output="c")).decode(outputs, SQUARE)
     assert caught.value.field == "output.output"
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 64, 65, 1000])
+def test_raw_summary_is_numpys_for_small_and_large_outputs(size: int) -> None:
+    # Small outputs are summarised in Python floats, large ones by numpy: the same figures.
+    rng = np.random.default_rng(size)
+    outputs = {
+        "f": rng.normal(0, 3, size).astype(np.float32),
+        "i": rng.integers(-50, 50, size, dtype=np.int64),
+        "b": rng.random(size) > 0.5,
+    }
+    for tensor in build_decoder(spec("raw")).decode(outputs, SQUARE).tensors:
+        data = outputs[tensor.name].astype(np.float64)
+        assert (tensor.min, tensor.max) == (data.min(), data.max())
+        assert tensor.mean == pytest.approx(data.mean(), rel=1e-12, abs=1e-12)
+        assert tensor.dtype == str(outputs[tensor.name].dtype)
+        assert tensor.shape == (size,)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([1.0, math.nan, 2.0], (math.nan, math.nan, math.nan)),
+        ([math.inf, -math.inf, 1.0], (-math.inf, math.inf, math.nan)),
+        ([math.inf, 1.0], (1.0, math.inf, math.inf)),
+    ],
+)
+def test_raw_summary_of_non_finite_outputs_is_numpys(
+    values: list[float], expected: tuple[float, float, float]
+) -> None:
+    with np.errstate(invalid="ignore"):
+        (tensor,) = build_decoder(spec("raw")).decode({"x": np.array(values)}, SQUARE).tensors
+    got = (tensor.min, tensor.max, tensor.mean)
+    assert [math.isnan(v) for v in got] == [math.isnan(v) for v in expected]
+    assert [v for v in got if not math.isnan(v)] == [v for v in expected if not math.isnan(v)]
+
+
+def test_raw_summary_of_empty_and_non_numeric_outputs() -> None:
+    outputs = {"empty": np.zeros((0, 3), np.float32), "text": np.array(["a", "b"])}
+    empty, text = build_decoder(spec("raw", threshold=0.5)).decode(outputs, SQUARE).tensors
+    assert (empty.shape, empty.dtype, empty.above) == ((0, 3), "float32", None)
+    assert math.isnan(empty.mean) and math.isnan(text.max)
+    assert text.dtype == "<U1"
