@@ -13,7 +13,8 @@ controls.
 
 The clock moves a minute per tick. Each minute the canaries report health points of the
 candidate (P99 lognormal around 20 ms, RSS, frames) and the controls of the old version,
-as stored raw points and latest values; the canaries' update statuses say active with
+as stored raw points and latest values, one every 30 s (the agent's default, and so over
+the two hours before); the canaries' update statuses say active with
 the watchdog passed. Measured:
 
 - **tick**: `RolloutService.tick` while the first stage bakes: read the rollout (10,100
@@ -69,6 +70,8 @@ START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 SITES, HARDWARE = 10, ("jetson", "x86")
 HISTORY = timedelta(hours=2)
 BACKGROUND_EVERY = timedelta(minutes=10)
+REPORT_EVERY = timedelta(seconds=30)  # the agent's default health_interval_s
+_MINUTE = timedelta(minutes=1)
 ANCHOR_REPEATS = 5
 TIMED = {
     "inventory": ("list_nodes",),
@@ -226,22 +229,25 @@ class Fleet:
         return len(points)
 
     def history(self, node_ids: Sequence[str]) -> None:
-        """A point a minute over the last two hours for the nodes the gates read."""
-        minutes = int(HISTORY / timedelta(minutes=1))
+        """A point every `REPORT_EVERY` over the last two hours for the nodes the gates
+        read."""
+        count = int(HISTORY / REPORT_EVERY)
         self.store(
             [
-                self.point(n, START - HISTORY + timedelta(minutes=k, seconds=30), OLD)
+                self.point(n, START - HISTORY + k * REPORT_EVERY, OLD)
                 for n in node_ids
-                for k in range(minutes)
+                for k in range(count)
             ],
             latest=False,
         )
 
     def report(self, canaries: Sequence[str], controls: Sequence[str], now: datetime) -> None:
-        """This minute's points: the canaries of the candidate, the controls of the old."""
+        """This minute's points, one every `REPORT_EVERY`: the canaries of the candidate,
+        the controls of the old version."""
+        times = [now - k * REPORT_EVERY for k in reversed(range(int(_MINUTE / REPORT_EVERY)))]
         self.store(
-            [self.point(n, now, NEW) for n in canaries]
-            + [self.point(n, now, OLD) for n in controls],
+            [self.point(n, at, NEW) for n in canaries for at in times]
+            + [self.point(n, at, OLD) for n in controls for at in times],
             latest=True,
         )
 
