@@ -127,7 +127,8 @@ class BackendResult:
     setup_s: float = 0.0
     first_stage_s: float = math.nan  # the tick that starts the canaries
     ticks: list[TickTiming] = field(default_factory=list)
-    tick_s: float = math.nan
+    tick_s: float = math.nan  # the median of the last `measured` baking ticks
+    measured: int = 0
     tick_parts: dict[str, float] = field(default_factory=dict)
     step_s: float = math.nan  # machine.step alone, a baking tick's inputs
     stage: TickTiming | None = None
@@ -415,6 +416,7 @@ def run_backend(kind: str, args: argparse.Namespace, work: Path) -> BackendResul
             baking = [t for t in result.ticks if t.status == "baking"]
             measured = baking[-args.ticks :]
             result.tick_s = statistics.median(t.seconds for t in measured)
+            result.measured = len(measured)
             result.tick_parts = {
                 name: statistics.median(t.parts.get(name, 0.0) for t in measured)
                 for name in sorted({n for t in measured for n in t.parts})
@@ -474,8 +476,8 @@ def render(results: list[BackendResult]) -> str:
     lines = ["rollout controller: seconds (the rest: read, observe, step, store the rollout)"]
     for r in results:
         lines.append(
-            f"  {r.database}: fleet {r.fleet} nodes; tick (median of {len(r.ticks)} baking "
-            f"ticks' last) {r.tick_s:.3f} s = {_parts(r.tick_parts, r.tick_s)}; "
+            f"  {r.database}: fleet {r.fleet} nodes; tick (median of the last {r.measured} "
+            f"baking ticks) {r.tick_s:.3f} s = {_parts(r.tick_parts, r.tick_s)}; "
             f"machine.step alone {r.step_s:.3f} s"
         )
         if r.stage is not None:
