@@ -412,7 +412,10 @@ class ServerProcess:
 class InProcessPlane:
     """The control plane's services in this process, with one fleet (no trust root)."""
 
-    def __init__(self, work: Path, database_url: str, fleet: str) -> None:
+    def __init__(
+        self, work: Path, database_url: str, fleet: str, *, clock: Any | None = None
+    ) -> None:
+        """`clock`: the services' `control_plane.clock.Clock` (default: the system's)."""
         from control_plane.access.roles import Principal, Role
         from control_plane.access.service import RequestContext
         from control_plane.services import ServiceConfig, build_services
@@ -427,7 +430,8 @@ class InProcessPlane:
                 data_dir=self.data_dir,
                 database_url=database_url,
                 artifacts_url=(self.data_dir / "artifacts").as_uri(),
-            )
+            ),
+            clock=clock,
         )
         self.services.registry.create_fleet(self.admin, fleet)
 
@@ -463,6 +467,73 @@ class InProcessPlane:
 
         with ThreadPoolExecutor(threads) as pool:
             return list(pool.map(one, range(count)))
+
+    def add_nodes(
+        self,
+        node_ids: Sequence[str],
+        labels: Callable[[int], Mapping[str, str]],
+        reported_state: Mapping[str, Any],
+        now: datetime,
+    ) -> None:
+        """Nodes written straight into the inventory, a bulk insert per 5,000: the rows
+        enrollment leaves (labels, key hash, online, reported state), without the
+        certificates; for benchmarks of what the control plane does with many nodes, where
+        `enroll` (a CSR each) would take minutes. `labels(i)`: node i's labels."""
+        from sqlalchemy import insert, select
+
+        from control_plane.storage import FleetRow, session_factory
+        from control_plane.storage.models import NodeRow
+
+        with session_factory(self.services.engine)() as session:
+            fleet_id = session.scalars(select(FleetRow.id).where(FleetRow.name == self.fleet)).one()
+            rows = [
+                {
+                    "id": node_id,
+                    "fleet_id": fleet_id,
+                    "labels": dict(labels(i)),
+                    "public_key_sha256": "0" * 64,
+                    "created_at": now,
+                    "reported_state": dict(reported_state),
+                    "agent_version": AGENT_VERSION,
+                    "transport": "grpc",
+                    "last_seen": now,
+                    "online": True,
+                }
+                for i, node_id in enumerate(node_ids)
+            ]
+            for start in range(0, len(rows), 5_000):
+                session.execute(insert(NodeRow), rows[start : start + 5_000])
+            session.commit()
+
+    def add_model_version(
+        self, model: str, version: str, release_counter: int, *, sha256: str, length: int
+    ) -> None:
+        """A published model version, written as the row a targets push leaves (the push
+        path has its own benchmark; only the director's and the controller's reading of it
+        matters to the others)."""
+        from sqlalchemy import select
+
+        from control_plane.storage import FleetRow, session_factory
+        from control_plane.storage.models import ModelVersionRow
+
+        with session_factory(self.services.engine)() as session:
+            fleet_id = session.scalars(select(FleetRow.id).where(FleetRow.name == self.fleet)).one()
+            session.add(
+                ModelVersionRow(
+                    fleet_id=fleet_id,
+                    model=model,
+                    version=version,
+                    release_counter=release_counter,
+                    target_path=f"models/{model}/{version}/model.onnx",
+                    sha256=sha256,
+                    length=length,
+                    custom={"edgefleet": 1, "kind": "model", "release_counter": release_counter},
+                    targets_version=2,
+                    created_at=datetime.now(UTC),
+                    created_by="bench",
+                )
+            )
+            session.commit()
 
     def database_bytes(self) -> int | None:
         """The database's size on disk (PostgreSQL only)."""

@@ -444,32 +444,11 @@ class Plane(InProcessPlane):
         self.sequence += 1
         return self.sequence
 
-    def add_model_version(self, number: int) -> None:
-        """A published model version to pin, written as the row a targets push leaves
-        (the push path has its own benchmark; only the director's reading matters here)."""
-        from sqlalchemy import select
-
-        from control_plane.storage import FleetRow, session_factory
-        from control_plane.storage.models import ModelVersionRow
-
-        with session_factory(self.services.engine)() as session:
-            fleet_id = session.scalars(select(FleetRow.id).where(FleetRow.name == FLEET)).one()
-            session.add(
-                ModelVersionRow(
-                    fleet_id=fleet_id,
-                    model=MODEL,
-                    version=f"1.0.{number}",
-                    release_counter=number,
-                    target_path=f"models/{MODEL}/1.0.{number}/model.onnx",
-                    sha256=TARGET_SHA256,
-                    length=TARGET_LENGTH,
-                    custom={"edgefleet": 1, "kind": "model", "release_counter": number},
-                    targets_version=2,
-                    created_at=datetime.now(UTC),
-                    created_by="bench",
-                )
-            )
-            session.commit()
+    def add_change_version(self, number: int) -> None:
+        """Version 1.0.<number> of the detector, to pin."""
+        self.add_model_version(
+            MODEL, f"1.0.{number}", number, sha256=TARGET_SHA256, length=TARGET_LENGTH
+        )
 
     def pin_fleet(self, result: Round) -> None:
         """`DirectorService.pin_many` for the whole fleet from this thread, as the REST
@@ -477,7 +456,7 @@ class Plane(InProcessPlane):
         transaction (lock, grouped max(sequence), signatures, one insert, one audit
         entry) and one call of the delivery port for the transports running here."""
         director = self.services.director
-        self.add_model_version(result.number)
+        self.add_change_version(result.number)
         result.started = time.monotonic()
         pinned = director.pin_many(
             self.admin, MODEL, f"1.0.{result.number}", fleet=FLEET, labels={}
@@ -491,7 +470,7 @@ class Plane(InProcessPlane):
         """`DirectorService.pin` for every node, one after another (the path before
         `pin_many`): a transaction, a version lookup and a delivery per node."""
         director = self.services.director
-        self.add_model_version(result.number)
+        self.add_change_version(result.number)
         result.started = time.monotonic()
         for node_id in node_ids:
             director.pin(self.admin, node_id, MODEL, f"1.0.{result.number}")

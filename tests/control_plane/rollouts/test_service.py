@@ -19,7 +19,7 @@ from control_plane.errors import (
 )
 from control_plane.rollouts.service import RolloutService, TickReport
 from control_plane.rollouts.state import RolloutState
-from control_plane.storage.models import RolloutActionRow
+from control_plane.storage.models import RolloutActionRow, RolloutNodeRow
 from tests.control_plane.nodes.conftest import OPERATOR
 from tests.control_plane.rollouts.conftest import FAIL, PASS, RELEASE, TICK, World, request
 
@@ -341,3 +341,43 @@ def test_a_failing_shadow_candidate_never_reaches_a_box(world: World) -> None:
     assert set(world.fleet.serving().values()) == {"1.0.0"}
     latest = [world.director.latest(n) for n in world.fleet.agents]
     assert all(a is not None and a.shadow is None for a in latest)  # the shadows ended
+
+
+def test_the_stored_state_reads_back_every_node_field_in_rank_order(world: World) -> None:
+    """`load_state` reads plain rows (not ORM objects): every column of a node's record
+    comes back, and the records keep the rank order the machine gave them."""
+    make_fleet(world)
+    service = world.service()
+    created = service.create(RELEASE, "gates", request())
+    service.tick()  # begin: every node gets its record, the first stage starts
+    world.fleet.step(world.clock.now())
+    world.clock.advance(TICK)
+    service.tick()  # the started node has moved on: its record differs from the queued ones
+
+    state = service.state(created.id)
+
+    with world.sessions() as session:
+        rows = session.scalars(
+            select(RolloutNodeRow).where(RolloutNodeRow.rollout_id == int(created.id))
+        ).all()
+    assert list(state.nodes) == [r.node_id for r in sorted(rows, key=lambda r: r.rank)]
+    assert len(state.nodes) == 6
+    for row in rows:
+        record = state.nodes[row.node_id]
+        assert (record.stage, record.rank, record.stratum, record.previous) == (
+            row.stage,
+            row.rank,
+            row.stratum,
+            row.previous,
+        )
+        assert (record.phase, record.track, record.shadowing, record.touched) == (
+            row.phase,
+            row.track,
+            row.shadowing,
+            row.touched,
+        )
+        assert record.reason == row.reason
+        assert record.since.replace(tzinfo=None) == row.since.replace(tzinfo=None)
+        assert (record.started_at is None) == (row.started_at is None)
+    assert {r.phase for r in state.nodes.values()} >= {"queued"}
+    assert any(r.started_at is not None for r in state.nodes.values())
