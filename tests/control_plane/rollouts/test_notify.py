@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 
 from control_plane.errors import InvalidInputError
@@ -138,13 +139,23 @@ def test_a_dead_receiver_gives_up_after_the_attempts(receiver: tuple[Receiver, s
 
 
 def test_the_queue_is_bounded_and_submit_never_blocks() -> None:
-    # Nothing listens at this port; each delivery fails slowly enough to fill the queue.
-    hooks = notifier("http://127.0.0.1:9/hook", queue_size=3, attempts=1, timeout_s=0.2)
+    # The receiver hangs on the first delivery until released: the queue fills behind it.
+    release = threading.Event()
+
+    def hanging(request: httpx.Request) -> httpx.Response:
+        release.wait(5)
+        return httpx.Response(204)
+
+    config = WebhookConfig(
+        urls=("http://hooks.example/hook",), secret=SECRET, queue_size=3, attempts=1
+    )
+    hooks = WebhookNotifier(config, transport=httpx.MockTransport(hanging))
     try:
         started = time.monotonic()
         taken = [hooks.submit(EVENT) for _ in range(10)]
         assert time.monotonic() - started < 0.5
     finally:
+        release.set()
         hooks.close()
     assert taken.count(False) >= 6
     assert hooks.stats.dropped == taken.count(False)
