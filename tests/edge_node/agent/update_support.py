@@ -25,6 +25,7 @@ from tuf.api.metadata import Metadata, Targets, Timestamp
 
 from control_plane.cli.client import ApiClient
 from control_plane.cli.release import ReleaseClient
+from control_plane.clock import Clock
 from control_plane.director.assignments import sign_assignment
 from control_plane.registry import sample_models
 from control_plane.services import ServiceConfig
@@ -190,11 +191,13 @@ class FleetPlane:
 
 
 @asynccontextmanager
-async def fleet_plane(config: ServiceConfig, workdir: Path) -> AsyncIterator[FleetPlane]:
-    """A running control plane whose fleet holds det 1.0.0 and 1.1.0, and a record of
-    every update status it stores."""
+async def fleet_plane(
+    config: ServiceConfig, workdir: Path, *, clock: Clock | None = None
+) -> AsyncIterator[FleetPlane]:
+    """A running control plane (on `clock`) whose fleet holds det 1.0.0 and 1.1.0, and a
+    record of every update status it stores."""
     workdir.mkdir(parents=True, exist_ok=True)
-    async with running_plane(config) as running:
+    async with running_plane(config, clock=clock) as running:
         keyset = await anyio.to_thread.run_sync(
             lambda: init_operator_keys(
                 workdir / "keys", root_keys=1, root_threshold=1, passphrase=None
