@@ -34,7 +34,6 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from control_plane.cli.main import main as cli_main
 from control_plane.health.config import HealthConfig
 from control_plane.rollouts.service import RolloutConfig, RolloutInfo
 from control_plane.services import ServiceConfig
@@ -48,6 +47,8 @@ from tests.edge_node.agent.update_support import (
     fleet_plane,
     fragile_model,
     frame,
+    node_of,
+    run_cli,
     target_path,
     until,
 )
@@ -152,25 +153,6 @@ async def feed(agent: Agent) -> None:
         if pipeline is not None:
             pipeline.submit("cam", image)
         await anyio.sleep(0.02)
-
-
-def node_of(agent: Agent) -> str:
-    assert agent.files is not None
-    return agent.files.node_id
-
-
-def cli(fp: FleetPlane, *argv: str) -> int:
-    running = fp.running
-    return cli_main(["--server", running.url, "--token", running.admin_token, *argv])
-
-
-async def run_cli(fp: FleetPlane, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """`edgefleet ARGV` (in a thread: the server runs on this loop); its stdout."""
-    capsys.readouterr()
-    code = await anyio.to_thread.run_sync(cli, fp, *argv)
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    return out
 
 
 def update_of(fp: FleetPlane, node_id: str) -> dict[str, Any]:
