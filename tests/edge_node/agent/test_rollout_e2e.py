@@ -234,7 +234,6 @@ async def test_a_good_version_rolls_out_and_a_bad_one_stops_at_its_canary(
     tmp_path: Path, sqlite_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # tables as wide as their rows
-    started = time.monotonic()
     clock = SkipClock()
     data = tmp_path / "server"
     config = ServiceConfig(
@@ -260,7 +259,6 @@ async def test_a_good_version_rolls_out_and_a_bad_one_stops_at_its_canary(
             await the_rollouts(fp, clock, stack, tmp_path, gates, capsys)
         loops.cancel_scope.cancel()
     assert controller.ticks > 0
-    assert time.monotonic() - started < 90
 
 
 async def the_rollouts(
