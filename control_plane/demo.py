@@ -8,8 +8,10 @@ runs as its own process (`edgefleet node run`) with a camera drop directory: it 
 with a bootstrap token, is pinned to 1.0.0 and then, with every node of the fleet, to
 1.1.0, whose input size and normalisation differ and are signed with it (each time:
 signed assignment, download, self-test, hot swap while frames flow), and reports health
-that `edgefleet nodes list` shows. Everything lives under `.demo/` and is made fresh on
-each run; nothing is left running.
+that `edgefleet nodes list` shows. Last, 1.2.0 goes out as a canary rollout
+(`edgefleet rollout create`): the controller assigns it, the node becomes healthy on it,
+a one-minute bake, and the gates (on the node's own numbers before the update) pass it.
+Everything lives under `.demo/` and is made fresh on each run; nothing is left running.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ DEMO_DIR = Path(".demo")
 FLEET = "demo-parks"
 STARTUP_TIMEOUT_S = 30.0
 NODE_TIMEOUT_S = 90.0
+# A rollout: the node's update and health reports, a one-minute bake (the shortest), and
+# the gates' next evaluation after it (once a minute).
+ROLLOUT_TIMEOUT_S = 240.0
+ROLLOUT_ENDED = ("done", "paused", "aborted", "rolled-back")
+# A demo's minute of data: the gates' minimums lowered to it, memory not judged (a slope
+# needs a quarter of an hour of points); the thresholds are the defaults.
+DEMO_GATES = """\
+min_samples: {baseline_pairs: 5, baseline_pairs_per_node: 5, frames: 100, node_hours: 0.01}
+rss_slope: {enabled: false}
+"""
 T = TypeVar("T")
 
 
@@ -115,6 +127,8 @@ def main() -> int:
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
+        # The rollout controller steps every second (default 10 s): a demo's pace.
+        env={**os.environ, "EDGEFLEET_ROLLOUT_INTERVAL_S": "1"},
     )
     try:
         _wait_ready(url, server)
@@ -201,6 +215,7 @@ def main() -> int:
   .venv/bin/edgefleet token create --role viewer --name dashboard
   .venv/bin/edgefleet node run --config {DEMO_DIR}/work/node.yaml   # the node again
   .venv/bin/edgefleet nodes show <node id>; edgefleet alerts list
+  .venv/bin/edgefleet rollout list; edgefleet rollout watch 1
   See docs/operator-guide.md for every command.""")
     return 0
 
@@ -306,7 +321,8 @@ results:
         _step("what the model sees: a sample of its decoded results, named by version")
         _wait_for(lambda: _results_seen(url, headers, node_id, "1.1.0", frames), node, "results")
         _cli(env, "nodes", "results", node_id, "--limit", "3")
-        return True
+
+        return _rollout(env, url, headers, work, runtime, node, frames)
     finally:
         node.terminate()
         try:
@@ -339,8 +355,58 @@ class _Camera:
         tmp.rename(self._directory / f"frame-{self._count:06d}.jpg")
 
 
-def _wait_for(check: Callable[[], T | None], node: subprocess.Popen[bytes], what: str) -> T:
-    deadline = time.monotonic() + NODE_TIMEOUT_S
+def _rollout(
+    env: dict[str, str],
+    url: str,
+    headers: dict[str, str],
+    work: Path,
+    runtime: Path,
+    node: subprocess.Popen[bytes],
+    camera: _Camera,
+) -> bool:
+    """1.2.0 as a canary rollout over the fleet: planned, created, followed to its end."""
+    _step("1.2.0 as a canary rollout: one node first, judged by the gates, then the rest")
+    newest = tiny_detector(work / "detector-1.2.0.onnx", seed=2, size=48)
+    push = ("model", "push", str(newest), "--name", "detector", "--version", "1.2.0")
+    _cli(env, *push, "--runtime", str(runtime))
+    gates = work / "gates.yaml"
+    gates.write_text(DEMO_GATES)
+    print(f"{gates}:\n{DEMO_GATES}")
+    options = [
+        *("rollout", "create", "--fleet", FLEET, "--model", "detector", "--version", "1.2.0"),
+        *("--stages", "1,100%", "--bake", "1m", "--control", "auto", "--gates", str(gates)),
+    ]
+    _cli(env, *options, "--dry-run")
+    _cli(env, *options)
+    listed = httpx.get(f"{url}/v1/fleets/{FLEET}/rollouts", headers=headers, timeout=10).json()
+    rollout_id = str(listed[0]["id"])
+    print(f"following rollout {rollout_id} (the controller steps it every second)")
+    seen: list[str] = []
+
+    def ended() -> str | None:
+        camera.shoot()
+        found = httpx.get(f"{url}/v1/rollouts/{rollout_id}", headers=headers, timeout=10)
+        found.raise_for_status()
+        body = found.json()
+        status = str(body["status"])
+        line = f"rollout {rollout_id}: {body.get('label') or status}"
+        if not seen or seen[-1] != line:
+            seen.append(line)
+            print(line, flush=True)
+        return status if status in ROLLOUT_ENDED else None
+
+    status = _wait_for(ended, node, f"rollout {rollout_id}", ROLLOUT_TIMEOUT_S)
+    _cli(env, "rollout", "status", rollout_id)
+    return status == "done"
+
+
+def _wait_for(
+    check: Callable[[], T | None],
+    node: subprocess.Popen[bytes],
+    what: str,
+    timeout_s: float = NODE_TIMEOUT_S,
+) -> T:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if node.poll() is not None:
             raise SystemExit(
@@ -350,7 +416,7 @@ def _wait_for(check: Callable[[], T | None], node: subprocess.Popen[bytes], what
         if found is not None:
             return found
         time.sleep(0.3)
-    raise SystemExit(f"waited {NODE_TIMEOUT_S:.0f}s for {what}; see {DEMO_DIR / 'node.log'}")
+    raise SystemExit(f"waited {timeout_s:.0f}s for {what}; see {DEMO_DIR / 'node.log'}")
 
 
 def _enrolled(node_dir: Path, url: str, headers: dict[str, str]) -> str | None:

@@ -1,5 +1,6 @@
 """`make demo`, the README's first command, runs end to end: a control plane and an edge
-node process, two updates and health (in a scratch directory, on free ports)."""
+node process, two updates, health and a canary rollout (in a scratch directory, on free
+ports)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def test_the_demo_runs_a_control_plane_and_a_node_end_to_end(tmp_path: Path) -> 
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=480,
         check=False,
     )
     output = done.stdout + done.stderr
@@ -32,6 +33,11 @@ def test_the_demo_runs_a_control_plane_and_a_node_end_to_end(tmp_path: Path) -> 
     assert "models/detector/1.0.0/model.onnx active" in output
     assert "models/detector/1.1.0/model.onnx active" in output
     assert "$ edgefleet nodes list" in output
+    # The canary rollout of 1.2.0: planned, created, baked, judged by the gates, done.
+    assert "stage 1 of 2 (1): +1 → 1 of 1" in output, output[-4000:]
+    assert "rollout 1: stage 1 of 2 (1) baking" in output, output[-4000:]
+    assert "status           done" in output, output[-4000:] + logs
+    assert "passed: " in output and "latency_vs_baseline" in output
     # Nothing is left running: the node and the server were stopped.
     processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
     assert "edge_node run --config .demo/work/node.yaml" not in processes.stdout

@@ -5,7 +5,8 @@ What it is for: `GatesVerdicts.judge(state, previous, now)` reads each judged no
 points (canaries healthy on the candidate, or shadow nodes; the stage's controls; the
 canaries' own points before their assignment), builds `Samples` (`evidence.py`) and
 evaluates them with the rollout's gates (`spec.gates`, a gates.yaml over the defaults;
-`--control none` judges without controls), continuing from the stage's previous
+`--control none`, or a stage with no control node left, such as the last, judges
+without controls), continuing from the stage's previous
 decision. `check(spec)` refuses a bad gates.yaml at creation. At most `max_nodes`
 canaries and controls are read per evaluation (the first by rank): a 10,000-node stage
 is judged on a sample of it. What it is not for: the statistics (`gates.py`) or what a
@@ -81,7 +82,9 @@ class GatesVerdicts:
     ) -> Judgement | None:
         spec = state.spec
         gates = parse_gates(dict(spec.gates))
-        if spec.control == "none":
+        if spec.control == "none" or not state.controls:
+            # No control group: `--control none`, or a stage with nobody left on the old
+            # version (the last of a rollout to 100 %) is judged against baselines only.
             gates = gates.without_control()
         canaries = sorted(state.canaries(), key=lambda n: state.nodes[n].rank)[: self._max_nodes]
         controls = state.controls[: self._max_nodes]

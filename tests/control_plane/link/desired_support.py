@@ -20,6 +20,7 @@ from tuf.ngclient import Updater
 
 from control_plane.cli.client import ApiClient
 from control_plane.cli.release import ReleaseClient
+from control_plane.clock import Clock
 from control_plane.link.grpc_server import GrpcLinkConfig
 from control_plane.registry import sample_models
 from control_plane.server import ControlPlane
@@ -54,10 +55,12 @@ class RunningPlane:
 
 
 @asynccontextmanager
-async def running_plane(config: ServiceConfig, *, grpc: bool = True) -> AsyncIterator[RunningPlane]:
+async def running_plane(
+    config: ServiceConfig, *, grpc: bool = True, clock: Clock | None = None
+) -> AsyncIterator[RunningPlane]:
     """A started ControlPlane on free loopback ports; gRPC with `grpc`, MQTT when
-    `config.mqtt` is set."""
-    services = await anyio.to_thread.run_sync(build_services, config)
+    `config.mqtt` is set; on `clock` (default: the system's)."""
+    services = await anyio.to_thread.run_sync(lambda: build_services(config, clock=clock))
     port = free_port()
     link = (
         GrpcLinkConfig(node_address="127.0.0.1:0", enroll_address="127.0.0.1:0") if grpc else None

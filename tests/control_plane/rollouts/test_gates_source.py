@@ -111,6 +111,34 @@ def test_a_good_stage_passes_and_a_slow_one_fails_after_three_evaluations(
     assert {g["name"] for g in good.document["gates"]} >= {"latency_vs_control", "error_rate"}
 
 
+def test_a_stage_with_no_control_left_is_judged_against_the_baselines(
+    sessions: sessionmaker[Session],
+) -> None:
+    """The last stage of a rollout to 100 % has nobody left on the old version: its
+    canaries are judged against their own past, not left inconclusive for want of
+    controls (which would pause every such rollout at its last stage)."""
+    verdicts = GatesVerdicts(sessions)
+    now = T0 + timedelta(minutes=40)
+    last = replace(state(), controls=())
+    seed(sessions, 1.0, now)
+    good = verdicts.judge(last, None, now)
+    assert good is not None and good.verdict.outcome == "pass", good.verdict.summary()
+    names = {g["name"] for g in good.document["gates"]}
+    assert "latency_vs_baseline" in names and "latency_vs_control" not in names
+    with sessions() as session:
+        session.query(HealthPointRow).delete()
+        session.commit()
+    seed(sessions, 2.0, now + timedelta(minutes=10))
+    previous = None
+    for minute in (40, 42, 44):
+        slow = verdicts.judge(last, previous, T0 + timedelta(minutes=minute))
+        assert slow is not None
+        previous = slow.document
+    assert slow.verdict.outcome == "fail", slow.verdict.summary()
+    (baseline,) = [g for g in slow.document["gates"] if g["name"] == "latency_vs_baseline"]
+    assert baseline["outcome"] == "fail"
+
+
 def test_a_slower_canary_fails_on_the_third_evaluation_in_a_row(
     sessions: sessionmaker[Session],
 ) -> None:

@@ -27,7 +27,6 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from control_plane.cli.main import main as cli_main
 from control_plane.services import ServiceConfig
 from edge_node.agent import Agent
 from edge_node.clock import SystemClock
@@ -36,7 +35,13 @@ from edge_node.runtime.config import RuntimeConfig, StreamConfig
 from protos.bundle.preprocess import Preprocessor
 from protos.bundle.spec import PreprocessConfig, RuntimeSpec, parse_runtime_spec
 from tests.control_plane.link.desired_support import FLEET
-from tests.edge_node.agent.update_support import FleetPlane, fleet_plane, until
+from tests.edge_node.agent.update_support import (
+    FleetPlane,
+    fleet_plane,
+    node_of,
+    run_cli,
+    until,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -238,25 +243,6 @@ async def feed(agent: Agent) -> None:
         if pipeline is not None:
             pipeline.submit("cam", image)
         await anyio.sleep(0.01)
-
-
-def node_of(agent: Agent) -> str:
-    assert agent.files is not None
-    return agent.files.node_id
-
-
-def cli(fp: FleetPlane, *argv: str) -> int:
-    running = fp.running
-    return cli_main(["--server", running.url, "--token", running.admin_token, *argv])
-
-
-async def run_cli(fp: FleetPlane, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """`edgefleet ARGV` (in a thread: the server runs on this loop); its stdout."""
-    capsys.readouterr()
-    code = await anyio.to_thread.run_sync(cli, fp, *argv)
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    return out
 
 
 async def push(

@@ -17,7 +17,6 @@ from typing import Any
 import anyio
 import pytest
 
-from control_plane.cli.main import main as cli_main
 from control_plane.registry import onnx_inspect, sample_models
 from control_plane.registry.onnx_inspect import ReferencePair, make_reference
 from control_plane.services import ServiceConfig
@@ -30,9 +29,11 @@ from tests.control_plane.link.desired_support import FLEET
 from tests.control_plane.link.grpc_support import ADMIN
 from tests.edge_node.agent.update_support import (
     FleetPlane,
+    cli,
     fleet_plane,
     fragile_model,
     frame,
+    node_of,
     target_path,
     until,
 )
@@ -94,11 +95,6 @@ async def feed(agent: Agent, camera: Camera) -> None:
         await anyio.sleep(0.005)
 
 
-def node_of(agent: Agent) -> str:
-    assert agent.files is not None
-    return agent.files.node_id
-
-
 def journal(data_dir: Path) -> JournalState:
     return Journal(data_dir / JOURNAL_PATH).load()
 
@@ -143,11 +139,6 @@ async def settled(fp: FleetPlane, agent: Agent, version: str) -> None:
         return all(update.get(k) == v for k, v in wanted.items())
 
     await until(done)
-
-
-def cli(fp: FleetPlane, *argv: str) -> int:
-    running = fp.running
-    return cli_main(["--server", running.url, "--token", running.admin_token, *argv])
 
 
 # ------------------------------------------------------------------------- cases

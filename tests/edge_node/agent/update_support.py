@@ -20,15 +20,19 @@ import anyio
 import anyio.to_thread
 import httpx
 import numpy as np
+import pytest
 from securesystemslib.signer import Signer
 from tuf.api.metadata import Metadata, Targets, Timestamp
 
 from control_plane.cli.client import ApiClient
+from control_plane.cli.main import main as cli_main
 from control_plane.cli.release import ReleaseClient
+from control_plane.clock import Clock
 from control_plane.director.assignments import sign_assignment
 from control_plane.registry import sample_models
 from control_plane.services import ServiceConfig
 from control_plane.trust.keys import OperatorKeyset, init_operator_keys
+from edge_node.agent import Agent
 from edge_node.config import AgentConfig
 from edge_node.link.base import Backoff
 from edge_node.link.uplink import UplinkConfig
@@ -190,11 +194,13 @@ class FleetPlane:
 
 
 @asynccontextmanager
-async def fleet_plane(config: ServiceConfig, workdir: Path) -> AsyncIterator[FleetPlane]:
-    """A running control plane whose fleet holds det 1.0.0 and 1.1.0, and a record of
-    every update status it stores."""
+async def fleet_plane(
+    config: ServiceConfig, workdir: Path, *, clock: Clock | None = None
+) -> AsyncIterator[FleetPlane]:
+    """A running control plane (on `clock`) whose fleet holds det 1.0.0 and 1.1.0, and a
+    record of every update status it stores."""
     workdir.mkdir(parents=True, exist_ok=True)
-    async with running_plane(config) as running:
+    async with running_plane(config, clock=clock) as running:
         keyset = await anyio.to_thread.run_sync(
             lambda: init_operator_keys(
                 workdir / "keys", root_keys=1, root_threshold=1, passphrase=None
@@ -264,6 +270,26 @@ async def freshness_duty(fp: FleetPlane, interval_s: float = 0.1) -> AsyncIterat
             yield duty
         finally:
             group.cancel_scope.cancel()
+
+
+def node_of(agent: Agent) -> str:
+    assert agent.files is not None
+    return agent.files.node_id
+
+
+def cli(fp: FleetPlane, *argv: str) -> int:
+    """`edgefleet ARGV` as the admin, against the running control plane."""
+    running = fp.running
+    return cli_main(["--server", running.url, "--token", running.admin_token, *argv])
+
+
+async def run_cli(fp: FleetPlane, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """`edgefleet ARGV` (in a thread: the server runs on this loop); its stdout."""
+    capsys.readouterr()
+    code = await anyio.to_thread.run_sync(cli, fp, *argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
 
 
 async def until(condition: Callable[[], object], timeout: float = 20.0) -> None:
