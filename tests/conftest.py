@@ -134,21 +134,3 @@ def s3_bucket(s3_endpoint: str) -> str:
     )
     client.create_bucket(Bucket=name)
     return name
-
-
-# The demo is the longest file by far (about 2.5 min): it goes first.
-_LONGEST_FIRST = ("test_demo.py",)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with a test marked `slow` run first, the demo before them: under `make test`'s
-    `-n 2 --dist loadfile` the long files then start at once instead of trailing behind the
-    short ones on one worker. Within a file the order is kept."""
-    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-
-    def rank(item: pytest.Item) -> int:
-        if item.path.name in _LONGEST_FIRST:
-            return 0
-        return 1 if item.path in slow else 2
-
-    items.sort(key=rank)
