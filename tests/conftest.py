@@ -36,6 +36,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def let_grpc_settle() -> None:
+    """Give gRPC's core a moment to finish what closing a server or channel cancelled.
+
+    Core completes the cancelled operations on its own thread and hands each completion
+    to the loop that started the call. Every test has its own loop, so a completion that
+    arrives after this test's loop has closed is raised in the next test's loop as
+    "Event loop is closed" (a harness artefact: a node has one loop for its life). Called
+    after a fixture's last close, it lets them land on the loop they belong to.
+    """
+    import anyio
+
+    await anyio.sleep(0.05)
+
+
 def wait_for_port(port: int, timeout: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -38,7 +38,7 @@ from edge_node.link.grpc_link import (
 from edge_node.link.uplink import Uplink, UplinkConfig
 from edge_node.outbox import Outbox
 from protos.edgefleet.fleet.v1 import link_pb2, link_pb2_grpc
-from tests.conftest import free_port
+from tests.conftest import free_port, let_grpc_settle
 from tests.edge_node.tls_support import Pki, make_pki
 
 pytestmark = pytest.mark.anyio
@@ -142,6 +142,7 @@ async def server(pki: Pki) -> AsyncIterator[Server]:
         yield running
     finally:
         await running.stop()
+        await let_grpc_settle()
 
 
 def settings(port: int, **overrides: Any) -> GrpcLinkSettings:

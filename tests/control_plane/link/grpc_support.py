@@ -26,6 +26,7 @@ from edge_node.enroll import EnrollmentFiles, enroll_over_grpc
 from edge_node.link.base import node_message
 from edge_node.link.grpc_link import GrpcLinkSettings, GrpcNodeLink
 from protos.edgefleet.fleet.v1 import link_pb2
+from tests.conftest import let_grpc_settle
 
 ADMIN = RequestContext(Principal(token_id="admin", name="admin", role=Role.ADMIN), "req-admin")
 FLEET = "gates"
@@ -110,6 +111,7 @@ async def running_link(
         yield GrpcPlane(services, server, fleet)
     finally:
         await server.stop(0)
+        await let_grpc_settle()
 
 
 def hello(agent_version: str = "0.1.0", **fields: Any) -> link_pb2.Hello:

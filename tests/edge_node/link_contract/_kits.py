@@ -19,6 +19,7 @@ import anyio
 from edge_node.link.base import NodeLink
 from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from protos.edgefleet.fleet.v1 import link_pb2
+from tests.conftest import let_grpc_settle
 
 if TYPE_CHECKING:
     from control_plane.services import Services
@@ -253,6 +254,7 @@ class GrpcKit(LinkKit):
     async def close(self) -> None:
         if self._server is not None:
             await self._server.stop(0)
+        await let_grpc_settle()
         self.services.close()
         self.silent.close()
 
