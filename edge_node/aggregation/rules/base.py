@@ -1,0 +1,156 @@
+"""What every rule shares: the ``Rule`` protocol, bounded per-track state, zone membership.
+
+A rule is fed in event-time order by the engine: ``advance(at)`` before each sighting at
+``at`` (so a timer due before a frame fires before the frame is applied, whatever the
+batching), then ``observe(sighting)``. Per-track state lives in a :class:`TrackBook`:
+a dict in last-seen order (sightings come in time order, so the least recently seen is
+first), expired from the front after ``lost_after_s`` and capped at ``max_entries``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from edge_node.aggregation.geometry import Anchor, Polygon, anchor_point, point_in_polygon
+from edge_node.aggregation.model import Detection, Event, Evidence, Provenance, Sighting
+
+__all__ = [
+    "BookStats",
+    "Rule",
+    "TrackBook",
+    "Visit",
+    "ZoneMembership",
+    "track_key",
+    "wanted",
+]
+
+
+class Rule(Protocol):
+    rule_id: str
+    # Cameras whose sightings this rule reads; None: every camera.
+    cameras: frozenset[str] | None
+
+    def observe(self, sighting: Sighting) -> list[Event]: ...
+
+    def advance(self, at: float) -> list[Event]: ...
+
+    def state_size(self) -> int: ...
+
+
+def wanted(detection: Detection, classes: frozenset[str] | None, min_score: float) -> bool:
+    return (classes is None or detection.class_name in classes) and detection.score >= min_score
+
+
+def track_key(source: str, detection: Detection) -> str:
+    return f"{source}/{detection.track_id}"
+
+
+@dataclass(slots=True)
+class BookStats:
+    expired: int = 0
+    # Dropped because max_entries were held (the least recently seen first).
+    evicted: int = 0
+
+
+S = TypeVar("S")
+
+
+@dataclass(slots=True)
+class _Entry(Generic[S]):
+    last_seen: float
+    state: S
+
+
+class TrackBook(Generic[S]):
+    """Per-key state in last-seen order; bounded by time and by count."""
+
+    def __init__(self, lost_after_s: float, max_entries: int) -> None:
+        self.lost_after_s = lost_after_s
+        self.max_entries = max_entries
+        self.stats = BookStats()
+        self._entries: dict[str, _Entry[S]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def touch(self, key: str, at: float, new: Callable[[], S]) -> S:
+        """The state of `key` (a fresh one if unknown), now the most recently seen."""
+        entries = self._entries
+        entry = entries.pop(key, None)
+        if entry is None:
+            entry = _Entry(at, new())
+            if len(entries) >= self.max_entries:
+                del entries[next(iter(entries))]
+                self.stats.evicted += 1
+        entry.last_seen = at
+        entries[key] = entry
+        return entry.state
+
+    def expire(self, at: float) -> None:
+        entries = self._entries
+        before = at - self.lost_after_s
+        while entries:
+            key = next(iter(entries))
+            if entries[key].last_seen >= before:
+                return
+            del entries[key]
+            self.stats.expired += 1
+
+
+@dataclass(slots=True)
+class Visit:
+    """A track's membership of a zone, with inertia: ``inside`` changes only after
+    ``inertia`` consecutive frames say the other thing (Frigate's zone inertia)."""
+
+    inside: bool = False
+    streak: int = 0
+    # The first frame of the current streak (the visit's start once it is confirmed).
+    streak_first: Evidence | None = None
+    streak_provenance: set[Provenance] = field(default_factory=set)
+    entered: Evidence | None = None  # first frame of the confirmed visit
+    fired: bool = False
+    # Who produced the frames of the visit (from its first frame on).
+    provenance: set[Provenance] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneMembership:
+    polygon: Polygon
+    anchor: Anchor
+    inertia: int
+
+    def contains(self, detection: Detection) -> bool:
+        x, y = anchor_point(detection.box, self.anchor)
+        return point_in_polygon(x, y, self.polygon)
+
+    def update(
+        self, visit: Visit, inside: bool, evidence: Evidence, provenance: Provenance
+    ) -> bool:
+        """Apply one frame; True when the visit's state just flipped."""
+        if inside == visit.inside:
+            visit.streak = 0
+            visit.streak_first = None
+            if inside:
+                visit.provenance.add(provenance)
+            return False
+        if visit.streak == 0:
+            visit.streak_first = evidence
+            visit.streak_provenance = {provenance}
+        else:
+            visit.streak_provenance.add(provenance)
+        visit.streak += 1
+        if visit.streak < self.inertia:
+            return False
+        visit.inside = inside
+        visit.streak = 0
+        visit.entered = visit.streak_first if inside else None
+        visit.provenance = visit.streak_provenance if inside else set()
+        visit.streak_first = None
+        visit.streak_provenance = set()
+        visit.fired = False
+        return True
