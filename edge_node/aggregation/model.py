@@ -60,7 +60,7 @@ class Detection:
     box: Box
     track_id: str | None = None
     # e.g. {"plate_text": "AB123CD"}.
-    attributes: Mapping[str, str] = field(default=_EMPTY)
+    attributes: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -143,8 +143,8 @@ class Event:
     entities: tuple[Entity, ...]
     evidence: tuple[Evidence, ...]
     provenance: tuple[Provenance, ...]
-    attributes: Mapping[str, str] = field(default=_EMPTY)
-    values: Mapping[str, float] = field(default=_NO_VALUES)
+    attributes: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    values: Mapping[str, float] = field(default_factory=lambda: _NO_VALUES)
 
 
 def event_id(rule_id: str, event_type: str, *key: object) -> str:
