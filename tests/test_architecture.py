@@ -95,6 +95,20 @@ PURE_CORES = (
     "control_plane/rollouts/verdicts.py",
     "control_plane/rollouts/evidence.py",
     "control_plane/rollouts/gates.py",
+    "edge_node/aggregation/errors.py",
+    "edge_node/aggregation/model.py",
+    "edge_node/aggregation/geometry.py",
+    "edge_node/aggregation/timeline.py",
+    "edge_node/aggregation/tracker.py",
+    "edge_node/aggregation/config.py",
+    "edge_node/aggregation/engine.py",
+    "edge_node/aggregation/wire.py",
+    "edge_node/aggregation/rules/base.py",
+    "edge_node/aggregation/rules/zone.py",
+    "edge_node/aggregation/rules/line.py",
+    "edge_node/aggregation/rules/dwell.py",
+    "edge_node/aggregation/rules/counts.py",
+    "edge_node/aggregation/rules/correlation.py",
 )
 
 # Modules that need numpy (the node's and the CLI's, never the server's). The rest of

@@ -52,8 +52,13 @@ def run(rule: Rule, sightings: Iterable[Sighting], until: float | None = None) -
 
 
 def walk(
-    source: str, points: Iterable[tuple[float, float]], track: str | None = "1", fps: float = 10.0,
-    start: float = T0, cls: str = "person", first_seq: int = 1,
+    source: str,
+    points: Iterable[tuple[float, float]],
+    track: str | None = "1",
+    fps: float = 10.0,
+    start: float = T0,
+    cls: str = "person",
+    first_seq: int = 1,
 ) -> list[Sighting]:
     """One object moving through `points`, one frame each at `fps`."""
     return [

@@ -78,7 +78,13 @@ def test_an_empty_file_is_no_rules(tmp_path: Path) -> None:
 
 
 def zone(**kw: Any) -> dict[str, Any]:
-    return {"id": "z", "type": "zone_intrusion", "camera": "c", "zone": [[0, 0], [1, 0], [1, 1]], **kw}
+    return {
+        "id": "z",
+        "type": "zone_intrusion",
+        "camera": "c",
+        "zone": [[0, 0], [1, 0], [1, 1]],
+        **kw,
+    }
 
 
 @pytest.mark.parametrize(
@@ -95,30 +101,73 @@ def zone(**kw: Any) -> dict[str, Any]:
         ({"rules": [zone(inertia=0)]}, "rules[0].inertia", "integer in [1, 1000]"),
         ({"rules": [zone(camera=None)]}, "rules[0].camera", "expected a name"),
         ({"rules": [zone(), zone()]}, "rules[1].id", "duplicate"),
-        ({"rules": [{"id": "l", "type": "line_crossing", "camera": "c"}]}, "rules[0].line", "required"),
         (
-            {"rules": [{"id": "l", "type": "line_crossing", "camera": "c", "line": [[0, 0], [0, 0]]}]},
+            {"rules": [{"id": "l", "type": "line_crossing", "camera": "c"}]},
+            "rules[0].line",
+            "required",
+        ),
+        (
+            {
+                "rules": [
+                    {"id": "l", "type": "line_crossing", "camera": "c", "line": [[0, 0], [0, 0]]}
+                ]
+            },
             "rules[0].line",
             "differ",
         ),
         (
-            {"rules": [{"id": "l", "type": "line_crossing", "camera": "c", "line": [[0, 0], [1, 0]], "directions": ["up"]}]},
+            {
+                "rules": [
+                    {
+                        "id": "l",
+                        "type": "line_crossing",
+                        "camera": "c",
+                        "line": [[0, 0], [1, 0]],
+                        "directions": ["up"],
+                    }
+                ]
+            },
             "rules[0].directions",
             "in and/or out",
         ),
         (
-            {"rules": [{"id": "d", "type": "dwell", "camera": "c", "zone": [[0, 0], [1, 0], [1, 1]], "min_time": "soon"}]},
+            {
+                "rules": [
+                    {
+                        "id": "d",
+                        "type": "dwell",
+                        "camera": "c",
+                        "zone": [[0, 0], [1, 0], [1, 1]],
+                        "min_time": "soon",
+                    }
+                ]
+            },
             "rules[0].min_time",
             "duration",
         ),
         ({"rules": [{"id": "n", "type": "count"}]}, "rules[0].interval", "required"),
         (
-            {"rules": [{"id": "t", "type": "correlation", "entry": ["a"], "exit": ["a"], "within": 60}]},
+            {
+                "rules": [
+                    {"id": "t", "type": "correlation", "entry": ["a"], "exit": ["a"], "within": 60}
+                ]
+            },
             "rules[0].exit",
             "both entry and exit",
         ),
         (
-            {"rules": [{"id": "t", "type": "correlation", "entry": ["a"], "exit": ["b"], "within": 60, "match_by": "attribute"}]},
+            {
+                "rules": [
+                    {
+                        "id": "t",
+                        "type": "correlation",
+                        "entry": ["a"],
+                        "exit": ["b"],
+                        "within": 60,
+                        "match_by": "attribute",
+                    }
+                ]
+            },
             "rules[0].attribute",
             "required",
         ),

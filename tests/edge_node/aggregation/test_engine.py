@@ -84,9 +84,13 @@ def test_a_redelivered_frame_is_never_a_second_event() -> None:
     assert agg.health()["duplicates"] == len(frames)
 
 
-def test_the_node_tracker_gives_ids_to_untracked_detections_and_its_model_is_the_provenance() -> None:
+def test_the_node_tracker_gives_ids_to_untracked_detections_and_its_model_is_the_provenance() -> (
+    None
+):
     frames = [
-        Observation(o.source, o.observation_id, o.frame_seq, o.captured_at, o.detections, NODE_MODEL)
+        Observation(
+            o.source, o.observation_id, o.frame_seq, o.captured_at, o.detections, NODE_MODEL
+        )
         for o in crossing(track=None)
     ]
     agg = aggregator()

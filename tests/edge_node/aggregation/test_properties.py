@@ -54,7 +54,12 @@ def scenario(seed: int, frames: int) -> list[Observation]:
     rng = random.Random(seed)
     out: list[Observation] = []
     walkers = [
-        (rng.uniform(0.2, 0.8), rng.uniform(0.1, 0.9), rng.uniform(-0.05, 0.05), rng.uniform(-0.06, 0.06))
+        (
+            rng.uniform(0.2, 0.8),
+            rng.uniform(0.1, 0.9),
+            rng.uniform(-0.05, 0.05),
+            rng.uniform(-0.06, 0.06),
+        )
         for _ in range(rng.randint(1, 4))
     ]
     tracked = [rng.random() < 0.6 for _ in walkers]

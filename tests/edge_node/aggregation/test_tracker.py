@@ -8,7 +8,9 @@ from edge_node.aggregation.tracker import IouTracker, TrackerConfig, iou
 from tests.edge_node.aggregation.builders import T0, box_at
 
 
-def d(x: float, y: float, cls: str = "person", w: float = 0.1, track: str | None = None) -> Detection:
+def d(
+    x: float, y: float, cls: str = "person", w: float = 0.1, track: str | None = None
+) -> Detection:
     return Detection(cls, 0.9, box_at(x, y, w, 0.2), track)
 
 

@@ -13,7 +13,9 @@ def rule(**kw: object) -> ZoneIntrusion:
 
 
 def test_an_object_walking_in_is_one_intrusion_at_its_first_frame_inside() -> None:
-    frames = walk("cam-1", [(0.5, 0.2), (0.5, 0.3), (0.5, 0.45), (0.5, 0.5), (0.5, 0.55), (0.5, 0.5)])
+    frames = walk(
+        "cam-1", [(0.5, 0.2), (0.5, 0.3), (0.5, 0.45), (0.5, 0.5), (0.5, 0.55), (0.5, 0.5)]
+    )
     events = run(rule(), frames)
     assert len(events) == 1
     event = events[0]
