@@ -2,10 +2,11 @@
 
 :class:`Aggregator` puts the pure parts in a row: the aligner (clock offsets, watermark,
 lateness, duplicates), the tracker (ids for detections that have none), then the rules in
-event-time order. Before each sighting every rule is advanced to its time, so a timer
-due earlier (an interval's end, an overdue journey) fires first whatever the batching;
-after a batch, to the watermark. Nothing here reads a clock or a file: the caller passes
-``now`` (node clock, seconds) and gets events back to hand to the outbox.
+event-time order. Before each sighting every rule with timers is advanced to its time,
+so a timer due earlier (an interval's end, an overdue journey) fires first whatever the
+batching; after a batch, every rule is advanced to the watermark. Nothing here reads a
+clock or a file: the caller passes ``now`` (node clock, seconds) and gets events back to
+hand to the outbox.
 
 Not here: where observations come from (the device contract's and the node runtime's
 adapters), where events go (the outbox, through ``edge_node.aggregation.wire``).
@@ -45,6 +46,7 @@ class Aggregator:
         self.events_by_type: Counter[str] = Counter()
         self.sightings = 0
         self._routes: dict[str, tuple[Rule, ...]] = {}
+        self._timed = tuple(rule for rule in self.rules if rule.has_timers)
 
     def set_clock_offset(self, source: str, offset_s: float) -> None:
         """The camera's clock minus the node's, from its heartbeat's estimate."""
@@ -94,9 +96,10 @@ class Aggregator:
     def _apply(self, released: list[Released]) -> list[Event]:
         events: list[Event] = []
         all_rules = self.rules
+        timed = self._timed
         tracker = self.tracker
         for at, observation in released:
-            for rule in all_rules:
+            for rule in timed:
                 due = rule.advance(at)
                 if due:
                     events += due

@@ -17,7 +17,7 @@ is the next step if IoU proves too weak; see the ADR).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Final
 
 from edge_node.aggregation.model import Box, Detection
@@ -109,13 +109,23 @@ class IouTracker:
         config = self.config
         tracks = held.tracks
         match: dict[int, _Track] = {}  # detection index -> track
-        pairs = [
-            (overlap, i, t)
-            for i in untracked
-            for t, track in enumerate(tracks)
-            if track.class_name == detections[i].class_name
-            and (overlap := iou(detections[i].box, track.box)) >= config.iou_threshold
-        ]
+        pairs = []
+        for i in untracked:
+            detection = detections[i]
+            box, name = detection.box, detection.class_name
+            for t, track in enumerate(tracks):
+                other = track.box
+                # Most pairs do not overlap at all: reject them before iou() is called.
+                if (
+                    track.class_name == name
+                    and other.x1 < box.x2
+                    and box.x1 < other.x2
+                    and other.y1 < box.y2
+                    and box.y1 < other.y2
+                ):
+                    overlap = iou(box, other)
+                    if overlap >= config.iou_threshold:
+                        pairs.append((overlap, i, t))
         used: set[int] = set()
         for _, i, t in sorted(pairs, key=lambda p: (-p[0], p[1], p[2])):
             if i not in match and t not in used:
@@ -149,7 +159,13 @@ class IouTracker:
                 track.last_seen = at
                 track.hits += 1
             if track.hits >= config.min_hits:
-                out[i] = replace(detection, track_id=f"n{track.number}")
+                out[i] = Detection(
+                    detection.class_name,
+                    detection.score,
+                    detection.box,
+                    f"n{track.number}",
+                    detection.attributes,
+                )
         return tuple(out)
 
     def _add(self, held: _SourceTracks, track: _Track) -> None:

@@ -1,10 +1,12 @@
 """What every rule shares: the ``Rule`` protocol, bounded per-track state, zone membership.
 
-A rule is fed in event-time order by the engine: ``advance(at)`` before each sighting at
-``at`` (so a timer due before a frame fires before the frame is applied, whatever the
-batching), then ``observe(sighting)``. Per-track state lives in a :class:`TrackBook`:
-a dict in last-seen order (sightings come in time order, so the least recently seen is
-first), expired from the front after ``lost_after_s`` and capped at ``max_entries``.
+A rule is fed in event-time order by the engine: a rule with timers gets ``advance(at)``
+before each sighting at ``at`` (so a timer due before a frame fires before the frame is
+applied, whatever the batching), then ``observe(sighting)``. Per-track state lives in a
+:class:`TrackBook`: a dict in last-seen order (sightings come in time order, so the least
+recently seen is first), capped at ``max_entries`` and expired after ``lost_after_s``:
+lazily when a key comes back (so the outcome never depends on when ``expire`` ran) and
+from the front by ``expire``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ class Rule(Protocol):
     rule_id: str
     # Cameras whose sightings this rule reads; None: every camera.
     cameras: frozenset[str] | None
+    # Whether advance() can raise events (a timer): such a rule is advanced before every
+    # sighting; one without (its advance only frees state) once per batch.
+    has_timers: bool
 
     def observe(self, sighting: Sighting) -> list[Event]: ...
 
@@ -82,6 +87,9 @@ class TrackBook(Generic[S]):
         """The state of `key` (a fresh one if unknown), now the most recently seen."""
         entries = self._entries
         entry = entries.pop(key, None)
+        if entry is not None and entry.last_seen < at - self.lost_after_s:
+            entry = None
+            self.stats.expired += 1
         if entry is None:
             entry = _Entry(at, new())
             if len(entries) >= self.max_entries:

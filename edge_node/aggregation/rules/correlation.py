@@ -62,6 +62,8 @@ def normalise_plate(text: str) -> str:
 
 
 class Correlation:
+    has_timers = True
+
     def __init__(self, config: CorrelationConfig) -> None:
         self.config = config
         self.rule_id = config.rule_id

@@ -49,6 +49,8 @@ class _Window:
 
 
 class ClassCounts:
+    has_timers = True
+
     def __init__(self, config: ClassCountsConfig) -> None:
         self.config = config
         self.rule_id = config.rule_id

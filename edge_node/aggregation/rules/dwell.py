@@ -38,6 +38,8 @@ class DwellConfig:
 
 
 class Dwell:
+    has_timers = False
+
     def __init__(self, config: DwellConfig) -> None:
         self.config = config
         self.rule_id = config.rule_id

@@ -63,6 +63,8 @@ class _Side:
 
 
 class LineCrossing:
+    has_timers = False
+
     def __init__(self, config: LineCrossingConfig) -> None:
         self.config = config
         self.rule_id = config.rule_id

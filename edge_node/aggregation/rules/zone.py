@@ -35,6 +35,8 @@ class ZoneIntrusionConfig:
 
 
 class ZoneIntrusion:
+    has_timers = False
+
     def __init__(self, config: ZoneIntrusionConfig) -> None:
         self.config = config
         self.rule_id = config.rule_id

@@ -86,3 +86,17 @@ def test_track_state_is_bounded_and_lost_tracks_are_evicted() -> None:
     assert r.visits.stats.evicted == 90
     r.advance(T0 + 10.0)
     assert r.state_size() == 0
+
+
+def test_a_track_back_after_lost_after_is_a_new_visit_whether_or_not_expire_ran() -> None:
+    frames = walk("cam-1", [(0.5, 0.5)] * 3) + walk(
+        "cam-1", [(0.5, 0.5)] * 3, start=T0 + 30, first_seq=100
+    )
+    for feed_advance in (True, False):
+        r = rule(lost_after_s=10.0)
+        events = []
+        for s in frames:
+            if feed_advance:
+                events += r.advance(s.at)
+            events += r.observe(s)
+        assert len(events) == 2, feed_advance
