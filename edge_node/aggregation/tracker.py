@@ -149,21 +149,21 @@ class IouTracker:
         out = list(detections)
         for i in untracked:
             detection = detections[i]
-            track = match.get(i)
-            if track is None:
+            found = match.get(i)
+            if found is None:
                 held.counter += 1
-                track = _Track(held.counter, detection.class_name, detection.box, at)
-                self._add(held, track)
+                found = _Track(held.counter, detection.class_name, detection.box, at)
+                self._add(held, found)
             else:
-                track.box = detection.box
-                track.last_seen = at
-                track.hits += 1
-            if track.hits >= config.min_hits:
+                found.box = detection.box
+                found.last_seen = at
+                found.hits += 1
+            if found.hits >= config.min_hits:
                 out[i] = Detection(
                     detection.class_name,
                     detection.score,
                     detection.box,
-                    f"n{track.number}",
+                    f"n{found.number}",
                     detection.attributes,
                 )
         return tuple(out)
