@@ -4,8 +4,9 @@ The :class:`Aligner` takes observations in arrival order and releases them in ev
 order, each with its time on the node's clock (``captured_at`` minus the camera's clock
 offset). Each source's watermark is its newest event time minus ``allowed_lateness_s``;
 the aligner's watermark is the lowest of the sources that are not idle (a source silent
-for ``idle_timeout_s`` of node time stops holding it back, the Flink/Beam lesson), never
-goes back, and moves on with the node's clock when every source is idle. An observation is
+for ``idle_timeout_s`` of node time stops holding it back, the Flink/Beam lesson), is never
+ahead of the node's clock minus the lateness, never goes back, and moves on with the
+node's clock when every source is idle. An observation is
 released once the watermark passes it, so everything that arrives within the lateness
 bound is applied in the same order whatever order it came in: the rules downstream see one
 history. One that arrives behind the watermark is too late: counted, not applied.
@@ -205,7 +206,9 @@ class Aligner:
         if lowest == math.inf:
             # Every source idle (or none yet): event time follows the node's clock.
             return now - lateness if self._sources else _NEG_INF
-        return lowest
+        # Never ahead of the node's own clock: a camera whose clock runs fast (within
+        # max_future_s) must not make every other camera's frames too late.
+        return min(lowest, now - lateness)
 
     def _remember(self, key: tuple[str, str], at: float) -> None:
         self._seen[key] = at

@@ -133,7 +133,15 @@ class Correlation:
                     key, detection.class_name, entered, sighting.observation.provenance
                 )
                 heapq.heappush(self._due, (entered.at + config.within_s, key, entered.at))
+                if len(self._due) > 2 * config.max_pending:
+                    self._compact()
         return events
+
+    def _compact(self) -> None:
+        """Drop the deadlines of journeys that completed or were dropped (bounded heap)."""
+        within = self.config.within_s
+        self._due = [(j.entered.at + within, k, j.entered.at) for k, j in self.pending.items()]
+        heapq.heapify(self._due)
 
     def _event(
         self,

@@ -93,3 +93,16 @@ def test_pending_journeys_are_bounded() -> None:
     run(r, [sighting("gate-a", i, T0 + i, car(f"P{i}")) for i in range(1000)])
     assert r.state_size() == 100
     assert r.dropped == 900
+
+
+def test_deadlines_of_completed_journeys_do_not_pile_up() -> None:
+    r = rule(max_pending=10, within_s=1e6)
+    frames = []
+    for i in range(500):
+        frames += [
+            sighting("gate-a", i, T0 + i, car(f"P{i}")),
+            sighting("gate-b", i, T0 + i + 0.5, car(f"P{i}")),
+        ]
+    events = run(r, frames)
+    assert len(events) == 500
+    assert len(r._due) <= 20

@@ -138,3 +138,12 @@ def test_a_future_frame_does_not_move_the_watermark() -> None:
     a.offer(obs("c1", 1, T0), now=T0)
     a.offer(obs("c1", 2, T0 + 3600), now=T0 + 0.1)  # a camera clock an hour off
     assert a.watermark == T0
+
+
+def test_a_fast_camera_clock_does_not_push_the_watermark_past_the_node_clock() -> None:
+    a = aligner(allowed_lateness_s=0.05, max_future_s=5.0)
+    a.offer(obs("fast", 1, T0 + 4.0), now=T0)  # 4 s ahead: possible, so accepted
+    assert a.watermark == T0 - 0.05
+    # Another camera's frame of now is not too late because of it.
+    a.offer(obs("slow", 1, T0), now=T0 + 0.01)
+    assert a.stats.per_source["slow"].too_late == 0
