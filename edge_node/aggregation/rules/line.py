@@ -127,7 +127,9 @@ class LineCrossing:
             frames = tuple(e for e in (before, first, evidence) if e is not None)
             events.append(
                 Event(
-                    event_id=event_id(self.rule_id, EVENT_TYPE, key, first.frame_seq, direction),
+                    event_id=event_id(
+                        self.rule_id, EVENT_TYPE, key, first.frame_seq, first.at, direction
+                    ),
                     type=EVENT_TYPE,
                     rule_id=self.rule_id,
                     at=first.at,

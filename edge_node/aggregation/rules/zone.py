@@ -4,7 +4,8 @@ The anchor is bottom-centre by default (where a person stands, as DeepStream and
 place it). Entry is confirmed after ``inertia`` consecutive frames inside, and the object
 must be outside for ``inertia`` frames before it can enter again, so a box that flickers
 on the edge is one intrusion, not many. The event's time is the first frame inside; its
-id is keyed on the track and that frame. Detections without a track id cannot be told
+id is keyed on the track and that frame (its sequence and time: a camera's
+sequence restarts when it reboots). Detections without a track id cannot be told
 apart from frame to frame and are counted (``untracked``), not judged.
 """
 
@@ -72,7 +73,9 @@ class ZoneIntrusion:
                 entered = visit.entered or evidence
                 events.append(
                     Event(
-                        event_id=event_id(self.rule_id, EVENT_TYPE, key, entered.frame_seq),
+                        event_id=event_id(
+                            self.rule_id, EVENT_TYPE, key, entered.frame_seq, entered.at
+                        ),
                         type=EVENT_TYPE,
                         rule_id=self.rule_id,
                         at=entered.at,
