@@ -111,14 +111,17 @@ def in_event_time_order(observations: list[Observation]) -> list[tuple[float, Ob
 
 
 def shuffled_within_lateness(
-    observations: list[Observation], rng: random.Random, resend: float
+    observations: list[Observation],
+    rng: random.Random,
+    resend: float,
+    lateness: float = LATENESS_S,
 ) -> list[tuple[float, Observation]]:
-    """Each frame arrives up to LATENESS_S after its event time; some arrive twice."""
+    """Each frame arrives up to `lateness` after its event time; some arrive twice."""
     arrivals = []
     for o in observations:
-        arrivals.append((event_time(o) + rng.uniform(0, LATENESS_S * 0.999), rng.random(), o))
+        arrivals.append((event_time(o) + rng.uniform(0, lateness * 0.999), rng.random(), o))
         if rng.random() < resend:
-            arrivals.append((event_time(o) + rng.uniform(0, LATENESS_S * 0.999), rng.random(), o))
+            arrivals.append((event_time(o) + rng.uniform(0, lateness * 0.999), rng.random(), o))
     arrivals.sort(key=lambda a: (a[0], a[1]))
     return [(now, o) for now, _, o in arrivals]
 
@@ -184,3 +187,34 @@ def test_a_frame_beyond_the_lateness_is_the_only_thing_that_changes_the_events()
     without = [o for o in observations if o.observation_id not in held]
     agg_events = run(late)
     assert canonical(agg_events) == canonical(run(in_event_time_order(without)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    frames=st.integers(1, 80),
+    lateness=st.sampled_from([0.0, 0.05, 0.5]),
+)
+def test_the_aligner_releases_each_frame_once_in_event_time_order(
+    seed: int, frames: int, lateness: float
+) -> None:
+    from edge_node.aggregation.timeline import Aligner, AlignerConfig
+
+    rng = random.Random(seed)
+    observations = scenario(seed, frames)
+    aligner = Aligner(AlignerConfig(allowed_lateness_s=lateness, idle_timeout_s=3600.0))
+    for camera, offset in OFFSETS.items():
+        aligner.set_clock_offset(camera, offset)
+    arrivals = (
+        shuffled_within_lateness(observations, rng, resend=0.3, lateness=lateness)
+        if lateness
+        else [(now, o) for now, o in in_event_time_order(observations)]
+    )
+    released = []
+    for now, o in arrivals:
+        released += aligner.offer(o, now)
+    released += aligner.flush()
+    assert [o.observation_id for _, o in released] == [
+        o.observation_id for _, o in in_event_time_order(observations)
+    ]
+    assert aligner.stats.total("too_late") == 0
