@@ -381,7 +381,8 @@ class BufferStats(_message.Message):
         """Messages dropped without a PUBACK since the buffer was created, by reason:
         "overflow" (full: the oldest of the lowest priority goes), "expired" (its TTL ran
         out), "too_large" (bigger than the whole buffer), "corrupt" (a file-ring record that
-        failed its checksum after a crash). Readers treat an unknown reason as another.
+        failed its checksum after a crash), "refused" (an MQTT 5 broker's PUBACK said no,
+        e.g. not authorized). Readers treat an unknown reason as another.
         """
 
     def __init__(
