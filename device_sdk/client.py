@@ -37,6 +37,7 @@ from device_sdk.transport import Acked, Connector, Link, Lost, MqttSettings, Pah
 __all__ = ["ClientConfig", "ClientStats", "Detection", "DeviceClient"]
 
 PROTOCOL_VERSION = 1
+_SLACK = 1e-6
 _log = logging.getLogger(__name__)
 
 
@@ -52,9 +53,12 @@ class Detection:
     attributes: Mapping[str, str] = field(default_factory=dict)
 
     def to_proto(self) -> device_pb2.Detection:
-        x_min, y_min, x_max, y_max = self.bbox
-        if not (0.0 <= x_min <= x_max <= 1.0 and 0.0 <= y_min <= y_max <= 1.0):
+        # Float rounding (0.8 + 0.2 = 1.0000000000000002) is forgiven, nothing more.
+        if not all(-_SLACK <= v <= 1.0 + _SLACK for v in self.bbox):
             raise InvalidMessageError(f"bbox {self.bbox} is not normalised to the frame")
+        x_min, y_min, x_max, y_max = (min(max(v, 0.0), 1.0) for v in self.bbox)
+        if not (x_min <= x_max and y_min <= y_max):
+            raise InvalidMessageError(f"bbox {self.bbox} has its corners swapped")
         if not 0.0 <= self.score <= 1.0:
             raise InvalidMessageError(f"score {self.score} is not in [0, 1]")
         if self.track_id is not None and not 0 < self.track_id < 2**64:

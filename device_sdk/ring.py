@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from device_sdk.buffer import _PUT_FIXED, Message, Priority, Recovered
 
-__all__ = ["FileRing"]
+__all__ = ["FileRing", "read_records"]
 
 _MAGIC = b"EF"
 _HEADER = struct.Struct(">2scII")  # magic, kind, body length, crc32(kind + body)
