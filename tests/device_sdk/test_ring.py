@@ -99,10 +99,10 @@ def test_garbage_is_never_a_crash(tmp_path: Path) -> None:
 
 
 def test_the_file_stays_within_twice_the_bound_under_churn(tmp_path: Path) -> None:
-    ring = FileRing(tmp_path, CAPACITY)
+    ring = FileRing(tmp_path, CAPACITY, sync=False)  # the size is the point, not the fsync
     buffer = SendBuffer(CAPACITY, journal=ring)
     largest = 0
-    for n in range(2_000):
+    for n in range(1_000):
         buffer.put(msg(n), NOW)
         for taken in buffer.take(1, NOW) if n % 3 else []:
             buffer.ack(taken.message_id)
