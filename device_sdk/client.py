@@ -79,7 +79,7 @@ class ClientConfig:
     # The buffer's bound, as file-ring bytes (payload plus ~30 bytes a message).
     buffer_bytes: int = 256 * 1024
     # A directory on flash for the file ring (None: memory only, lost at reboot).
-    ring_directory: Path | None = None
+    ring_directory: Path | str | None = None
     # fsync every buffered message (off: faster, but a power cut may lose the last few).
     ring_sync: bool = True
     # How long each kind is worth sending (wall-clock seconds from buffering).
@@ -161,7 +161,7 @@ class DeviceClient:
         self.boot_id = secrets.token_hex(8)
         self.client_id = f"{config.device_id}-{self.boot_id[:8]}"
         journal = (
-            FileRing(config.ring_directory, config.buffer_bytes, sync=config.ring_sync)
+            FileRing(Path(config.ring_directory), config.buffer_bytes, sync=config.ring_sync)
             if config.ring_directory is not None
             else None
         )

@@ -95,6 +95,14 @@ PURE_CORES = (
     "control_plane/rollouts/verdicts.py",
     "control_plane/rollouts/evidence.py",
     "control_plane/rollouts/gates.py",
+    "device_sdk/buffer.py",
+    "device_sdk/backoff.py",
+    "device_sdk/pacing.py",
+    "device_sdk/timesync.py",
+    "device_sdk/topics.py",
+    "device_sdk/ids.py",
+    "device_sdk/clock.py",
+    "device_sdk/errors.py",
 )
 
 # Modules that need numpy (the node's and the CLI's, never the server's). The rest of

@@ -160,14 +160,16 @@ def test_the_buffer_outlives_a_broker_restart(
             client.publish_result(n, time.time(), [])
         assert client.flush(10)
         broker.wait_for_save()  # the node's session (its subscription) is on disk
-        broker.kill()
+        for n in range(5, 205):  # a burst: the broker goes down with some of it in flight
+            client.publish_result(n, time.time(), [])
+        broker.stop()
         eventually(lambda: not client.connected)
-        for n in range(5, 30):
+        for n in range(205, 230):
             client.publish_result(n, time.time(), [])
         assert client.stats().buffer.queued_messages >= 25
         broker.start()
         assert client.flush(15)
-        eventually(lambda: len(node.results()) == 30)
+        eventually(lambda: len(node.results()) == 230)
         assert all(len(seen) == 1 for seen in node.results().values())
         assert client.stats().connects >= 2
         assert f"as {client.client_id} (p2," in broker.log_text()  # p2: MQTT 3.1.1
