@@ -10,6 +10,7 @@ are the device contract's (`device_sdk.topics`, device.proto).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
@@ -25,7 +26,7 @@ from device_sdk import __version__
 from device_sdk.backoff import Backoff, BackoffPolicy
 from device_sdk.buffer import BufferStats, Message, Priority, SendBuffer
 from device_sdk.clock import Clock, SystemClock
-from device_sdk.errors import BrokerError, InvalidMessageError
+from device_sdk.errors import BrokerError, ClientClosedError, InvalidMessageError
 from device_sdk.ids import uuid7
 from device_sdk.pacing import FramePacer, SourceConfig
 from device_sdk.proto.edgefleet.device.v1 import device_pb2
@@ -204,16 +205,22 @@ class DeviceClient:
         with self._changed:
             return self._changed.wait_for(lambda: len(self._buffer) == 0, timeout=timeout_s)
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         """Stop the client's thread and close the file ring (what is unsent stays there).
-        Safe to call twice."""
+        Waits up to `timeout_s` (default: a connect attempt's timeout and a bit) for the
+        thread, which may be inside a connect. Safe to call twice."""
         with self._lock:
             if self._stopping:
                 return
             self._stopping = True
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            self._thread.join(
+                self.settings.connect_timeout_s + 2.0 if timeout_s is None else timeout_s
+            )
+            if self._thread.is_alive():
+                _log.warning("device SDK thread still running after close(); ring left open")
+                return
         with self._lock:
             self._buffer.close()
 
@@ -350,11 +357,23 @@ class DeviceClient:
             message_id, self._topics[leaf], priority, envelope.SerializeToString(), now + ttl_s
         )
         with self._changed:
+            if self._stopping:
+                raise ClientClosedError("the DeviceClient is closed")
             admitted = self._buffer.put(message, now)
             self._changed.notify_all()
         return message_id if admitted else None
 
     def _run(self) -> None:
+        while not self._stopping:
+            try:
+                self._connect_and_serve()
+            except Exception as exc:  # a bug or a failing flash must not end the thread
+                _log.exception("device SDK thread: unexpected error; reconnecting")
+                with self._lock:
+                    self._last_error = f"unexpected: {exc!r}"
+                self._wake.wait(self._backoff.next_delay())
+
+    def _connect_and_serve(self) -> None:
         while not self._stopping:
             self._maybe_heartbeat()
             try:
@@ -424,7 +443,8 @@ class DeviceClient:
         now = self._clock.monotonic()
         if now >= self._next_heartbeat_mono:
             self._next_heartbeat_mono = now + self.settings.heartbeat_interval_s
-            self.publish_heartbeat()
+            with contextlib.suppress(ClientClosedError):  # close() came first
+                self.publish_heartbeat()
 
     def _on_node_message(self, topic: str, payload: bytes) -> None:
         received_us = int(self._clock.time() * 1e6)

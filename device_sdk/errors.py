@@ -13,6 +13,7 @@ __all__ = [
     "BrokerError",
     "BrokerRefusedError",
     "BrokerUnavailableError",
+    "ClientClosedError",
     "DeviceSdkError",
     "InvalidMessageError",
 ]
@@ -24,6 +25,10 @@ class DeviceSdkError(Exception):
 
 class InvalidMessageError(DeviceSdkError, ValueError):
     """A result, frame or setting the device contract cannot carry (the caller's bug)."""
+
+
+class ClientClosedError(DeviceSdkError):
+    """The client was closed; nothing more can be buffered through it."""
 
 
 class BrokerError(DeviceSdkError):

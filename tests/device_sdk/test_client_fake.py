@@ -13,10 +13,12 @@ import pytest
 from device_sdk.backoff import BackoffPolicy
 from device_sdk.client import ClientConfig, Detection, DeviceClient
 from device_sdk.clock import ManualClock
+from device_sdk.errors import ClientClosedError
 from device_sdk.pacing import SkipPolicy
 from device_sdk.proto.edgefleet.device.v1 import device_pb2
 from device_sdk.testing import FakeBroker
 from device_sdk.topics import device_topic
+from device_sdk.transport import Link
 
 DEVICE = "cam-gate-a"
 FAST = BackoffPolicy(base_s=0.01, cap_s=0.05)
@@ -224,3 +226,28 @@ def test_the_example_program_runs_against_the_fake_broker(broker: FakeBroker) ->
     assert sent == 25
     assert len(broker.results("cam-example")) == 25
     assert all(r.detections for r in broker.results("cam-example"))
+
+
+def test_a_failure_inside_the_clients_thread_is_survived(broker: FakeBroker) -> None:
+    """A link that raises something unexpected (a bug, a failing flash) costs a reconnect."""
+    failures = iter([True])
+
+    class Flaky:
+        def connect(self, client_id: str, timeout_s: float) -> Link:
+            link = broker.connector().connect(client_id, timeout_s)
+            if next(failures, False):
+                link.poll = lambda _t: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore[method-assign]
+            return link
+
+    client = DeviceClient(ClientConfig(DEVICE, backoff=FAST), connector=Flaky())
+    client.start()
+    try:
+        client.publish_result(1, 1.0, [])
+        assert client.flush(5)
+        assert [r.frame_seq for r in broker.results(DEVICE)] == [1]
+        assert client.stats().connects == 2
+    finally:
+        client.close()
+    with pytest.raises(ClientClosedError):
+        client.publish_result(2, 2.0, [])
+    client.close()  # twice is fine

@@ -8,19 +8,23 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Literal
 
 import paho.mqtt.client as mqtt
 import pytest
+from cryptography import x509
 from paho.mqtt.enums import CallbackAPIVersion
 
+from control_plane.link.mqtt_acl import mosquitto_password_hash
 from device_sdk.backoff import BackoffPolicy
 from device_sdk.client import ClientConfig, Detection, DeviceClient
 from device_sdk.proto.edgefleet.device.v1 import device_pb2
 from device_sdk.topics import device_topic
 from device_sdk.transport import MqttSettings
 from tests.conftest import missing_service, wait_for_port
+from tests.edge_node.test_mqtt_link_tls import TlsBroker, write_pki
 from tests.mqtt_support import Broker, BrokerFactory, broker_factory  # noqa: F401
 
 SHARED_PORT = 1883
@@ -211,3 +215,33 @@ def test_a_device_reboot_over_its_file_ring_loses_and_duplicates_nothing(
         assert f"as {after.client_id} (p5," in broker.log_text()  # p5: MQTT 5
     finally:
         node.close()
+
+
+def test_tls_and_credentials(tmp_path: Path, clients: list[DeviceClient]) -> None:
+    """A broker's TLS listener with a password file: the right CA and password connect;
+    a wrong password is refused and retried (counted, said why); an unverifiable broker
+    is never connected to."""
+    ca, cert, key = write_pki(tmp_path / "pki", x509.IPAddress(IPv4Address("127.0.0.1")))
+    passwd = tmp_path / "passwd"
+    passwd.write_text(f"cam-tls:{mosquitto_password_hash('s3cret', iterations=1000)}\n")
+    broker = TlsBroker(tmp_path / "broker", cert, key)
+    broker.passwd = passwd
+    broker.start()
+    try:
+
+        def tls_client(device: str, **settings: object) -> DeviceClient:
+            mqtt_settings = MqttSettings(port=broker.port, username="cam-tls", **settings)  # type: ignore[arg-type]
+            return device_client(clients, ClientConfig(device, mqtt=mqtt_settings, backoff=FAST))
+
+        wrong_password = tls_client("cam-bad-pw", password="nope", ca_file=ca)
+        no_ca = tls_client("cam-no-ca", password="s3cret", tls=True)  # system CAs
+        good = tls_client("cam-tls", password="s3cret", ca_file=ca)
+        assert good.publish_result(1, time.time(), [])
+        assert good.flush(10)
+        eventually(lambda: wrong_password.stats().connect_failures >= 2)
+        assert "refused" in (wrong_password.stats().last_error or "")
+        eventually(lambda: no_ca.stats().connect_failures >= 1)
+        assert "certificate verify failed" in (no_ca.stats().last_error or "")
+        assert wrong_password.stats().connects == no_ca.stats().connects == 0
+    finally:
+        broker.kill()
