@@ -81,7 +81,10 @@ class DeviceEnvelope(_message.Message):
     """Changes at every boot of the camera; frame_seq restarts with it."""
     @_builtins.property
     def sent_at(self) -> _timestamp_pb2.Timestamp:
-        """When the camera sent this, on the camera's own clock."""
+        """When the camera sent this, on the camera's own clock. device_sdk stamps it when it
+        buffers the message, so a resend carries the same bytes (and a heartbeat that waited
+        offline gives a TimeSync with a large error, which the camera's estimate discards).
+        """
 
     @_builtins.property
     def frame_result(self) -> Global___FrameResult: ...
