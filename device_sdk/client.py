@@ -98,6 +98,9 @@ class ClientConfig:
     poll_interval_s: float = 0.02
     firmware_version: str = ""
     topic_root: str = ROOT
+    # The MQTT client id (None: the device id and the boot's first 8 hex digits, so a
+    # half-open connection of the last boot never takes over this one's session).
+    client_id: str | None = None
 
     def __post_init__(self) -> None:
         device_topic(self.device_id, RESULTS, root=self.topic_root)  # validates the id
@@ -160,7 +163,7 @@ class DeviceClient:
         self._clock = clock or SystemClock()
         self._on_config = on_config
         self.boot_id = secrets.token_hex(8)
-        self.client_id = f"{config.device_id}-{self.boot_id[:8]}"
+        self.client_id = config.client_id or f"{config.device_id}-{self.boot_id[:8]}"
         journal = (
             FileRing(Path(config.ring_directory), config.buffer_bytes, sync=config.ring_sync)
             if config.ring_directory is not None

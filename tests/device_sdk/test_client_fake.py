@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from device_sdk.backoff import BackoffPolicy
 from device_sdk.client import ClientConfig, Detection, DeviceClient
 from device_sdk.clock import ManualClock
 from device_sdk.errors import ClientClosedError
-from device_sdk.pacing import SkipPolicy
+from device_sdk.pacing import SkipPolicy, SourceConfig
 from device_sdk.proto.edgefleet.device.v1 import device_pb2
 from device_sdk.testing import FakeBroker
 from device_sdk.topics import device_topic
@@ -41,10 +42,16 @@ def broker() -> FakeBroker:
 def make_client(broker: FakeBroker) -> Iterator[Callable[..., DeviceClient]]:
     made: list[DeviceClient] = []
 
-    def make(**overrides: object) -> DeviceClient:
-        clock = overrides.pop("clock", None)
-        config = ClientConfig(DEVICE, backoff=FAST, **overrides)  # type: ignore[arg-type]
-        client = DeviceClient(config, connector=broker.connector(), clock=clock)  # type: ignore[arg-type]
+    def make(
+        *,
+        clock: ManualClock | None = None,
+        on_config: Callable[[SourceConfig], None] | None = None,
+        **overrides: Any,
+    ) -> DeviceClient:
+        config = ClientConfig(DEVICE, backoff=FAST, **overrides)
+        client = DeviceClient(
+            config, connector=broker.connector(), clock=clock, on_config=on_config
+        )
         made.append(client)
         client.start()
         return client
@@ -100,8 +107,7 @@ def test_the_node_config_is_applied_at_the_source(
     broker: FakeBroker, make_client: Callable[..., DeviceClient]
 ) -> None:
     applied: list[int] = []
-    client = make_client()
-    client._on_config = lambda c: applied.append(c.version)
+    client = make_client(on_config=lambda c: applied.append(c.version))
     assert client.publish_frame(1, 1.0, JPEG) is None  # frames are off until the node asks
     broker.send_config(
         DEVICE, version=2, target_fps=10, skip_policy=device_pb2.SKIP_POLICY_EVEN, send_frames=True
