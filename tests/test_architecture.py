@@ -109,6 +109,14 @@ PURE_CORES = (
     "edge_node/aggregation/rules/dwell.py",
     "edge_node/aggregation/rules/counts.py",
     "edge_node/aggregation/rules/correlation.py",
+    "device_sdk/buffer.py",
+    "device_sdk/backoff.py",
+    "device_sdk/pacing.py",
+    "device_sdk/timesync.py",
+    "device_sdk/topics.py",
+    "device_sdk/ids.py",
+    "device_sdk/clock.py",
+    "device_sdk/errors.py",
 )
 
 # Modules that need numpy (the node's and the CLI's, never the server's). The rest of

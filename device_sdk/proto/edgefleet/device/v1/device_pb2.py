@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1device_sdk/proto/edgefleet/device/v1/device.proto\x12\x13\x65\x64gefleet.device.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x02\n\x0e\x44\x65viceEnvelope\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x11\n\tdevice_id\x18\x03 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x04 \x01(\t\x12+\n\x07sent_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\x0c\x66rame_result\x18\n \x01(\x0b\x32 .edgefleet.device.v1.FrameResultH\x00\x12\x33\n\theartbeat\x18\x0b \x01(\x0b\x32\x1e.edgefleet.device.v1.HeartbeatH\x00\x12+\n\x05\x66rame\x18\x0c \x01(\x0b\x32\x1a.edgefleet.device.v1.FrameH\x00\x42\x06\n\x04\x62ody\"\xda\x01\n\x0cNodeEnvelope\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12+\n\x07sent_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x06\x63onfig\x18\n \x01(\x0b\x32!.edgefleet.device.v1.DeviceConfigH\x00\x12\x32\n\ttime_sync\x18\x0b \x01(\x0b\x32\x1d.edgefleet.device.v1.TimeSyncH\x00\x42\x06\n\x04\x62ody\"\xca\x01\n\x0b\x46rameResult\x12\x11\n\tframe_seq\x18\x01 \x01(\x04\x12/\n\x0b\x63\x61ptured_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\ndetections\x18\x03 \x03(\x0b\x32\x1e.edgefleet.device.v1.Detection\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\t\x12\r\n\x05width\x18\x06 \x01(\r\x12\x0e\n\x06height\x18\x07 \x01(\r\"\xe7\x01\n\tDetection\x12\x12\n\nclass_name\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12.\n\x04\x62\x62ox\x18\x03 \x01(\x0b\x32 .edgefleet.device.v1.BoundingBox\x12\x10\n\x08track_id\x18\x04 \x01(\x04\x12\x42\n\nattributes\x18\x05 \x03(\x0b\x32..edgefleet.device.v1.Detection.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0b\x42oundingBox\x12\r\n\x05x_min\x18\x01 \x01(\x02\x12\r\n\x05y_min\x18\x02 \x01(\x02\x12\r\n\x05x_max\x18\x03 \x01(\x02\x12\r\n\x05y_max\x18\x04 \x01(\x02\"\xb6\x01\n\tHeartbeat\x12\x31\n\x05\x63lock\x18\x01 \x01(\x0b\x32\".edgefleet.device.v1.ClockEstimate\x12\x16\n\x0e\x63onfig_version\x18\x02 \x01(\x04\x12\x18\n\x10\x66irmware_version\x18\x03 \x01(\t\x12\x13\n\x0bsdk_version\x18\x04 \x01(\t\x12\x17\n\x0f\x66rames_captured\x18\x05 \x01(\x04\x12\x16\n\x0e\x66rames_skipped\x18\x06 \x01(\x04\"E\n\rClockEstimate\x12\x11\n\toffset_us\x18\x01 \x01(\x12\x12\x10\n\x08\x65rror_us\x18\x02 \x01(\x04\x12\x0f\n\x07samples\x18\x03 \x01(\r\"Y\n\x05\x46rame\x12\x11\n\tframe_seq\x18\x01 \x01(\x04\x12/\n\x0b\x63\x61ptured_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04jpeg\x18\x03 \x01(\x0c\"~\n\x0c\x44\x65viceConfig\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\ntarget_fps\x18\x02 \x01(\x02\x12\x34\n\x0bskip_policy\x18\x03 \x01(\x0e\x32\x1f.edgefleet.device.v1.SkipPolicy\x12\x13\n\x0bsend_frames\x18\x04 \x01(\x08\"\x8a\x01\n\x08TimeSync\x12\x14\n\x0cheartbeat_id\x18\x01 \x01(\t\x12\x32\n\x0e\x64\x65vice_sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10node_received_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\\\n\nSkipPolicy\x12\x1b\n\x17SKIP_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17SKIP_POLICY_LATEST_WINS\x10\x01\x12\x14\n\x10SKIP_POLICY_EVEN\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1device_sdk/proto/edgefleet/device/v1/device.proto\x12\x13\x65\x64gefleet.device.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x02\n\x0e\x44\x65viceEnvelope\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x11\n\tdevice_id\x18\x03 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x04 \x01(\t\x12+\n\x07sent_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\x0c\x66rame_result\x18\n \x01(\x0b\x32 .edgefleet.device.v1.FrameResultH\x00\x12\x33\n\theartbeat\x18\x0b \x01(\x0b\x32\x1e.edgefleet.device.v1.HeartbeatH\x00\x12+\n\x05\x66rame\x18\x0c \x01(\x0b\x32\x1a.edgefleet.device.v1.FrameH\x00\x42\x06\n\x04\x62ody\"\xda\x01\n\x0cNodeEnvelope\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12+\n\x07sent_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x06\x63onfig\x18\n \x01(\x0b\x32!.edgefleet.device.v1.DeviceConfigH\x00\x12\x32\n\ttime_sync\x18\x0b \x01(\x0b\x32\x1d.edgefleet.device.v1.TimeSyncH\x00\x42\x06\n\x04\x62ody\"\xca\x01\n\x0b\x46rameResult\x12\x11\n\tframe_seq\x18\x01 \x01(\x04\x12/\n\x0b\x63\x61ptured_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\ndetections\x18\x03 \x03(\x0b\x32\x1e.edgefleet.device.v1.Detection\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\t\x12\r\n\x05width\x18\x06 \x01(\r\x12\x0e\n\x06height\x18\x07 \x01(\r\"\xe7\x01\n\tDetection\x12\x12\n\nclass_name\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12.\n\x04\x62\x62ox\x18\x03 \x01(\x0b\x32 .edgefleet.device.v1.BoundingBox\x12\x10\n\x08track_id\x18\x04 \x01(\x04\x12\x42\n\nattributes\x18\x05 \x03(\x0b\x32..edgefleet.device.v1.Detection.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"I\n\x0b\x42oundingBox\x12\r\n\x05x_min\x18\x01 \x01(\x02\x12\r\n\x05y_min\x18\x02 \x01(\x02\x12\r\n\x05x_max\x18\x03 \x01(\x02\x12\r\n\x05y_max\x18\x04 \x01(\x02\"\xfb\x01\n\tHeartbeat\x12\x31\n\x05\x63lock\x18\x01 \x01(\x0b\x32\".edgefleet.device.v1.ClockEstimate\x12\x16\n\x0e\x63onfig_version\x18\x02 \x01(\x04\x12\x18\n\x10\x66irmware_version\x18\x03 \x01(\t\x12\x13\n\x0bsdk_version\x18\x04 \x01(\t\x12\x17\n\x0f\x66rames_captured\x18\x05 \x01(\x04\x12\x16\n\x0e\x66rames_skipped\x18\x06 \x01(\x04\x12\x11\n\tuptime_ms\x18\x07 \x01(\x04\x12\x30\n\x06\x62uffer\x18\x08 \x01(\x0b\x32 .edgefleet.device.v1.BufferStats\"\xd8\x01\n\x0b\x42ufferStats\x12\x17\n\x0fqueued_messages\x18\x01 \x01(\r\x12\x14\n\x0cqueued_bytes\x18\x02 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12>\n\x07\x64ropped\x18\x04 \x03(\x0b\x32-.edgefleet.device.v1.BufferStats.DroppedEntry\x12\x12\n\npersistent\x18\x05 \x01(\x08\x1a.\n\x0c\x44roppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"E\n\rClockEstimate\x12\x11\n\toffset_us\x18\x01 \x01(\x12\x12\x10\n\x08\x65rror_us\x18\x02 \x01(\x04\x12\x0f\n\x07samples\x18\x03 \x01(\r\"Y\n\x05\x46rame\x12\x11\n\tframe_seq\x18\x01 \x01(\x04\x12/\n\x0b\x63\x61ptured_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04jpeg\x18\x03 \x01(\x0c\"~\n\x0c\x44\x65viceConfig\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\ntarget_fps\x18\x02 \x01(\x02\x12\x34\n\x0bskip_policy\x18\x03 \x01(\x0e\x32\x1f.edgefleet.device.v1.SkipPolicy\x12\x13\n\x0bsend_frames\x18\x04 \x01(\x08\"\x8a\x01\n\x08TimeSync\x12\x14\n\x0cheartbeat_id\x18\x01 \x01(\t\x12\x32\n\x0e\x64\x65vice_sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10node_received_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\\\n\nSkipPolicy\x12\x1b\n\x17SKIP_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17SKIP_POLICY_LATEST_WINS\x10\x01\x12\x14\n\x10SKIP_POLICY_EVEN\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DETECTION_ATTRIBUTESENTRY']._loaded_options = None
   _globals['_DETECTION_ATTRIBUTESENTRY']._serialized_options = b'8\001'
-  _globals['_SKIPPOLICY']._serialized_start=1768
-  _globals['_SKIPPOLICY']._serialized_end=1860
+  _globals['_BUFFERSTATS_DROPPEDENTRY']._loaded_options = None
+  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_options = b'8\001'
+  _globals['_SKIPPOLICY']._serialized_start=2056
+  _globals['_SKIPPOLICY']._serialized_end=2148
   _globals['_DEVICEENVELOPE']._serialized_start=108
   _globals['_DEVICEENVELOPE']._serialized_end=415
   _globals['_NODEENVELOPE']._serialized_start=418
@@ -49,13 +51,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BOUNDINGBOX']._serialized_start=1077
   _globals['_BOUNDINGBOX']._serialized_end=1150
   _globals['_HEARTBEAT']._serialized_start=1153
-  _globals['_HEARTBEAT']._serialized_end=1335
-  _globals['_CLOCKESTIMATE']._serialized_start=1337
-  _globals['_CLOCKESTIMATE']._serialized_end=1406
-  _globals['_FRAME']._serialized_start=1408
-  _globals['_FRAME']._serialized_end=1497
-  _globals['_DEVICECONFIG']._serialized_start=1499
-  _globals['_DEVICECONFIG']._serialized_end=1625
-  _globals['_TIMESYNC']._serialized_start=1628
-  _globals['_TIMESYNC']._serialized_end=1766
+  _globals['_HEARTBEAT']._serialized_end=1404
+  _globals['_BUFFERSTATS']._serialized_start=1407
+  _globals['_BUFFERSTATS']._serialized_end=1623
+  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_start=1577
+  _globals['_BUFFERSTATS_DROPPEDENTRY']._serialized_end=1623
+  _globals['_CLOCKESTIMATE']._serialized_start=1625
+  _globals['_CLOCKESTIMATE']._serialized_end=1694
+  _globals['_FRAME']._serialized_start=1696
+  _globals['_FRAME']._serialized_end=1785
+  _globals['_DEVICECONFIG']._serialized_start=1787
+  _globals['_DEVICECONFIG']._serialized_end=1913
+  _globals['_TIMESYNC']._serialized_start=1916
+  _globals['_TIMESYNC']._serialized_end=2054
 # @@protoc_insertion_point(module_scope)

@@ -81,7 +81,10 @@ class DeviceEnvelope(_message.Message):
     """Changes at every boot of the camera; frame_seq restarts with it."""
     @_builtins.property
     def sent_at(self) -> _timestamp_pb2.Timestamp:
-        """When the camera sent this, on the camera's own clock."""
+        """When the camera sent this, on the camera's own clock. device_sdk stamps it when it
+        buffers the message, so a resend carries the same bytes (and a heartbeat that waited
+        offline gives a TimeSync with a large error, which the camera's estimate discards).
+        """
 
     @_builtins.property
     def frame_result(self) -> Global___FrameResult: ...
@@ -301,6 +304,8 @@ class Heartbeat(_message.Message):
     SDK_VERSION_FIELD_NUMBER: _builtins.int
     FRAMES_CAPTURED_FIELD_NUMBER: _builtins.int
     FRAMES_SKIPPED_FIELD_NUMBER: _builtins.int
+    UPTIME_MS_FIELD_NUMBER: _builtins.int
+    BUFFER_FIELD_NUMBER: _builtins.int
     config_version: _builtins.int
     """The DeviceConfig.version the camera runs (0: none received yet)."""
     firmware_version: _builtins.str
@@ -308,8 +313,14 @@ class Heartbeat(_message.Message):
     frames_captured: _builtins.int
     """Since boot: frames captured, and frames skipped (skip policy, overload)."""
     frames_skipped: _builtins.int
+    uptime_ms: _builtins.int
+    """Milliseconds since the camera booted (boot_id), on its monotonic clock."""
     @_builtins.property
     def clock(self) -> Global___ClockEstimate: ...
+    @_builtins.property
+    def buffer(self) -> Global___BufferStats:
+        """The SDK's store-and-forward buffer as this heartbeat was queued."""
+
     def __init__(
         self,
         *,
@@ -319,14 +330,80 @@ class Heartbeat(_message.Message):
         sdk_version: _builtins.str = ...,
         frames_captured: _builtins.int = ...,
         frames_skipped: _builtins.int = ...,
+        uptime_ms: _builtins.int = ...,
+        buffer: Global___BufferStats | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["clock", b"clock"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["buffer", b"buffer", "clock", b"clock"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clock", b"clock", "config_version", b"config_version", "firmware_version", b"firmware_version", "frames_captured", b"frames_captured", "frames_skipped", b"frames_skipped", "sdk_version", b"sdk_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffer", b"buffer", "clock", b"clock", "config_version", b"config_version", "firmware_version", b"firmware_version", "frames_captured", b"frames_captured", "frames_skipped", b"frames_skipped", "sdk_version", b"sdk_version", "uptime_ms", b"uptime_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class BufferStats(_message.Message):
+    """The SDK's send buffer (device_sdk.buffer): what waits, and what it dropped unsent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class DroppedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    QUEUED_MESSAGES_FIELD_NUMBER: _builtins.int
+    QUEUED_BYTES_FIELD_NUMBER: _builtins.int
+    CAPACITY_BYTES_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    PERSISTENT_FIELD_NUMBER: _builtins.int
+    queued_messages: _builtins.int
+    """Messages waiting for a PUBACK (queued or in flight), and their size as buffered."""
+    queued_bytes: _builtins.int
+    capacity_bytes: _builtins.int
+    """The buffer's bound in bytes."""
+    persistent: _builtins.bool
+    """True when the buffer is kept in a file ring that survives a reboot."""
+    @_builtins.property
+    def dropped(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Messages dropped without a PUBACK since the buffer was created, by reason:
+        "overflow" (full: the oldest of the lowest priority goes), "expired" (its TTL ran
+        out), "too_large" (bigger than the whole buffer), "corrupt" (a file-ring record that
+        failed its checksum after a crash), "refused" (an MQTT 5 broker's PUBACK said no,
+        e.g. not authorized). Readers treat an unknown reason as another.
+        """
+
+    def __init__(
+        self,
+        *,
+        queued_messages: _builtins.int = ...,
+        queued_bytes: _builtins.int = ...,
+        capacity_bytes: _builtins.int = ...,
+        dropped: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        persistent: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_bytes", b"capacity_bytes", "dropped", b"dropped", "persistent", b"persistent", "queued_bytes", b"queued_bytes", "queued_messages", b"queued_messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BufferStats: _TypeAlias = BufferStats  # noqa: Y015
 
 @_typing.final
 class ClockEstimate(_message.Message):

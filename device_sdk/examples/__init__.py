@@ -1,0 +1,1 @@
+"""Example programs for firmware developers (run them; they are tested)."""
