@@ -391,8 +391,8 @@ _AGREEMENT: dict[str, tuple[str, ...]] = {
 
 
 def shadow_lines(shadow: Any) -> list[str]:
-    """`shadow: <candidate> <state> beside <served> (report <time>)` and what the
-    candidate did so far: frames compared, agreement, its P99 and its memory and CPU; a
+    """`shadow: <candidate> <state> beside <served> (report <time>)`, then what the
+    candidate did so far: the frames compared, and its agreement, P99, CPU and memory; a
     failed one says why. Nothing for a node that shadows nothing."""
     if not isinstance(shadow, dict) or not shadow.get("candidate"):
         return []
@@ -404,13 +404,12 @@ def shadow_lines(shadow: Any) -> list[str]:
     if shadow.get("state") == "failed":
         why = shadow.get("detail") or shadow.get("reason") or "no reason given"
         return [head, f"  {why}"]
-    compared = shadow.get("frames_compared") or 0
-    facts = [
-        f"{compared} frames compared of {shadow.get('frames_sampled') or 0} sampled "
-        f"({shadow.get('samples_dropped') or 0} dropped busy, "
-        f"{shadow.get('samples_skipped_cpu') or 0} skipped for CPU, "
+    frames = (
+        f"  {shadow.get('frames_compared') or 0} frames compared of "
+        f"{shadow.get('frames_sampled') or 0} sampled ({shadow.get('samples_dropped') or 0} "
+        f"dropped busy, {shadow.get('samples_skipped_cpu') or 0} skipped for CPU, "
         f"{shadow.get('samples_failed') or 0} failed)"
-    ]
+    )
     agreement = shadow.get("agreement") or {}
     kind = agreement.get("kind")
     figures = [
@@ -418,15 +417,15 @@ def shadow_lines(shadow: Any) -> list[str]:
         for name in _AGREEMENT.get(str(kind), ())
         if isinstance(agreement.get(name), int | float)
     ]
-    facts.append(f"agreement ({kind}): {', '.join(figures)}" if figures else "agreement: none yet")
+    facts = [f"agreement ({kind}): {', '.join(figures)}" if figures else "agreement: none yet"]
     latency = shadow.get("latency_ms") or {}
     if isinstance(latency.get("p99_ms"), int | float):
-        facts.append(f"p99 {latency['p99_ms']:.1f} ms")
+        facts.append(f"p99 {latency['p99_ms']:.3g} ms")
     if isinstance(shadow.get("cpu_percent"), int | float):
-        facts.append(f"CPU {shadow['cpu_percent']:.1f} %")
+        facts.append(f"CPU {shadow['cpu_percent']:.3g} %")
     if isinstance(shadow.get("rss_delta_bytes"), int | float):
         facts.append(f"RSS {shadow['rss_delta_bytes'] / 1e6:+.1f} MB")
-    return [head, "  " + "; ".join(facts)]
+    return [head, frames, "  " + "; ".join(facts)]
 
 
 def _status_key(status: dict[str, Any]) -> tuple[Any, ...]:
