@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.roles import Principal, Role, hash_token, new_token, token_matches
@@ -185,12 +185,36 @@ class AccessService:
                 raise AuthenticationError("unknown API token")
             if row.revoked_at is not None:
                 raise AuthenticationError(f"API token {row.name!r} was revoked")
-            now = self._clock.now()
-            # Throttled so that reads do not turn into a write per request.
-            if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
-                row.last_used_at = now
-                session.commit()
-            return Principal(token_id=row.id, name=row.name, role=Role.parse(row.role))
+            principal = Principal(token_id=row.id, name=row.name, role=Role.parse(row.role))
+            last_used = row.last_used_at
+        now = self._clock.now()
+        # Throttled so that reads do not turn into a write per request.
+        if last_used is None or now - last_used > LAST_USED_RESOLUTION:
+            self._note_use(principal.token_id, now)
+        return principal
+
+    def _note_use(self, token_id: str, now: datetime) -> None:
+        """Move the token's `last_used_at`, in a transaction of its own that writes first.
+
+        Not in the read's transaction: on SQLite a transaction that read and then writes
+        must upgrade its lock, which fails at once ("database is locked", no busy wait)
+        while another connection writes, or has written since the read; that made a REST
+        request fail now and then while the controllers wrote. Written first, the UPDATE
+        waits for the lock like any writer. Conditional, so replicas do not all write it.
+        """
+        with self._sessions.begin() as session:
+            session.execute(
+                update(ApiTokenRow)
+                .where(
+                    ApiTokenRow.id == token_id,
+                    or_(
+                        ApiTokenRow.last_used_at.is_(None),
+                        ApiTokenRow.last_used_at < now - LAST_USED_RESOLUTION,
+                    ),
+                )
+                .values(last_used_at=now)
+                .execution_options(synchronize_session=False)
+            )
 
     def create_token(self, ctx: RequestContext, *, name: str, role: Role) -> tuple[str, TokenInfo]:
         token = new_token()

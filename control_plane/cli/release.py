@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -61,6 +61,9 @@ class ReleaseResult:
     reference: dict[str, Any] | None = None
     """What the self-test reference was made from and, with a runtime spec, what the
     decoder read in the model's outputs on it."""
+    moves: dict[str, Any] | None = None
+    """`moves_of` the push's answer: the nodes an earlier revoke left on a revoked
+    version that this version took in (ADR 0035); None when the push moved or left none."""
 
 
 def _no_progress(label: str, advance: int, total: int) -> None:
@@ -450,7 +453,7 @@ class ReleaseClient:
             )
             return new, counter
 
-        targets_version, counter, attempts, warnings, _ = self._publish(fleet, build)
+        targets_version, counter, attempts, warnings, pushed = self._publish(fleet, build)
         return ReleaseResult(
             fleet=fleet,
             model=name,
@@ -464,6 +467,7 @@ class ReleaseClient:
             warnings=warnings,
             runtime=None if signed_runtime is None else tufcustom.runtime_summary(signed_runtime),
             reference=made.summary,
+            moves=moves_of(pushed, name),
         )
 
     def revoke(self, fleet: str, name: str, version: str) -> dict[str, Any]:
@@ -483,18 +487,14 @@ class ReleaseClient:
             return new, floor
 
         targets_version, floor, attempts, warnings, pushed = self._publish(fleet, build)
-        moves: dict[str, Any] = next(
-            (r for r in pushed.get("revocations") or [] if r.get("model") == name), {}
-        )
         return {
             "fleet": fleet,
             "model": name,
             "revoked_version": version,
             "floor": floor,
             "targets_version": targets_version,
-            "nodes_moved": len(moves.get("moved") or []),
-            "moved_to": moves.get("moved_to"),
-            "nodes_left": list(moves.get("left") or []),
+            # A revoke always says what it moved, none included.
+            **(moves_of(pushed, name) or {"nodes_moved": 0, "moved_to": None, "nodes_left": []}),
             "attempts": attempts,
             "warnings": warnings,
         }
@@ -562,8 +562,27 @@ def _progress_for(progress: Progress, label: str, total: int) -> Callable[[int],
     return lambda advance: progress(label, advance, total)
 
 
+def moves_of(pushed: Mapping[str, Any], model: str) -> dict[str, Any] | None:
+    """What a push's answer says it did to the nodes on revoked versions of `model`
+    (`revocations`, ADR 0035), as `model revoke` and `model push` print it: `nodes_moved`
+    (how many), `moved_to` (the version they got; None: none allowed), `nodes_left` (their
+    ids). None when the answer names no such move for the model."""
+    for entry in pushed.get("revocations") or []:
+        if isinstance(entry, Mapping) and entry.get("model") == model:
+            return {
+                "nodes_moved": len(entry.get("moved") or []),
+                "moved_to": entry.get("moved_to"),
+                "nodes_left": list(entry.get("left") or []),
+            }
+    return None
+
+
 def describe(result: ReleaseResult) -> dict[str, Any]:
+    """The result as plain JSON; the moves, when there were any, as top-level fields."""
     out: dict[str, Any] = json.loads(json.dumps(asdict(result), default=str))
+    moves = out.pop("moves")
+    if moves is not None:
+        out.update(moves)
     return out
 
 

@@ -2,11 +2,11 @@
 
 What it is for: ``process_pending`` walks ``node_records`` (kind "health") behind a durable
 cursor and, per batch and in one transaction, stores each report as a raw point, folds it
-into its node's minute and hour roll-ups, keeps the node's latest point, raises and clears
-alerts, and moves the cursor (ADR 0018); when due it runs the retention
-(``control_plane.health.retention``). Not for reads (``control_plane.health.queries``) nor
-for policy: the rules live in ``control_plane.health.alerts`` and the roll-up math in
-``control_plane.health.rollup``.
+into its node's minute and hour roll-ups, keeps the node's latest point (with its shadow
+section), raises and clears alerts, and moves the cursor (ADR 0018); when due it runs the
+retention (``control_plane.health.retention``). Not for reads
+(``control_plane.health.queries``) nor for policy: the rules live in
+``control_plane.health.alerts`` and the roll-up math in ``control_plane.health.rollup``.
 
 Several replicas may run the processor: the cursor row is locked for the whole batch
 (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), so each record
@@ -324,11 +324,13 @@ class HealthProcessor:
                         schema=point.schema[:64],
                         metrics=point.metrics,
                         latency=percentiles_only(point.latency),
+                        shadow=point.shadow,
                     )
                 )
             elif point.at >= row.at or node_id in corrected:
                 row.record_id, row.at, row.schema = record_id, point.at, point.schema[:64]
                 row.metrics, row.latency = point.metrics, percentiles_only(point.latency)
+                row.shadow = point.shadow
         session.flush()
         return before
 

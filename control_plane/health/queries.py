@@ -52,6 +52,9 @@ class LatestHealth:
     schema: str
     metrics: dict[str, float]
     latency: dict[str, Any]
+    # The report's shadow section (a candidate run beside the served model, ADR 0031),
+    # without its sketch; None when the report has none.
+    shadow: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,7 @@ class HealthQueries:
                     schema=row.schema,
                     metrics=dict(row.metrics),
                     latency=dict(row.latency),
+                    shadow=None if row.shadow is None else dict(row.shadow),
                 )
                 for row in session.scalars(query)
             }

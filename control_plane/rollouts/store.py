@@ -3,9 +3,9 @@ the decisions and actions of its step, read what is pending.
 
 What it is for: the service's storage (ADR 0034). The rollout row keeps the spec and the
 state without its nodes, `rollout_nodes` one row per node (only the rows a step changed
-are written), `rollout_decisions` each `Record`, `rollout_actions` each action, pending
-until carried out. What it is not for: transactions, locks, leases or policy (the
-service), or the rules (the machine).
+are written), `rollout_decisions` each `Record` (of the routine kinds only the newest),
+`rollout_actions` each action, pending until carried out. What it is not for:
+transactions, locks, leases or policy (the service), or the rules (the machine).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from control_plane.errors import ConflictError
@@ -37,17 +37,29 @@ from control_plane.storage.models import (
 )
 
 __all__ = [
+    "ROUTINE_DECISIONS",
+    "ROUTINE_KEPT",
     "PendingAction",
     "decision_of",
     "load_state",
     "node_sequences",
     "pending_actions",
     "phase_counts_of",
+    "prune_routine_decisions",
     "save_step",
     "state_document",
 ]
 
 _NODE_BATCH: Final = 1000  # rows per bulk statement
+
+# Decisions that repeat while nothing changes state: each kind keeps only its newest
+# `ROUTINE_KEPT` per rollout (a done rollout that follows enrolments, a rate limit or a
+# daily window would otherwise add rows for ever). Every other kind, the stage and status
+# changes, node failures and the commands, is kept for good.
+ROUTINE_DECISIONS: Final = frozenset(
+    {"nodes-started", "nodes-joined", "window-closed", "window-open", "actions-failed"}
+)
+ROUTINE_KEPT: Final = 50
 
 
 def state_document(state: RolloutState) -> dict[str, Any]:
@@ -232,6 +244,34 @@ def _store_actions(
         session.execute(insert(RolloutDecisionRow), list(batch))
     for batch in _chunks(pending):
         session.execute(insert(RolloutActionRow), list(batch))
+    if any(d["kind"] in ROUTINE_DECISIONS for d in decisions):
+        prune_routine_decisions(session, rollout_id)
+
+
+def prune_routine_decisions(session: Session, rollout_id: int, keep: int = ROUTINE_KEPT) -> int:
+    """Delete the rollout's routine decisions (`ROUTINE_DECISIONS`) older than the newest
+    `keep` of their kind; how many went. Runs with each step that stores one, so all of
+    them stay bounded (a step that starts nodes records one, and `actions-failed` follows
+    such steps only)."""
+    deleted = 0
+    for kind in sorted(ROUTINE_DECISIONS):
+        mine = (RolloutDecisionRow.rollout_id == rollout_id, RolloutDecisionRow.kind == kind)
+        oldest_kept = (
+            select(RolloutDecisionRow.id)
+            .where(*mine)
+            .order_by(RolloutDecisionRow.id.desc())
+            .offset(keep - 1)
+            .limit(1)
+            .scalar_subquery()
+        )
+        # Fewer than `keep`: the subquery is NULL and `id < NULL` deletes nothing.
+        result = session.execute(
+            delete(RolloutDecisionRow)
+            .where(*mine, RolloutDecisionRow.id < oldest_kept)
+            .execution_options(synchronize_session=False)
+        )
+        deleted += max(getattr(result, "rowcount", 0) or 0, 0)
+    return deleted
 
 
 @dataclass(frozen=True, slots=True)

@@ -421,6 +421,8 @@ class HealthLatestRow(Base):
     schema: Mapped[str] = mapped_column(String(64))
     metrics: Mapped[dict[str, Any]]
     latency: Mapped[dict[str, Any]]
+    # The report's shadow section without its sketch (`HealthPoint.shadow`); None: none.
+    shadow: Mapped[dict[str, Any] | None] = mapped_column(default=None)
 
 
 class HealthAlertRow(Base):

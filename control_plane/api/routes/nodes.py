@@ -20,6 +20,7 @@ from control_plane.api.deps import (
     CertificateAuthorityDep,
     ClockDep,
     ContextDep,
+    HealthQueriesDep,
     NodeInventoryDep,
     NodeResultsDep,
     NodeTokensDep,
@@ -106,6 +107,36 @@ class UpdateStatusOut(BaseModel):
     summary: str = Field(description="`phase — detail`, e.g. `failed — self-test: ...`")
 
 
+class ShadowOut(BaseModel):
+    """What the node said of its shadow candidate in its newest processed health report
+    (its `shadow` section, ADR 0031): figures over the candidate's whole run so far."""
+
+    reported_at: datetime = Field(description="window end of the report it comes from")
+    candidate: str = Field(description="name@version run beside the served model")
+    state: str = Field(description="downloading | self-testing | running | failed")
+    against: str | None = Field(default=None, description="the served model compared with")
+    reason: str | None = Field(default=None, description="failed: the short reason")
+    detail: str = Field(default="", description="failed: what went wrong, in words")
+    sample_per_mille: int | None = None
+    max_cpu_percent: int | None = None
+    frames_sampled: int = 0
+    frames_compared: int = 0
+    samples_dropped: int = Field(default=0, description="dropped: the candidate was busy")
+    samples_skipped_cpu: int = Field(default=0, description="skipped to keep under the CPU cap")
+    samples_failed: int = 0
+    cpu_percent: float | None = None
+    rss_delta_bytes: int | None = Field(
+        default=None, description="RSS growth while the candidate loaded and self-tested"
+    )
+    latency_ms: dict[str, float] = Field(
+        default_factory=dict, description="the candidate's inference time: p50_ms ... max_ms"
+    )
+    agreement: dict[str, Any] = Field(
+        default_factory=dict,
+        description="kind, frames and the figures of that kind (top1_ratio, recall, ...)",
+    )
+
+
 class NodeOut(BaseModel):
     id: str
     fleet: str
@@ -130,6 +161,11 @@ class NodeOut(BaseModel):
     last_failure: UpdateStatusOut | None = Field(
         default=None,
         description="its latest failed or reverted one, kept across reconnects",
+    )
+    shadow: ShadowOut | None = Field(
+        default=None,
+        description="its shadow candidate, when its newest processed health report has one "
+        "(GET /v1/nodes/{id} only)",
     )
 
 
@@ -178,6 +214,22 @@ def _status_out(status: object) -> UpdateStatusOut | None:
             summary=summary,
         )
     except ValidationError:  # stored by an older server in another shape: left out
+        return None
+
+
+def _shadow_out(section: dict[str, Any], at: datetime) -> ShadowOut | None:
+    """The stored section as the API shows it; one a newer agent shaped otherwise
+    (no candidate, a figure of another type) is left out rather than failing the read."""
+    latency = section.get("latency")
+    fields = {k: v for k, v in section.items() if k in ShadowOut.model_fields}
+    fields.pop("latency", None)
+    try:
+        return ShadowOut(
+            **fields,
+            reported_at=at,
+            latency_ms=latency if isinstance(latency, dict) else {},
+        )
+    except ValidationError:
         return None
 
 
@@ -320,8 +372,15 @@ def list_nodes(
 
 
 @router.get("/nodes/{node_id}")
-def get_node(node_id: str, _: PrincipalDep, inventory: NodeInventoryDep) -> NodeOut:
-    return _node_out(inventory.get_node(node_id))
+def get_node(
+    node_id: str, _: PrincipalDep, inventory: NodeInventoryDep, health: HealthQueriesDep
+) -> NodeOut:
+    """One node, with its shadow candidate when its newest health report has one."""
+    out = _node_out(inventory.get_node(node_id))
+    latest = health.latest([node_id]).get(node_id)
+    if latest is not None and latest.shadow is not None:
+        out.shadow = _shadow_out(latest.shadow, latest.at)
+    return out
 
 
 @router.get("/nodes/{node_id}/results")

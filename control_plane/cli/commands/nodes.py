@@ -341,8 +341,8 @@ def _series_row(point: dict[str, Any]) -> dict[str, Any]:
 
 @nodes_app.command("show")
 def nodes_show(ctx: typer.Context, node_id: str) -> None:
-    """One node in detail: what it serves (`name@version`), its last reported state and
-    why its last update failed."""
+    """One node in detail: what it serves (`name@version`), its last reported state, why
+    its last update failed, and the candidate it runs in shadow, if any."""
     cli = cli_context(ctx)
     with cli.client() as api:
         node = api.json("GET", f"/v1/nodes/{node_id}")
@@ -350,7 +350,7 @@ def nodes_show(ctx: typer.Context, node_id: str) -> None:
         cli.emit(node)
         return
     _emit(cli, {**node, "active": _active_text(node)}, NODE_DETAIL_COLUMNS)
-    for line in update_lines(node):
+    for line in [*update_lines(node), *shadow_lines(node.get("shadow"))]:
         # Not wrapped, no markup: a detail quotes names and brackets ('scores', [1, 3]).
         cli.console.print(line, soft_wrap=True, markup=False, highlight=False)
 
@@ -380,6 +380,52 @@ def update_lines(node: dict[str, Any]) -> list[str]:
             about.append(", ".join(f"{k}={v}" for k, v in sorted(facts.items())))
         lines.append("  " + "; ".join(about))
     return lines
+
+
+# The agreement figures a shadow line shows, per output kind (`shadow.agreement`).
+_AGREEMENT: dict[str, tuple[str, ...]] = {
+    "classification": ("top1_ratio", "topk_overlap"),
+    "detection": ("recall", "precision", "mean_score_diff"),
+    "raw": ("min_cosine", "mean_cosine", "max_abs_diff"),
+}
+
+
+def shadow_lines(shadow: Any) -> list[str]:
+    """`shadow: <candidate> <state> beside <served> (report <time>)`, then what the
+    candidate did so far: the frames compared, and its agreement, P99, CPU and memory; a
+    failed one says why. Nothing for a node that shadows nothing."""
+    if not isinstance(shadow, dict) or not shadow.get("candidate"):
+        return []
+    head = f"shadow: {shadow['candidate']} {shadow.get('state') or '?'}"
+    if shadow.get("against"):
+        head += f" beside {shadow['against']}"
+    if shadow.get("reported_at"):
+        head += f" (report {_time_text(shadow['reported_at'])})"
+    if shadow.get("state") == "failed":
+        why = shadow.get("detail") or shadow.get("reason") or "no reason given"
+        return [head, f"  {why}"]
+    frames = (
+        f"  {shadow.get('frames_compared') or 0} frames compared of "
+        f"{shadow.get('frames_sampled') or 0} sampled ({shadow.get('samples_dropped') or 0} "
+        f"dropped busy, {shadow.get('samples_skipped_cpu') or 0} skipped for CPU, "
+        f"{shadow.get('samples_failed') or 0} failed)"
+    )
+    agreement = shadow.get("agreement") or {}
+    kind = agreement.get("kind")
+    figures = [
+        f"{name} {agreement[name]:.3f}"
+        for name in _AGREEMENT.get(str(kind), ())
+        if isinstance(agreement.get(name), int | float)
+    ]
+    facts = [f"agreement ({kind}): {', '.join(figures)}" if figures else "agreement: none yet"]
+    latency = shadow.get("latency_ms") or {}
+    if isinstance(latency.get("p99_ms"), int | float):
+        facts.append(f"p99 {latency['p99_ms']:.3g} ms")
+    if isinstance(shadow.get("cpu_percent"), int | float):
+        facts.append(f"CPU {shadow['cpu_percent']:.3g} %")
+    if isinstance(shadow.get("rss_delta_bytes"), int | float):
+        facts.append(f"RSS {shadow['rss_delta_bytes'] / 1e6:+.1f} MB")
+    return [head, frames, "  " + "; ".join(facts)]
 
 
 def _status_key(status: dict[str, Any]) -> tuple[Any, ...]:

@@ -222,6 +222,40 @@ def test_a_revoked_version_cannot_be_pinned_and_an_old_assignment_is_refused(
     assert {e["target"] for e in entries} == {f"node:{node_id}"}
 
 
+def test_model_push_says_which_nodes_it_moved_off_a_revoked_version(
+    cli: Cli, release: ReleaseClient, tmp_path: Path
+) -> None:
+    node_id = enroll_node(cli.server)
+    cli.json("nodes", "pin", node_id, "--model", "det", "--version", "1.1.0")
+    keys = str(tmp_path / "keys")
+
+    def push(version: str, *output: str) -> tuple[int, str, str]:
+        seed = int(version.split(".")[1])
+        model = sample_models.tiny_detector(tmp_path / f"det-{version}.onnx", seed=seed)
+        args = ["model", "push", str(model), "--fleet", FLEET, "--name", "det"]
+        return cli.run(*output, *args, "--version", version, "--keys", keys)
+
+    code, out, err = push("1.2.0", "--output", "json")
+    assert code == 0, err
+    assert "nodes_moved" not in json.loads(out)  # nobody was left on a revoked version
+
+    release.revoke(FLEET, "det", "1.2.0")  # every version revoked: the node is left
+    assert cli.json("nodes", "assignment", node_id)["version"] == "1.1.0"
+    code, out, err = push("1.3.0", "--output", "json")
+    assert code == 0, err
+    pushed = json.loads(out)
+    assert (pushed["nodes_moved"], pushed["moved_to"], pushed["nodes_left"]) == (1, "1.3.0", [])
+    assert cli.json("nodes", "assignment", node_id)["version"] == "1.3.0"
+
+    # The table prints the moves as `model revoke` does.
+    release.revoke(FLEET, "det", "1.3.0")
+    code, table, err = push("1.4.0")
+    assert code == 0, err
+    cells = [line.split("│") for line in table.splitlines() if line.count("│") == 3]
+    rows = {cell[1].strip(): cell[2].strip() for cell in cells}
+    assert (rows["nodes_moved"], rows["moved_to"], rows["nodes_left"]) == ("1", "1.4.0", "[]")
+
+
 def test_revoke_moves_the_nodes_to_the_newest_allowed_version(
     cli: Cli, release: ReleaseClient, tmp_path: Path
 ) -> None:

@@ -210,6 +210,64 @@ def test_cli_nodes_list_health_and_alerts(cli: Cli, services: Services, sender: 
     ]
 
 
+def test_nodes_show_says_what_the_node_shadows(
+    cli: Cli, services: Services, sender: Sender
+) -> None:
+    now = datetime.now(UTC)
+    shadow = {
+        "candidate": "detector@1.1.0",
+        "state": "running",
+        "against": "detector@1.0.0",
+        "sample_per_mille": 100,
+        "max_cpu_percent": 25,
+        "frames_sampled": 130,
+        "frames_compared": 120,
+        "samples_dropped": 6,
+        "samples_skipped_cpu": 4,
+        "cpu_percent": 3.25,
+        "agreement": {"kind": "detection", "frames": 120, "recall": 0.975, "precision": 0.95},
+        "latency": {"p50_ms": 8.0, "p99_ms": 14.5, "sketch_ms": {"v": 1, "n": 0}},
+        "rss_delta_bytes": 21_500_000,
+    }
+    sender.send("n-a", v2_report(now - timedelta(minutes=1), shadow=shadow))
+    sender.send("n-b", v2_report(now - timedelta(minutes=1)))
+    services.health.processor.process_pending(datetime.now(UTC) + timedelta(seconds=1))
+
+    code, out, err = cli.run("nodes", "show", "n-a")
+    assert code == 0, err
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("shadow: "))
+    assert lines[head].startswith("shadow: detector@1.1.0 running beside detector@1.0.0 (report ")
+    assert lines[head + 1 : head + 3] == [
+        "  120 frames compared of 130 sampled (6 dropped busy, 4 skipped for CPU, 0 failed)",
+        "  agreement (detection): recall 0.975, precision 0.950; p99 14.5 ms; CPU 3.25 %; "
+        "RSS +21.5 MB",
+    ]
+    shown = cli.json("nodes", "show", "n-a")["shadow"]
+    assert (shown["candidate"], shown["state"], shown["frames_compared"]) == (
+        "detector@1.1.0",
+        "running",
+        120,
+    )
+    assert shown["latency_ms"] == {"p50_ms": 8.0, "p99_ms": 14.5}
+    assert shown["agreement"]["recall"] == 0.975
+    # A node that shadows nothing shows no shadow line.
+    code, out, err = cli.run("nodes", "show", "n-b")
+    assert code == 0 and "shadow:" not in out
+    assert cli.json("nodes", "show", "n-b")["shadow"] is None
+
+    failed = {"candidate": "detector@1.1.0", "state": "failed", "reason": "self-test"}
+    failed["detail"] = "self-test: output-mismatch: max abs diff 0.41 > atol 0.0001"
+    sender.send("n-a", v2_report(now, shadow=failed))
+    services.health.processor.process_pending(datetime.now(UTC) + timedelta(seconds=1))
+    code, out, err = cli.run("nodes", "show", "n-a")
+    assert code == 0, err
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("shadow: "))
+    assert lines[head].startswith("shadow: detector@1.1.0 failed (report ")
+    assert lines[head + 1] == "  " + failed["detail"]
+
+
 @pytest.fixture
 def running_client(services: Services, sender: Sender) -> Iterator[TestClient]:
     with TestClient(create_app(services)) as test_client:

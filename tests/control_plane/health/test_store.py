@@ -349,6 +349,47 @@ def test_a_node_clock_steadily_ahead_keeps_its_own_order(
     assert latest.at == START + ahead  # the report of the first pass, not the resend
 
 
+def test_the_latest_point_keeps_the_shadow_section_until_a_report_has_none(
+    health: HealthServices, sender: Sender, clock: ManualClock
+) -> None:
+    shadow = {
+        "candidate": "detector@1.1.0",
+        "state": "running",
+        "against": "detector@1.0.0",
+        "frames_compared": 40,
+        "agreement": {"kind": "detection", "frames": 40, "recall": 0.95},
+        "latency": {"p99_ms": 12.5, "sketch_ms": {"v": 1, "n": 0}},
+    }
+    sender.send("n-a", v2_report(START, shadow=shadow))
+    # A late resend without a shadow section is not the newest: the section stays.
+    sender.send("n-a", v2_report(START - timedelta(minutes=5)))
+    sender.send("n-b", v2_report(START))
+    settle(clock, health)
+    health.processor.process_pending()
+    latest = health.queries.latest(["n-a", "n-b"])
+    assert latest["n-a"].shadow is not None
+    assert (latest["n-a"].shadow["candidate"], latest["n-a"].shadow["state"]) == (
+        "detector@1.1.0",
+        "running",
+    )
+    assert latest["n-a"].shadow["latency"] == {"p99_ms": 12.5}  # no sketch kept
+    assert latest["n-a"].metrics["shadow_frames_compared"] == 40
+    assert latest["n-b"].shadow is None
+
+    sender.send(
+        "n-a", v2_report(START + timedelta(minutes=1), shadow={**shadow, "state": "failed"})
+    )
+    settle(clock, health)
+    health.processor.process_pending()
+    failed = health.queries.latest(["n-a"])["n-a"].shadow
+    assert failed is not None and failed["state"] == "failed"
+    # The shadow ended: the node's next report has no section, nor has its latest point.
+    sender.send("n-a", v2_report(START + timedelta(minutes=2)))
+    settle(clock, health)
+    health.processor.process_pending()
+    assert health.queries.latest(["n-a"])["n-a"].shadow is None
+
+
 def test_operator_clear_silences_until_the_condition_ends(
     health: HealthServices, sender: Sender, clock: ManualClock
 ) -> None:

@@ -281,3 +281,42 @@ def test_downgrading_0007_keeps_only_records_of_known_nodes(migrated_engine: Eng
         # PostgreSQL changed the ids' collation: the cursor re-reads its received_at.
         expected = ("", "") if migrated_engine.dialect.name == "postgresql" else ("n-1", "r")
         assert (cursor.node_id, cursor.record_id) == expected
+
+
+def test_0011_adds_the_latest_shadow_and_its_downgrade_keeps_the_latest_points(
+    migrated_engine: Engine,
+) -> None:
+    from datetime import UTC, datetime
+
+    from control_plane.storage import session_factory
+    from control_plane.storage.models import HealthLatestRow
+    from tests.control_plane.health.support import add_nodes
+
+    now = datetime.now(UTC)
+    sessions = session_factory(migrated_engine)
+    add_nodes(sessions, "n-1")
+    shadow = {"candidate": "det@1.1.0", "state": "running", "frames_compared": 3}
+    with sessions() as session:
+        session.add(
+            HealthLatestRow(
+                node_id="n-1", record_id="r", at=now, schema="s", metrics={}, latency={},
+                shadow=shadow,
+            )
+        )  # fmt: skip
+        session.commit()
+    with sessions() as session:
+        row = session.get(HealthLatestRow, "n-1")
+        assert row is not None and row.shadow == shadow
+
+    downgrade(migrated_engine, "0010")
+    columns = {c["name"] for c in inspect(migrated_engine).get_columns("health_latest")}
+    assert "shadow" not in columns and "metrics" in columns
+    with migrated_engine.connect() as connection:
+        kept = connection.exec_driver_sql("SELECT node_id FROM health_latest").scalars().all()
+    assert kept == ["n-1"]
+
+    migrate(migrated_engine)
+    assert schema_diff(migrated_engine) == []
+    with sessions() as session:
+        row = session.get(HealthLatestRow, "n-1")
+        assert row is not None and row.shadow is None  # the next report fills it in
