@@ -170,9 +170,7 @@ class AggregationTask:
             where = str(path) if exc.field == str(path) else f"{path}: {exc.field}"
             self._fail(f"{where}: {exc.problem}")
             log.error(
-                "aggregation off: the rules file %s cannot be used: %s; inference goes on "
-                "without it",
-                path,
+                "aggregation off, the rules file cannot be used: %s; inference goes on without it",
                 self.error,
             )
             return False
