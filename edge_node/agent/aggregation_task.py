@@ -135,6 +135,7 @@ class AggregationTask:
         # The engine and the held events, between the drain and the health report.
         self._engine_lock = threading.Lock()
         self._held: deque[Event] = deque()
+        self._refused = False  # the outbox refused the last event tried
         self.aggregator: Aggregator | None = None
         self.state: State = "starting"
         self.error: str | None = None
@@ -237,12 +238,14 @@ class AggregationTask:
             try:
                 record = self._outbox.append_once("event", encode_event(event), event.event_id)
             except (OutboxFullError, StorageError) as exc:  # not ClosedError: it propagates
-                log.warning(
-                    "event %s not stored yet (%s); %d held to try again",
-                    event.event_id,
-                    exc.message,
-                    len(held),
-                )
+                if not self._refused:  # once per refusal spell, not once per tick
+                    log.warning(
+                        "events not stored yet (%s); %d held, tried again every %.2gs",
+                        exc.message,
+                        len(held),
+                        self.config.tick_s,
+                    )
+                self._refused = True
                 break
             except PayloadTooLargeError as exc:
                 self.stats.events_lost += 1
@@ -252,6 +255,9 @@ class AggregationTask:
                     self.stats.events_replayed += 1
                 else:
                     stored += 1
+                if self._refused:
+                    log.info("the outbox takes events again")
+                    self._refused = False
             held.popleft()
         over = len(held) - self.config.max_held_events
         for _ in range(max(0, over)):
