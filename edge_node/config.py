@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource
 from pydantic_settings import SettingsConfigDict as _SettingsConfigDict
 
+from edge_node.agent.aggregation_task import AggregationTaskConfig
 from edge_node.capture.config import (
     DEFAULT_FPS,
     MAX_CREDENTIALS_BYTES,
@@ -71,6 +72,7 @@ __all__ = [
     "AGENT_VERSION",
     "ENV_PREFIX",
     "AgentConfig",
+    "AggregationSettings",
     "ConfigError",
     "MqttTransportConfig",
     "NodeSettings",
@@ -183,6 +185,32 @@ class ResultsSettings(BaseModel):
         )
 
 
+class AggregationSettings(BaseModel):
+    """The node's own detections into events by a rules file (docs/operator-guide.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    # The rules (edge_node.aggregation.config); none: no aggregation. A file that cannot
+    # be used is reported at start (log and health) and the node serves without it.
+    rules_file: Path | None = None
+    # How often the task aggregates what the pipeline handed over and moves time on.
+    tick_s: float = Field(default=0.2, ge=0.01, le=60)
+    # Results waiting for the task; one more is counted (queue_overflow) and left out.
+    queue_size: int = Field(default=10_000, ge=1, le=1_000_000)
+    # Events the outbox refused (budget, full disk), held to be tried again.
+    max_held_events: int = Field(default=10_000, ge=1, le=1_000_000)
+
+    def config(self) -> AggregationTaskConfig:
+        return AggregationTaskConfig(
+            enabled=self.enabled and self.rules_file is not None,
+            rules_file=self.rules_file,
+            tick_s=self.tick_s,
+            queue_size=self.queue_size,
+            max_held_events=self.max_held_events,
+        )
+
+
 class NodeSettings(BaseSettings):
     """Everything a node's ``node.yaml`` holds; see docs/operator-guide.md."""
 
@@ -215,6 +243,7 @@ class NodeSettings(BaseSettings):
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     updater: UpdaterSettings = Field(default_factory=UpdaterSettings)
     results: ResultsSettings = Field(default_factory=ResultsSettings)
+    aggregation: AggregationSettings = Field(default_factory=AggregationSettings)
     # Health report windows and thresholds: edge_node.telemetry.TelemetryConfig's keys.
     telemetry: dict[str, Any] = Field(default_factory=dict)
 
@@ -279,6 +308,7 @@ class AgentConfig:
     updater: UpdaterConfig = field(default_factory=UpdaterConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)
+    aggregation: AggregationTaskConfig = field(default_factory=AggregationTaskConfig)
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
     renewal: RenewalConfig = field(default_factory=RenewalConfig)
     agent_version: str = AGENT_VERSION
@@ -419,6 +449,7 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
         ),
         telemetry=telemetry,
         results=settings.results.config(),
+        aggregation=settings.aggregation.config(),
         uplink=UplinkConfig(backoff=Backoff(initial_s=0.5, cap_s=30.0)),
     )
 

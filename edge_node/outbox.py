@@ -13,7 +13,9 @@ Guarantees
       and nothing is refused without an exception and a counter.
     * ``seq`` is strictly increasing per node and never reused, across restarts and after
       every row was acked (the high-water mark lives in ``meta``, written in the same
-      transaction as the row). ``id`` is a UUIDv7 whose timestamp is ``created_at``.
+      transaction as the row). ``id`` is a UUIDv7 whose timestamp is ``created_at``, or
+      the caller's own id (``append_once``: an event's deterministic id), stored at most
+      once while pending.
     * A record leaves the outbox only by ``ack`` or, for health reports and results, by
       the rules below. Stored events are never removed except by ack.
     * After a crash (SIGKILL, power loss) reopening yields exactly the committed state.
@@ -78,6 +80,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -137,6 +140,7 @@ _WAL_SIZE_LIMIT_BYTES: Final = 4 * 1024 * 1024
 _WAL_RESERVE_DIVISOR: Final = 8
 _MAX_NODE_ID_CHARS: Final = 256
 _CHUNK: Final = 500  # ids per statement, well under SQLite's bound-parameter limit
+_UUID: Final = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -427,6 +431,26 @@ class Outbox:
         :class:`OutboxFullError` when the budget cannot take it (see the module docstring
         for the thinning rule); :class:`PayloadTooLargeError` over ``max_payload_bytes``.
         """
+        record = self._append(kind, payload, None)
+        assert record is not None  # a fresh UUIDv7 is never pending already
+        return record
+
+    def append_once(self, kind: Kind, payload: bytes, record_id: str) -> Record | None:
+        """``append`` under the caller's own id (a lowercase UUID): ``None``, and nothing
+        stored, when a pending record has that id already.
+
+        For records whose identity is deterministic (an event's uuid5 ``event_id``): a
+        replay of the same record is stored once while it waits here, and once at the
+        control plane after it was acked (it stores each ``(node, record id)`` once). The
+        id is then not a UUIDv7; ``seq`` and ``created_at`` are as for ``append``.
+        """
+        if not isinstance(record_id, str) or _UUID.match(record_id) is None:
+            raise InvalidInputError(
+                f"record_id must be a lowercase UUID, got {record_id!r}", record_id=record_id
+            )
+        return self._append(kind, payload, record_id)
+
+    def _append(self, kind: Kind, payload: bytes, record_id: str | None) -> Record | None:
         if kind not in _KINDS:
             raise InvalidInputError(f"unknown record kind {kind!r}", kind=kind, allowed=_KINDS)
         if not isinstance(payload, bytes | bytearray | memoryview):
@@ -443,7 +467,7 @@ class Outbox:
         with self._lock:
             conn = self._open_conn()
             try:
-                return self._append_locked(conn, kind, data, size)
+                return self._append_locked(conn, kind, data, size, record_id)
             except sqlite3.Error as exc:
                 if _primary_code(exc) == _SQLITE_FULL:
                     self._refuse_disk_full(conn, kind, size, exc)
@@ -452,8 +476,12 @@ class Outbox:
                 self._bound_wal(conn)
 
     def _append_locked(
-        self, conn: sqlite3.Connection, kind: Kind, data: bytes, size: int
-    ) -> Record:
+        self, conn: sqlite3.Connection, kind: Kind, data: bytes, size: int, record_id: str | None
+    ) -> Record | None:
+        if record_id is not None:
+            found = conn.execute("SELECT 1 FROM outbox WHERE id = ?", (record_id,)).fetchone()
+            if found is not None:
+                return None  # pending already: the same record, stored once
         backlog, counters = self._backlog, self._counters
         budget = self._record_budget
         # Delete only if dropping every result and health report could make room at all
@@ -462,8 +490,11 @@ class Outbox:
             kind != "results"
             and backlog.bytes - backlog.results_bytes - backlog.health_bytes + size <= budget
         )
-        uid = self._ids.new()
-        created_ms = uuid7_unix_ms(uid)
+        if record_id is None:
+            uid = self._ids.new()
+            rid, created_ms = str(uid), uuid7_unix_ms(uid)
+        else:
+            rid, created_ms = record_id, unix_ms(self._clock.now())
         # One transaction: deletions, the row, and every counter commit together or not at all.
         with _transaction(conn):
             if kind == "results":
@@ -488,7 +519,7 @@ class Outbox:
                 conn.execute(
                     "INSERT INTO outbox (seq, id, kind, created_at, payload, size)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
-                    (counters.high_water_seq, str(uid), kind, created_ms, data, size),
+                    (counters.high_water_seq, rid, kind, created_ms, data, size),
                 )
                 backlog = backlog.add(kind, 1, size)
                 # The estimate fits; the pages the file really uses must fit too (rule, 4).
@@ -509,7 +540,7 @@ class Outbox:
         if not fits:
             raise self._full_error(kind, size, reason="budget", stored=self._stored_bytes(conn))
         return Record(
-            id=str(uid),
+            id=rid,
             seq=counters.high_water_seq,
             kind=kind,
             created_at=_from_ms(created_ms),

@@ -103,6 +103,7 @@ PURE_CORES = (
     "edge_node/aggregation/config.py",
     "edge_node/aggregation/engine.py",
     "edge_node/aggregation/wire.py",
+    "edge_node/aggregation/node_results.py",
     "edge_node/aggregation/rules/base.py",
     "edge_node/aggregation/rules/zone.py",
     "edge_node/aggregation/rules/line.py",

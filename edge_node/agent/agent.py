@@ -16,7 +16,10 @@ until a deadline, then cancels what remains; it is safe to call twice and before
 after `run()`.
 
 The results feed (`edge_node.results`) is one more task: a bounded sample of what the
-model saw goes into the outbox as best-effort `results` records.
+model saw goes into the outbox as best-effort `results` records. The aggregation
+(`edge_node.agent.aggregation_task`, with `aggregation:` in node.yaml) is another: every
+result through the rules file's rules, events into the outbox as durable `event` records
+under their deterministic ids; a rules file it cannot use turns it off, never the node.
 
 The update task is built in rather than a `Component`: it builds the Hello (what the
 node runs), and needs the control messages and the reconnects, which components do not
@@ -40,6 +43,7 @@ from typing import Final
 import anyio
 import anyio.to_thread
 
+from edge_node.agent.aggregation_task import AggregationTask
 from edge_node.agent.errors import AgentError, EnrollmentError, NodeRefusedError, TaskFailedError
 from edge_node.agent.runtime_host import RuntimeHost
 from edge_node.agent.transport import BrokerLoginRefusedError, NodeTransport, open_transport
@@ -133,6 +137,8 @@ class Agent:
         self.files: EnrollmentFiles | None = None
         self.uplink: Uplink | None = None
         self.results_feed: ResultsFeed | None = None
+        # The rules over the node's own results, once the outbox is open (aggregation:).
+        self.aggregation: AggregationTask | None = None
         self.link: NodeLink | None = None  # the transport's link, once enrolled
         self.updater: UpdateTask | None = None
         self.health_dropped = 0
@@ -275,6 +281,11 @@ class Agent:
         if config.results.enabled:
             feed = self.results_feed = ResultsFeed(self.results, outbox, self._clock.monotonic)
             tasks["results"] = lambda: feed.run(stop)
+        if config.aggregation.enabled:
+            aggregation = self.aggregation = AggregationTask(
+                config.aggregation, outbox, self._clock
+            )
+            tasks["aggregation"] = lambda: aggregation.run(stop)
         grpc_link = transport.grpc
         if grpc_link is not None:  # an MQTT node presents its certificate nowhere
             tasks["renewal"] = lambda: run_renewal(
@@ -489,6 +500,7 @@ class Agent:
             outbox=outbox.stats(),
             uplink=uplink.stats,
             shadow=None if self.updater is None else self.updater.shadow_report(),
+            aggregation=None if self.aggregation is None else self.aggregation.health(),
         )
         self._save_baselines()
         return payload
@@ -523,10 +535,14 @@ class Agent:
         await self._stop.wait()
 
     def _count_result(self, result: InferenceResult) -> None:
-        """Every result, on the pipeline's threads (both calls O(1)): latency per model
-        version for health reports, and the results sampler (what the operator sees)."""
+        """Every result, on the pipeline's threads (each call O(1)): latency per model
+        version for health reports, the results sampler (what the operator sees), and the
+        aggregation's hand-off (events)."""
         self.telemetry.record_result(result)
         self.results.offer(result)
+        aggregation = self.aggregation
+        if aggregation is not None:
+            aggregation.offer(result)
 
     async def _close(self, transport: NodeTransport, outbox: Outbox) -> None:
         await self._host.close()

@@ -41,6 +41,8 @@ _KINDS = {
     "health": link_pb2.RECORD_KIND_HEALTH,
     "results": link_pb2.RECORD_KIND_RESULTS,
 }
+# Events are `edgefleet.fleet.v1.Event` messages (events.proto); the rest is JSON.
+_CONTENT_TYPES: Final[dict[Kind, str]] = {"event": "application/x-protobuf"}
 # Sent before anything else; results only when none of these waits.
 _FIRST: Final[tuple[Kind, ...]] = ("event", "health")
 _LAST: Final[tuple[Kind, ...]] = ("results",)
@@ -70,6 +72,7 @@ class UplinkStats:
 
 
 def to_wire(record: Record, content_type: str) -> link_pb2.Record:
+    """The wire record; ``content_type`` is for the kinds without their own (JSON ones)."""
     created = Timestamp()
     created.FromDatetime(record.created_at)
     return link_pb2.Record(
@@ -77,7 +80,7 @@ def to_wire(record: Record, content_type: str) -> link_pb2.Record:
         seq=record.seq,
         kind=_KINDS[record.kind],
         created_at=created,
-        content_type=content_type,
+        content_type=_CONTENT_TYPES.get(record.kind, content_type),
         payload=record.payload,
     )
 

@@ -199,10 +199,12 @@ class Telemetry:
         outbox: OutboxCounts | None = None,
         uplink: UplinkCounts | None = None,
         shadow: Mapping[str, Any] | None = None,
+        aggregation: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Close the window and return its ``edgefleet.agent.health/2`` document.
 
-        ``shadow`` is its ``shadow`` section as the updater's shadow stage builds it.
+        ``shadow`` is its ``shadow`` section as the updater's shadow stage builds it,
+        ``aggregation`` its ``aggregation`` section as the aggregation task builds it.
 
         Its encoding (``encode_report``) fits ``max_report_bytes``. Blocking I/O (the
         probe): call it from a worker thread, one at a time.
@@ -219,6 +221,7 @@ class Telemetry:
             outbox=outbox,
             uplink=uplink,
             shadow=shadow,
+            aggregation=aggregation,
         )
         return report
 
@@ -236,6 +239,7 @@ class Telemetry:
         outbox: OutboxCounts | None = None,
         uplink: UplinkCounts | None = None,
         shadow: Mapping[str, Any] | None = None,
+        aggregation: Mapping[str, Any] | None = None,
     ) -> bytes:
         """``report``, encoded as the outbox stores it (``encode_report``'s bytes): the
         agent's path, which checks and encodes the document once. Same rules as ``report``.
@@ -252,6 +256,7 @@ class Telemetry:
             outbox=outbox,
             uplink=uplink,
             shadow=shadow,
+            aggregation=aggregation,
         )
         return data
 
@@ -269,6 +274,7 @@ class Telemetry:
         outbox: OutboxCounts | None,
         uplink: UplinkCounts | None,
         shadow: Mapping[str, Any] | None = None,
+        aggregation: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], bytes]:
         cpu_started = time.thread_time()
         self._fold()
@@ -303,6 +309,7 @@ class Telemetry:
                 "model_active": active_model,
                 "model_runtime": None if model_runtime is None else dict(model_runtime),
                 "shadow": None if shadow is None else dict(shadow),
+                "aggregation": None if aggregation is None else dict(aggregation),
                 **latency_section(latency, window_s),
                 **streams_part,
                 "queue_depth_frames": queue_depth_frames,

@@ -219,6 +219,26 @@ def test_append_pending_ack_round_trip(open_outbox: OpenOutbox, clock: ManualClo
     assert stats.last_acked_seq == 2
 
 
+def test_a_record_under_its_own_id_is_stored_once_while_pending(
+    open_outbox: OpenOutbox,
+) -> None:
+    outbox = open_outbox()
+    event_id = "6f1c1d0e-8e2b-5c1a-9d3e-2f4a5b6c7d8e"  # a uuid5, as an event's id is
+    first = outbox.append_once("event", b"event", event_id)
+    assert first is not None and first.id == event_id
+    assert outbox.append_once("event", b"event", event_id) is None  # a replay: not stored
+    other = outbox.append("event", b"other")
+    assert [r.id for r in outbox.pending(10, 1 << 20)] == [event_id, other.id]
+    assert other.seq == first.seq + 1  # the replay took no sequence number
+    outbox.ack([event_id])
+    # Once acked the record is gone here; the control plane stores each id once.
+    again = outbox.append_once("event", b"event", event_id)
+    assert again is not None and again.seq == other.seq + 1
+    for bad in ("not-a-uuid", event_id.upper()):
+        with pytest.raises(InvalidInputError):
+            outbox.append_once("event", b"event", bad)
+
+
 def test_records_survive_reopen_byte_for_byte(open_outbox: OpenOutbox) -> None:
     outbox = open_outbox()
     written = [outbox.append("event", bytes(range(256)) * 4), outbox.append("health", b"")]

@@ -10,7 +10,7 @@ import pytest
 
 from edge_node.clock import SystemClock
 from edge_node.link.base import Backoff, LinkRefusedError
-from edge_node.link.uplink import Uplink, UplinkConfig
+from edge_node.link.uplink import Uplink, UplinkConfig, to_wire
 from edge_node.outbox import Outbox
 from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from protos.edgefleet.fleet.v1 import link_pb2
@@ -202,3 +202,11 @@ async def test_results_go_last_and_a_plane_that_refuses_them_holds_up_only_resul
     assert {later} in batches
     assert all(b <= results or not b & results for b in batches)  # never mixed
     assert outbox.stats().pending_results == 3  # kept: best effort, until the outbox drops them
+
+
+async def test_events_go_as_protobuf_and_the_rest_as_the_configured_type(outbox: Outbox) -> None:
+    event = outbox.append_once("event", b"\x0a\x01x", "6f1c1d0e-8e2b-5c1a-9d3e-2f4a5b6c7d8e")
+    assert event is not None
+    health = outbox.append("health", b"{}")
+    assert to_wire(event, "application/json").content_type == "application/x-protobuf"
+    assert to_wire(health, "application/json").content_type == "application/json"

@@ -107,16 +107,24 @@ def _many(field: Any) -> bool:
 # Declared after the report above was captured; tests/edge_node/telemetry/test_telemetry.py
 # shows the node sending each (issue 12: drop-directory files passed over, the outbox's
 # files on disk).
-ADDED_SINCE_CAPTURE = {
-    "streams[].capture_passed_over",
-    "outbox.disk_bytes",
-    "outbox.pending_results",
-    "outbox.dropped_results",
-} | {  # issue 13: the shadow stage (tests/edge_node/agent/test_runtime_shadow.py)
-    path
-    for path in declared(HealthReport.DESCRIPTOR)
-    if path == "shadow" or path.startswith("shadow.")
-}
+ADDED_SINCE_CAPTURE = (
+    {
+        "streams[].capture_passed_over",
+        "outbox.disk_bytes",
+        "outbox.pending_results",
+        "outbox.dropped_results",
+    }
+    | {  # issue 13: the shadow stage (tests/edge_node/agent/test_runtime_shadow.py)
+        path
+        for path in declared(HealthReport.DESCRIPTOR)
+        if path == "shadow" or path.startswith("shadow.")
+    }
+    | {  # issue 14: the aggregation (tests/edge_node/agent/test_aggregation_task.py)
+        path
+        for path in declared(HealthReport.DESCRIPTOR)
+        if path == "aggregation" or path.startswith("aggregation.")
+    }
+)
 
 
 def test_the_schema_declares_nothing_the_node_does_not_send() -> None:

@@ -278,3 +278,30 @@ def test_unsafe_results_settings_are_refused_naming_the_field(
     node_yaml.write_text(BASE + section)
     with pytest.raises(ConfigError, match=named):
         load_agent_config(node_yaml)
+
+
+def test_aggregation_is_off_until_a_rules_file_is_named(node_yaml: Path) -> None:
+    assert not load_agent_config(node_yaml).aggregation.enabled
+    node_yaml.write_text(BASE + "aggregation:\n  rules_file: /etc/edgefleet/rules.yaml\n")
+    aggregation = load_agent_config(node_yaml).aggregation
+    assert aggregation.enabled
+    assert aggregation.rules_file == Path("/etc/edgefleet/rules.yaml")
+    assert (aggregation.tick_s, aggregation.queue_size) == (0.2, 10_000)
+    node_yaml.write_text(BASE + "aggregation:\n  enabled: false\n  rules_file: /r.yaml\n")
+    assert not load_agent_config(node_yaml).aggregation.enabled
+
+
+@pytest.mark.parametrize(
+    ("section", "named"),
+    [
+        ("aggregation:\n  tick_s: 0\n", "aggregation.tick_s"),
+        ("aggregation:\n  queue_size: 0\n", "aggregation.queue_size"),
+        ("aggregation:\n  rules: /r.yaml\n", "aggregation.rules"),
+    ],
+)
+def test_unsafe_aggregation_settings_are_refused_naming_the_field(
+    node_yaml: Path, section: str, named: str
+) -> None:
+    node_yaml.write_text(BASE + section)
+    with pytest.raises(ConfigError, match=named):
+        load_agent_config(node_yaml)

@@ -4,9 +4,9 @@ isort:skip_file
 An event of the edge node's aggregation (zone intrusion, line crossing, dwell, counts,
 cross-camera transit), schema "edgefleet.event/1".
 
-A node sends each event as one node record (kind "events", content type
-application/x-protobuf) through its outbox: the record's own UUIDv7 and per-node
-sequence carry delivery; `event_id` is the event's identity, a uuid5 over the rule and
+A node sends each event as one node record (kind "event", content type
+application/x-protobuf) through its outbox: the record's id is the event_id and its
+per-node sequence carries delivery; `event_id` is the event's identity, a uuid5 over the rule and
 the facts behind it, so the same input replayed (a camera's resend, a node replaying
 its buffer) yields the same id, and the event store keeps one. Times are event times on
 the node's clock (each camera's capture time with its clock offset removed).

@@ -108,6 +108,7 @@ class HealthReport(_message.Message):
     TELEMETRY_FIELD_NUMBER: _builtins.int
     MODEL_RUNTIME_FIELD_NUMBER: _builtins.int
     SHADOW_FIELD_NUMBER: _builtins.int
+    AGGREGATION_FIELD_NUMBER: _builtins.int
     schema: _builtins.str
     """"edgefleet.agent.health/2"; a reader reads a higher version as far as it knows it."""
     node_id: _builtins.str
@@ -164,6 +165,12 @@ class HealthReport(_message.Message):
     def shadow(self) -> Global___Shadow:
         """The candidate run in shadow beside the active model; null when none is assigned."""
 
+    @_builtins.property
+    def aggregation(self) -> Global___Aggregation:
+        """Field numbers 29-39 are left to other work; the aggregation's start at 40.
+        The aggregation (rules file -> events); null when it is turned off (or an older agent).
+        """
+
     def __init__(
         self,
         *,
@@ -195,10 +202,11 @@ class HealthReport(_message.Message):
         telemetry: Global___ReportTelemetry | None = ...,
         model_runtime: Global___ModelRuntime | None = ...,
         shadow: Global___Shadow | None = ...,
+        aggregation: Global___Aggregation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "cpu", b"cpu", "disk", b"disk", "errors", b"errors", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "shadow", b"shadow", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "aggregation", b"aggregation", "cpu", b"cpu", "disk", b"disk", "errors", b"errors", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "shadow", b"shadow", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "agent_version", b"agent_version", "cpu", b"cpu", "disk", b"disk", "drift_suspected", b"drift_suspected", "errors", b"errors", "frames_dropped", b"frames_dropped", "latency", b"latency", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "node_id", b"node_id", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "schema", b"schema", "seq", b"seq", "shadow", b"shadow", "streams", b"streams", "streams_omitted", b"streams_omitted", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink", "uptime_s", b"uptime_s", "window_end", b"window_end", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "agent_version", b"agent_version", "aggregation", b"aggregation", "cpu", b"cpu", "disk", b"disk", "drift_suspected", b"drift_suspected", "errors", b"errors", "frames_dropped", b"frames_dropped", "latency", b"latency", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "node_id", b"node_id", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "schema", b"schema", "seq", b"seq", "shadow", b"shadow", "streams", b"streams", "streams_omitted", b"streams_omitted", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink", "uptime_s", b"uptime_s", "window_end", b"window_end", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__model_active: _TypeAlias = _typing.Literal["model_active"]  # noqa: Y015
     _WhichOneofArgType__model_active: _TypeAlias = _typing.Literal["_model_active", b"_model_active"]  # noqa: Y015
@@ -214,6 +222,147 @@ class HealthReport(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__system_uptime_s) -> _WhichOneofReturnType__system_uptime_s | None: ...
 
 Global___HealthReport: _TypeAlias = HealthReport  # noqa: Y015
+
+@_typing.final
+class Aggregation(_message.Message):
+    """The node's aggregation (edge_node.agent.aggregation_task): counts since the agent
+    started, not per window.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EventsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class CappedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STATE_FIELD_NUMBER: _builtins.int
+    RULES_FILE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    RULES_FIELD_NUMBER: _builtins.int
+    OFFERED_FIELD_NUMBER: _builtins.int
+    QUEUE_OVERFLOW_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    SIGHTINGS_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    EVENTS_STORED_FIELD_NUMBER: _builtins.int
+    EVENTS_REPLAYED_FIELD_NUMBER: _builtins.int
+    EVENTS_HELD_FIELD_NUMBER: _builtins.int
+    EVENTS_LOST_FIELD_NUMBER: _builtins.int
+    DUPLICATES_FIELD_NUMBER: _builtins.int
+    LATE_APPLIED_FIELD_NUMBER: _builtins.int
+    TOO_LATE_FIELD_NUMBER: _builtins.int
+    FUTURE_FIELD_NUMBER: _builtins.int
+    UNKNOWN_SOURCE_FIELD_NUMBER: _builtins.int
+    INVALID_TIME_FIELD_NUMBER: _builtins.int
+    CAPPED_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """"running", or "failed" when the rules file could not be used (`error` says why, naming
+    the field): the node then serves inference without aggregation.
+    """
+    rules_file: _builtins.str
+    error: _builtins.str
+    rules: _builtins.int
+    offered: _builtins.int
+    """Inference results handed over by the pipeline, those refused because the hand-off
+    was full (never blocking inference), and those waiting in it now.
+    """
+    queue_overflow: _builtins.int
+    queued: _builtins.int
+    sightings: _builtins.int
+    """Frames the rules saw, after the aligner."""
+    events_stored: _builtins.int
+    """Events stored in the outbox; already pending there (a replay, stored once); refused
+    by a full outbox and held to try again; lost because that hold was full too.
+    """
+    events_replayed: _builtins.int
+    events_held: _builtins.int
+    events_lost: _builtins.int
+    duplicates: _builtins.int
+    """The aligner's refusals and repairs, by reason (ADR 0038)."""
+    late_applied: _builtins.int
+    too_late: _builtins.int
+    future: _builtins.int
+    unknown_source: _builtins.int
+    invalid_time: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Events raised, by type ("zone.intrusion", ...)."""
+
+    @_builtins.property
+    def capped(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """State bounds that were hit, by where ("aligner.released_early",
+        "tracker.tracks_evicted", "<rule id>.evicted", ...); only those above zero.
+        """
+
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+        rules_file: _builtins.str = ...,
+        error: _builtins.str | None = ...,
+        rules: _builtins.int = ...,
+        offered: _builtins.int = ...,
+        queue_overflow: _builtins.int = ...,
+        queued: _builtins.int = ...,
+        sightings: _builtins.int = ...,
+        events: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        events_stored: _builtins.int = ...,
+        events_replayed: _builtins.int = ...,
+        events_held: _builtins.int = ...,
+        events_lost: _builtins.int = ...,
+        duplicates: _builtins.int = ...,
+        late_applied: _builtins.int = ...,
+        too_late: _builtins.int = ...,
+        future: _builtins.int = ...,
+        unknown_source: _builtins.int = ...,
+        invalid_time: _builtins.int = ...,
+        capped: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "capped", b"capped", "duplicates", b"duplicates", "error", b"error", "events", b"events", "events_held", b"events_held", "events_lost", b"events_lost", "events_replayed", b"events_replayed", "events_stored", b"events_stored", "future", b"future", "invalid_time", b"invalid_time", "late_applied", b"late_applied", "offered", b"offered", "queue_overflow", b"queue_overflow", "queued", b"queued", "rules", b"rules", "rules_file", b"rules_file", "sightings", b"sightings", "state", b"state", "too_late", b"too_late", "unknown_source", b"unknown_source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___Aggregation: _TypeAlias = Aggregation  # noqa: Y015
 
 @_typing.final
 class Shadow(_message.Message):

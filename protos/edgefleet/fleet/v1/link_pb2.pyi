@@ -339,7 +339,9 @@ class Record(_message.Message):
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
     id: _builtins.str
-    """UUIDv7, unique per node."""
+    """UUIDv7, unique per node; for an event, its deterministic event_id (a uuid5), so a
+    node that raises the same event again (a replay) sends the same record.
+    """
     seq: _builtins.int
     """Per-node sequence from the outbox; strictly increasing, never reused."""
     kind: Global___RecordKind.ValueType

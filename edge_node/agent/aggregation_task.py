@@ -1,0 +1,361 @@
+"""The agent's aggregation task: the node's own inference results through the rules
+(``edge_node.aggregation``) into the outbox as durable ``event`` records.
+
+The pipeline's worker threads call :meth:`AggregationTask.offer` for every result: a
+bounded hand-off under a lock held for an append, never waiting on the rules or on I/O; a
+result that finds it full is counted (``queue_overflow``) and left out. Every ``tick_s``
+the task takes what was handed over, in a worker thread, turns each result into an
+``Observation`` (``edge_node.aggregation.node_results``), offers it to the ``Aggregator``,
+advances it to the node's clock, and appends each event's ``encode_event`` bytes to the
+outbox under the event's own deterministic id (``Outbox.append_once``): the same event
+raised again (a replay after a restart, a resend) is stored once here and once at the
+control plane. Events are not best effort: one the outbox refuses (budget, full disk) is
+held in memory, in order, and tried again on the next tick; only when that hold is full
+too is the oldest lost, counted and logged as an error. On stop the task drains the
+hand-off, flushes the aggregator (everything waiting for the watermark) and stores the
+events before it returns; results offered after that are not aggregated.
+
+A rules file that cannot be used (unreadable, not YAML, a field wrong) is logged as an
+error naming the field and reported in health (``aggregation.state`` "failed",
+``aggregation.error``); a rule that raises while running does the same. Either way the
+aggregation stops and the node goes on serving inference: the rules are an operator's
+file, and a typo in it must not take the cameras' inference down with it.
+
+Not here: device results over the local broker (the device contract's adapter), the rules
+themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import anyio
+import anyio.to_thread
+
+from edge_node.aggregation.config import RulesFile, build_aggregator
+from edge_node.aggregation.engine import Aggregator
+from edge_node.aggregation.errors import RulesConfigError
+from edge_node.aggregation.model import Event
+from edge_node.aggregation.node_results import observation_from_result
+from edge_node.aggregation.rules.base import TrackBook
+from edge_node.aggregation.rules_file import load_rules_file
+from edge_node.aggregation.wire import encode_event
+from edge_node.clock import Clock
+from edge_node.errors import (
+    ClosedError,
+    InvalidInputError,
+    OutboxFullError,
+    PayloadTooLargeError,
+    StorageError,
+)
+from edge_node.outbox import Outbox
+from protos.bundle.results import InferenceResult
+
+__all__ = ["AggregationStats", "AggregationTask", "AggregationTaskConfig"]
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUE_SIZE: Final = 1_000_000
+MAX_HELD_EVENTS: Final = 1_000_000
+State = Literal["starting", "running", "failed", "stopped"]
+
+
+@dataclass(frozen=True, slots=True)
+class AggregationTaskConfig:
+    """The ``aggregation:`` section of node.yaml (checked again here for direct callers).
+
+    The task runs when ``enabled`` and a ``rules_file`` is named."""
+
+    enabled: bool = False
+    rules_file: Path | None = None
+    tick_s: float = 0.2
+    queue_size: int = 10_000
+    max_held_events: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.enabled and self.rules_file is None:
+            raise InvalidInputError(
+                "aggregation.rules_file is required when aggregation is enabled",
+                field="aggregation.rules_file",
+            )
+        _check("aggregation.tick_s", self.tick_s, 0.01, 60.0)
+        _check("aggregation.queue_size", self.queue_size, 1, MAX_QUEUE_SIZE, integer=True)
+        _check(
+            "aggregation.max_held_events", self.max_held_events, 1, MAX_HELD_EVENTS, integer=True
+        )
+
+
+def _check(name: str, value: float, low: float, high: float, *, integer: bool = False) -> None:
+    wrong_type = isinstance(value, bool) or not isinstance(value, int if integer else int | float)
+    if wrong_type or not math.isfinite(value) or not low <= value <= high:
+        raise InvalidInputError(
+            f"{name} must be {'an integer' if integer else 'a number'} in [{low:g}, {high:g}], "
+            f"got {value!r}",
+            field=name,
+        )
+
+
+@dataclass
+class AggregationStats:
+    """Counts since the task started (what ``health()`` reports beside the engine's)."""
+
+    offered: int = 0
+    queue_overflow: int = 0
+    # Results that carry nothing for the rules (classification, raw outputs).
+    not_detections: int = 0
+    events_stored: int = 0
+    # Raised again while the same event was still pending in the outbox: stored once.
+    events_replayed: int = 0
+    events_lost: int = 0
+
+
+class AggregationTask:
+    def __init__(
+        self,
+        config: AggregationTaskConfig,
+        outbox: Outbox,
+        clock: Clock,
+        *,
+        load_rules: Callable[[Path], RulesFile] = load_rules_file,
+    ) -> None:
+        self.config = config
+        self._outbox = outbox
+        self._clock = clock
+        self._load_rules = load_rules
+        self._lock = threading.Lock()  # the hand-off: appends and swaps only
+        self._queue: deque[InferenceResult] = deque()
+        self._accepting = True
+        # The engine and the held events, between the drain and the health report.
+        self._engine_lock = threading.Lock()
+        self._held: deque[Event] = deque()
+        self._refused = False  # the outbox refused the last event tried
+        self.aggregator: Aggregator | None = None
+        self.state: State = "starting"
+        self.error: str | None = None
+        self.stats = AggregationStats()
+
+    # ------------------------------------------------------------------ any thread
+
+    def offer(self, result: InferenceResult) -> None:
+        """Hand one result over (the pipeline's threads; O(1), never blocks on the rules)."""
+        with self._lock:
+            if not self._accepting:
+                return
+            self.stats.offered += 1
+            if len(self._queue) >= self.config.queue_size:
+                self.stats.queue_overflow += 1
+                return
+            self._queue.append(result)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # ------------------------------------------------------------------ worker thread
+
+    def start(self) -> bool:
+        """Load the rules file and build the engine; False (logged, reported) when it
+        cannot be used. Blocking (reads the file)."""
+        path = self.config.rules_file
+        assert path is not None  # checked by the config
+        try:
+            aggregator = build_aggregator(self._load_rules(path))
+        except RulesConfigError as exc:
+            where = str(path) if exc.field == str(path) else f"{path}: {exc.field}"
+            self._fail(f"{where}: {exc.problem}")
+            log.error(
+                "aggregation off, the rules file cannot be used: %s; inference goes on without it",
+                self.error,
+            )
+            return False
+        with self._engine_lock:
+            self.aggregator = aggregator
+            self.state = "running"
+        log.info("aggregation running %d rules from %s", len(aggregator.rules), path)
+        return True
+
+    def drain_once(self, now: float | None = None) -> int:
+        """Aggregate what was handed over, advance to ``now`` (node clock, seconds; default
+        the clock's) and store the events. Returns the events stored.
+
+        Raises only ``ClosedError`` (the outbox closed: stopping)."""
+        if self.state != "running":
+            return 0
+        at = self._clock.now().timestamp() if now is None else now
+        events = self._aggregate(lambda engine: engine.advance(at), at)
+        return self._store(events)
+
+    def finish(self) -> int:
+        """On stop: aggregate what is left, flush the engine, store everything; stop
+        accepting results. Returns the events stored."""
+        with self._lock:
+            self._accepting = False
+        if self.state != "running":
+            self._clear()
+            return 0
+        at = self._clock.now().timestamp()
+        stored = self._store(self._aggregate(lambda engine: engine.flush(), at))
+        with self._engine_lock:
+            self.state = "stopped"
+        return stored
+
+    def _aggregate(self, then: Callable[[Aggregator], list[Event]], now: float) -> list[Event]:
+        with self._lock:
+            batch, self._queue = self._queue, deque()
+        events: list[Event] = []
+        with self._engine_lock:
+            engine = self.aggregator
+            assert engine is not None
+            try:
+                for result in batch:
+                    observation = observation_from_result(result)
+                    if observation is None:
+                        self.stats.not_detections += 1
+                        continue
+                    events += engine.offer(observation, now)
+                events += then(engine)
+            except Exception as exc:  # a rule's bug: aggregation stops, inference goes on
+                log.exception("aggregation stopped by an error in the rules engine")
+                self._fail(f"{type(exc).__name__}: {exc}")
+        if self.state == "failed":
+            self._clear()
+        return events
+
+    def _store(self, events: list[Event]) -> int:
+        """The held events first, then these, in order; what the outbox refuses is held."""
+        held = self._held
+        held.extend(events)
+        stored = 0
+        while held:
+            event = held[0]
+            try:
+                record = self._outbox.append_once("event", encode_event(event), event.event_id)
+            except (OutboxFullError, StorageError) as exc:  # not ClosedError: it propagates
+                if not self._refused:  # once per refusal spell, not once per tick
+                    log.warning(
+                        "events not stored yet (%s); %d held, tried again every %.2gs",
+                        exc.message,
+                        len(held),
+                        self.config.tick_s,
+                    )
+                self._refused = True
+                break
+            except PayloadTooLargeError as exc:
+                self.stats.events_lost += 1
+                log.error("event %s lost: %s", event.event_id, exc.message)
+            else:
+                if record is None:
+                    self.stats.events_replayed += 1
+                else:
+                    stored += 1
+                if self._refused:
+                    log.info("the outbox takes events again")
+                    self._refused = False
+            held.popleft()
+        over = len(held) - self.config.max_held_events
+        for _ in range(max(0, over)):
+            lost = held.popleft()
+            self.stats.events_lost += 1
+            log.error(
+                "event %s (%s) lost: the outbox refuses events and %d are held already",
+                lost.event_id,
+                lost.type,
+                self.config.max_held_events,
+            )
+        self.stats.events_stored += stored
+        return stored
+
+    def _fail(self, error: str) -> None:
+        self.state = "failed"
+        self.error = error[:400]
+
+    def _clear(self) -> None:
+        with self._lock:
+            self._accepting = False
+            self._queue.clear()
+
+    # ------------------------------------------------------------------ the agent's task
+
+    async def run(self, stop: anyio.Event) -> None:
+        """Load the rules, then ``drain_once`` every ``tick_s`` until ``stop``, then
+        ``finish``. Never raises for the rules (see the module docstring)."""
+        if not await anyio.to_thread.run_sync(self.start):
+            self._clear()
+            await stop.wait()
+            return
+        try:
+            while not stop.is_set():
+                await anyio.to_thread.run_sync(self.drain_once)
+                with anyio.move_on_after(self.config.tick_s):
+                    await stop.wait()
+            stored = await anyio.to_thread.run_sync(self.finish)
+            log.info("aggregation drained: %d events stored at stop", stored)
+        except ClosedError:
+            return  # stopping: the outbox closed under the task
+
+    # ------------------------------------------------------------------ health
+
+    def health(self) -> dict[str, Any]:
+        """The health report's ``aggregation`` section (health.proto ``Aggregation``)."""
+        with self._engine_lock:
+            engine = self.aggregator
+            numbers = engine.health() if engine is not None else {}
+            capped = _capped(engine) if engine is not None else {}
+            held = len(self._held)
+        stats = self.stats
+        return {
+            "state": self.state,
+            "rules_file": str(self.config.rules_file),
+            "error": self.error,
+            "rules": 0 if engine is None else len(engine.rules),
+            "offered": stats.offered,
+            "queue_overflow": stats.queue_overflow,
+            "queued": self.queued,
+            "sightings": int(numbers.get("sightings", 0)),
+            "events": {str(k)[:64]: int(v) for k, v in numbers.get("events", {}).items()},
+            "events_stored": stats.events_stored,
+            "events_replayed": stats.events_replayed,
+            "events_held": held,
+            "events_lost": stats.events_lost,
+            **{
+                key: int(numbers.get(key, 0))
+                for key in (
+                    "duplicates",
+                    "late_applied",
+                    "too_late",
+                    "future",
+                    "unknown_source",
+                    "invalid_time",
+                )
+            },
+            "capped": capped,
+        }
+
+
+def _capped(engine: Aggregator) -> dict[str, int]:
+    """The state bounds that were hit, by where (only those above zero)."""
+    aligner = engine.aligner.stats
+    counts: dict[str, int] = {
+        "aligner.released_early": aligner.released_early,
+        "aligner.ids_evicted": aligner.ids_evicted,
+        "aligner.sources_refused": aligner.sources_refused,
+    }
+    if engine.tracker is not None:
+        tracker = engine.tracker.stats
+        counts["tracker.tracks_evicted"] = tracker.tracks_evicted
+        counts["tracker.sources_refused"] = tracker.sources_refused
+    for rule in engine.rules:
+        books = [v for v in getattr(rule, "__dict__", {}).values() if isinstance(v, TrackBook)]
+        counts[f"{rule.rule_id}.evicted"] = sum(book.stats.evicted for book in books)
+        for name in ("dropped", "closed_early", "distinct_capped"):
+            value = getattr(rule, name, 0)
+            if isinstance(value, int):
+                counts[f"{rule.rule_id}.{name}"] = value
+    return {key[:64]: value for key, value in sorted(counts.items()) if value}

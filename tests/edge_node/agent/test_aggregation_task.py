@@ -1,0 +1,300 @@
+"""The agent's aggregation task with a real outbox in a temp dir and a manual clock: events
+land in the outbox once (a replay after a restart too), shutdown drains, the hand-off's
+overflow is counted, an outbox that refuses events holds them, a bad rules file is
+reported and never raised."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+
+from edge_node.agent.aggregation_task import AggregationTask, AggregationTaskConfig
+from edge_node.aggregation.model import Provenance
+from edge_node.aggregation.wire import decode_event
+from edge_node.clock import ManualClock
+from edge_node.errors import InvalidInputError, OutboxFullError
+from edge_node.outbox import Outbox
+from protos.bundle.results import Box, Decoded, Detection, InferenceResult
+from protos.health_schema import SCHEMA, check_report
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+FPS = 10
+
+RULES = """\
+version: 1
+cameras: [gate]
+rules:
+  - id: yard
+    type: zone_intrusion
+    camera: gate
+    zone: [[0.5, 0], [1, 0], [1, 1], [0.5, 1]]
+    classes: [person]
+"""
+
+
+def frame(n: int, x: float, *, stream: str = "gate", start: datetime = T0) -> InferenceResult:
+    """Frame `n` of a person whose feet (bottom-centre) are at (x, 0.8)."""
+    box = Box(max(0.0, x - 0.1), 0.4, min(1.0, x + 0.1), 0.8)
+    return InferenceResult(
+        stream=stream,
+        frame_id=n,
+        captured_at=start + timedelta(seconds=n / FPS),
+        model="detector",
+        version="2.0.1",
+        decoded=Decoded("detection", (Detection(0, "person", 0.9, box),)),
+        queue_s=0.001,
+        preprocess_s=0.002,
+        inference_s=0.01,
+        decode_s=0.001,
+    )
+
+
+def walk_in(start: datetime = T0) -> list[InferenceResult]:
+    """Left to right across the zone's edge at x = 0.5: 10 frames, 5 of them inside."""
+    return [frame(n, 0.1 + 0.08 * n, start=start) for n in range(10)]
+
+
+def after(results: list[InferenceResult], seconds: float = 1.0) -> float:
+    """Node time `seconds` after the last result's capture."""
+    return results[-1].captured_at.timestamp() + seconds
+
+
+@pytest.fixture
+def rules(tmp_path: Path) -> Path:
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES)
+    return path
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> Iterator[Outbox]:
+    with Outbox.open(
+        tmp_path / "outbox.db", node_id="node-1", budget_bytes=1 << 20, clock=ManualClock(T0)
+    ) as opened:
+        yield opened
+
+
+def task_for(rules: Path, outbox: Outbox, **config: object) -> AggregationTask:
+    settings = AggregationTaskConfig(enabled=True, rules_file=rules, tick_s=0.01)
+    task = AggregationTask(replace(settings, **config), outbox, ManualClock(T0))  # type: ignore[arg-type]
+    return task
+
+
+def events_in(outbox: Outbox) -> list[tuple[str, bytes]]:
+    return [(r.id, r.payload) for r in outbox.pending(100, 1 << 20, ["event"])]
+
+
+def test_an_intrusion_lands_in_the_outbox_once_under_its_event_id(
+    rules: Path, outbox: Outbox
+) -> None:
+    task = task_for(rules, outbox)
+    assert task.start()
+    results = walk_in()
+    for result in results:
+        task.offer(result)
+    assert task.drain_once(after(results)) == 1
+    assert task.drain_once(after(results, 2.0)) == 0  # nothing new
+    [(record_id, payload)] = events_in(outbox)
+    event = decode_event(payload)
+    assert record_id == event.event_id  # the idempotency key is the record's id
+    assert (event.type, event.rule_id) == ("zone.intrusion", "yard")
+    assert event.provenance == (Provenance("node", "detector", "2.0.1"),)
+    assert event.evidence[0].camera == "gate"
+    # The first frame whose feet are in the zone: x = 0.1 + 0.08 * 5 = 0.5.
+    assert event.at == pytest.approx(results[5].captured_at.timestamp(), abs=1e-6)
+    assert task.stats.events_stored == 1
+
+
+def test_a_restart_that_replays_the_same_frames_stores_nothing_twice(
+    rules: Path, outbox: Outbox
+) -> None:
+    results = walk_in()
+    first = task_for(rules, outbox)
+    assert first.start()
+    for result in results:
+        first.offer(result)
+    first.drain_once(after(results))
+    # A new task (a restarted agent: no rule state) sees the same frames again.
+    second = task_for(rules, outbox)
+    assert second.start()
+    for result in results:
+        second.offer(result)
+    assert second.drain_once(after(results)) == 0
+    assert second.stats.events_replayed == 1
+    assert len(events_in(outbox)) == 1
+
+
+def test_shutdown_drains_the_hand_off_and_flushes_what_waits_for_the_watermark(
+    rules: Path, outbox: Outbox
+) -> None:
+    task = task_for(rules, outbox)
+    for result in walk_in():
+        task.offer(result)
+    stop = anyio.Event()
+    stop.set()  # stopping before the first tick: only the drain at stop can store it
+
+    async def main() -> None:
+        await task.run(stop)
+
+    anyio.run(main)
+    assert len(events_in(outbox)) == 1
+    assert task.state == "stopped"
+    assert task.queued == 0
+    task.offer(frame(11, 0.9))  # after the drain: not aggregated, not queued
+    assert task.queued == 0
+
+
+def test_a_full_hand_off_counts_what_it_leaves_out_and_never_blocks(
+    rules: Path, outbox: Outbox
+) -> None:
+    task = task_for(rules, outbox, queue_size=50)
+    offered = 0
+
+    def camera(stream: str) -> None:
+        for n in range(100):
+            task.offer(frame(n, 0.2, stream=stream))
+
+    threads = [threading.Thread(target=camera, args=(f"cam-{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    offered = 400
+    assert (task.stats.offered, task.queued, task.stats.queue_overflow) == (offered, 50, 350)
+    assert task.start()
+    task.drain_once(T0.timestamp() + 20)
+    health = task.health()
+    assert (health["offered"], health["queue_overflow"], health["queued"]) == (400, 350, 0)
+    # The rules file allows camera "gate" only: the others are the aligner's unknown sources.
+    assert health["unknown_source"] == 50
+
+
+def fill(outbox: Outbox) -> list[str]:
+    """Fill the outbox with other events until it has no room for one more of ours."""
+    ids: list[str] = []
+    for size in (3_000, 100):
+        with pytest.raises(OutboxFullError):
+            for _ in range(100):
+                ids.append(outbox.append("event", b"x" * size).id)
+    return ids
+
+
+def test_events_the_outbox_refuses_are_held_in_order_and_stored_later(
+    rules: Path, tmp_path: Path
+) -> None:
+    with Outbox.open(
+        tmp_path / "small.db",
+        node_id="node-1",
+        budget_bytes=16_384,
+        wal_reserve_bytes=0,
+        max_payload_bytes=4_000,
+        clock=ManualClock(T0),
+    ) as small:
+        fillers = fill(small)
+        task = task_for(rules, small)
+        assert task.start()
+        results = walk_in()
+        for result in results:
+            task.offer(result)
+        assert task.drain_once(after(results)) == 0
+        assert task.health()["events_held"] == 1
+        assert task.stats.events_lost == 0
+        small.ack(fillers)  # the control plane took the others: room again
+        assert task.drain_once(after(results, 2.0)) == 1
+        assert task.health()["events_held"] == 0
+        [(_, payload)] = events_in(small)
+        assert decode_event(payload).type == "zone.intrusion"
+
+
+def test_past_its_bound_the_hold_loses_the_oldest_counted(rules: Path, tmp_path: Path) -> None:
+    with Outbox.open(
+        tmp_path / "small.db",
+        node_id="node-1",
+        budget_bytes=16_384,
+        wal_reserve_bytes=0,
+        max_payload_bytes=4_000,
+        clock=ManualClock(T0),
+    ) as small:
+        fill(small)
+        task = task_for(rules, small, max_held_events=1)
+        assert task.start()
+        for walk in range(3):  # three visits, three intrusions
+            results = walk_in(T0 + timedelta(seconds=10 * walk))
+            for result in results:
+                task.offer(result)
+            task.drain_once(after(results))
+        assert (task.health()["events_held"], task.stats.events_lost) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        (
+            RULES.replace("[0.5, 0], [1, 0], [1, 1], [0.5, 1]", "[0, 0], [1, 1], [0.5, 0.5]"),
+            "rules[0].zone: the polygon has no area",
+        ),
+        ("rules: [{id: x, type: zone}]\n", "rules[0].type"),
+        ("version: [\n", "not YAML"),
+    ],
+)
+def test_a_bad_rules_file_is_reported_by_field_and_the_task_just_waits(
+    tmp_path: Path, outbox: Outbox, text: str, names: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    task = task_for(path, outbox)
+    stop = anyio.Event()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(task.run, stop)
+            with anyio.fail_after(5):
+                while task.state == "starting":
+                    await anyio.sleep(0.001)
+            task.offer(frame(1, 0.9))  # inference goes on; the result is not queued
+            stop.set()
+
+    anyio.run(main)
+    health = task.health()
+    assert health["state"] == "failed"
+    assert health["error"].startswith(f"{path}: ")
+    assert names in health["error"]
+    assert (health["rules"], task.queued) == (0, 0)
+    assert any(names in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+    check_report({"schema": SCHEMA, "aggregation": health})
+
+
+def test_a_missing_rules_file_names_the_file(tmp_path: Path, outbox: Outbox) -> None:
+    task = task_for(tmp_path / "absent.yaml", outbox)
+    assert not task.start()
+    assert task.error is not None
+    assert task.error.startswith(f"{tmp_path / 'absent.yaml'}: cannot be read")
+
+
+def test_the_health_section_fits_the_schema(rules: Path, outbox: Outbox) -> None:
+    task = task_for(rules, outbox)
+    assert task.start()
+    results = walk_in()
+    for result in [*results, results[3]]:  # one resend
+        task.offer(result)
+    task.drain_once(after(results))
+    # Silent past the idle timeout (2 s): its last frame no longer waits for a next one.
+    task.drain_once(after(results, 4.0))
+    health = task.health()
+    check_report({"schema": SCHEMA, "aggregation": health})
+    assert health["events"] == {"zone.intrusion": 1}
+    assert (health["duplicates"], health["sightings"], health["rules"]) == (1, 10, 1)
+    assert health["state"] == "running"
+
+
+def test_the_config_is_checked() -> None:
+    with pytest.raises(InvalidInputError, match=r"aggregation\.rules_file"):
+        AggregationTaskConfig(enabled=True)
+    with pytest.raises(InvalidInputError, match=r"aggregation\.queue_size"):
+        AggregationTaskConfig(queue_size=0)
