@@ -15,6 +15,8 @@ keepalive. The queue holds at most ``max_queue`` messages, and each is acked to 
 broker (manual QoS 1 ack) only once processed: a node that stops or dies with messages
 queued gets them again from its persistent session, and the intake's id memory drops
 what it had already taken. A callback that raises is logged and counted, never fatal.
+The callbacks run on that worker thread: an asyncio agent passes ones that hand over to
+its loop (``loop.call_soon_threadsafe``), and the aggregation's `now` is the agent's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import logging
 import ssl
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +38,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edge_node.aggregation.model import Observation
-from edge_node.devices.config import DeviceGatewayConfig
+from edge_node.devices.config import DeviceGatewayConfig, DeviceGatewayConfigError
 from edge_node.devices.intake import DeviceIntake, Outcome
 from edge_node.devices.replies import config_message, time_sync_message
 from edge_node.errors import ClosedError
@@ -189,15 +192,21 @@ class DeviceGateway:
         )
         client.connect_timeout = c.connect_timeout_s
         client.reconnect_delay_set(1, 30)
+        client.max_queued_messages_set(c.max_queue)  # replies held while disconnected
         if c.username is not None:
             client.username_pw_set(c.username, c.password)
         if c.tls:
-            client.tls_set(
-                ca_certs=str(c.ca_file) if c.ca_file else None,
-                certfile=str(c.cert_file) if c.cert_file else None,
-                keyfile=str(c.key_file) if c.key_file else None,
-                cert_reqs=ssl.CERT_REQUIRED,
-            )
+            try:
+                client.tls_set(
+                    ca_certs=str(c.ca_file) if c.ca_file else None,
+                    certfile=str(c.cert_file) if c.cert_file else None,
+                    keyfile=str(c.key_file) if c.key_file else None,
+                    cert_reqs=ssl.CERT_REQUIRED,
+                )
+            except (OSError, ValueError, ssl.SSLError) as exc:  # unreadable, or not PEM
+                raise DeviceGatewayConfigError(
+                    f"devices: cannot use the TLS files: {exc}", field="devices.ca_file"
+                ) from exc
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_subscribe = self._on_subscribe
@@ -296,6 +305,7 @@ class DeviceGateway:
                 sync.heartbeat_id,
                 sync.device_sent_at_us,
                 sync.node_received_at_us,
+                message_id=str(uuid.uuid4()),
                 sent_at_us=round(self._time() * 1e6),  # last: the answer leaves now
             )
             self._publish(client, topic, payload, retain=False, counter="time_syncs")
@@ -319,7 +329,12 @@ class DeviceGateway:
     def _publish_config(self, client: mqtt.Client, device_id: str) -> None:
         with self._lock:
             version = self._intake.config_version(device_id)
-        payload = config_message(self.config.cameras[device_id], version, round(self._time() * 1e6))
+        payload = config_message(
+            self.config.cameras[device_id],
+            version,
+            message_id=str(uuid.uuid4()),
+            sent_at_us=round(self._time() * 1e6),
+        )
         topic = f"{self.config.topic_root}/{device_id}/config"
         self._publish(client, topic, payload, retain=True, counter="configs_published")
 
@@ -328,9 +343,7 @@ class DeviceGateway:
     ) -> None:
         info = client.publish(topic, payload, qos=1, retain=retain)
         with self._lock:
-            if info.rc == mqtt.MQTT_ERR_SUCCESS or info.rc == mqtt.MQTT_ERR_NO_CONN:
-                # NO_CONN: paho queues it for the next connection (the retained config is
-                # published again on every connect anyway).
-                self._counts[counter] += 1
-            else:
-                self._counts["publish_failures"] += 1
+            # Not connected (paho keeps it, within max_queue, for the next connection) or
+            # its queue full: a late TimeSync is worthless and the retained config is
+            # published again on every connect, so a failure is only counted.
+            self._counts[counter if info.rc == mqtt.MQTT_ERR_SUCCESS else "publish_failures"] += 1

@@ -1,6 +1,6 @@
 """The node's messages to a camera (device.proto's NodeEnvelope): its `DeviceConfig`
 (published retained on ``.../config``) and the `TimeSync` answer to a heartbeat (on
-``.../time``). Pure: they are built from values and times the caller passes.
+``.../time``). Pure: they are built from the values, ids and times the caller passes.
 
 Why the config version is a time: DeviceConfig.version must rise whenever the node's
 settings change, and the camera ignores one that does not. The gateway stamps the
@@ -10,8 +10,6 @@ higher version (the node's clock went back) gets one above its own.
 """
 
 from __future__ import annotations
-
-import uuid
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -34,7 +32,9 @@ def _stamp_us(unix_us: int) -> Timestamp:
     return stamp
 
 
-def config_message(settings: CameraSettings, version: int, sent_at_us: int) -> bytes:
+def config_message(
+    settings: CameraSettings, version: int, *, message_id: str, sent_at_us: int
+) -> bytes:
     config = device_pb2.DeviceConfig(
         version=version,
         target_fps=settings.target_fps,
@@ -43,7 +43,7 @@ def config_message(settings: CameraSettings, version: int, sent_at_us: int) -> b
     )
     envelope = device_pb2.NodeEnvelope(
         protocol_version=PROTOCOL_VERSION,
-        message_id=str(uuid.uuid4()),
+        message_id=message_id,
         sent_at=_stamp_us(sent_at_us),
         config=config,
     )
@@ -51,12 +51,17 @@ def config_message(settings: CameraSettings, version: int, sent_at_us: int) -> b
 
 
 def time_sync_message(
-    heartbeat_id: str, device_sent_at_us: int, node_received_at_us: int, sent_at_us: int
+    heartbeat_id: str,
+    device_sent_at_us: int,
+    node_received_at_us: int,
+    *,
+    message_id: str,
+    sent_at_us: int,
 ) -> bytes:
     """`sent_at_us` is the node's clock as the answer leaves: stamp it last."""
     envelope = device_pb2.NodeEnvelope(
         protocol_version=PROTOCOL_VERSION,
-        message_id=str(uuid.uuid4()),
+        message_id=message_id,
         sent_at=_stamp_us(sent_at_us),
         time_sync=device_pb2.TimeSync(
             heartbeat_id=heartbeat_id,

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -20,7 +21,12 @@ from device_sdk.client import ClientConfig, Detection, DeviceClient
 from device_sdk.proto.edgefleet.device.v1 import device_pb2
 from device_sdk.transport import MqttSettings
 from edge_node.aggregation.model import Observation
-from edge_node.devices.config import CameraSettings, DeviceGatewayConfig, IntakeLimits
+from edge_node.devices.config import (
+    CameraSettings,
+    DeviceGatewayConfig,
+    DeviceGatewayConfigError,
+    IntakeLimits,
+)
 from edge_node.devices.gateway import DeviceGateway
 from tests.conftest import missing_service, wait_for_port
 
@@ -271,3 +277,13 @@ def test_stop_drains_within_its_deadline_and_the_session_redelivers_the_rest(
     # End the persistent session now rather than in 10 s.
     closer = replace(config, session_expiry_s=0)
     site.gateway(closer).stop(2.0)
+
+
+def test_unusable_tls_files_are_a_config_error_at_start(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate\n")
+    config = DeviceGatewayConfig(tls=True, ca_file=ca, cameras={"cam-a": CameraSettings()})
+    gateway = DeviceGateway(config, lambda _o: None)
+    with pytest.raises(DeviceGatewayConfigError, match="TLS files"):
+        gateway.start()
+    assert gateway.stop(0.1)
