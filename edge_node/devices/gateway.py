@@ -244,11 +244,11 @@ class DeviceGateway:
         self, _c: object, _u: object, _f: object, reason: object, _p: object
     ) -> None:
         with self._lock:
+            self._ready.clear()  # first: whoever sees connected False sees this too
             self._connected = False
             self._counts["disconnects"] += 1
             if not self._stopping:
                 self._last_error = f"disconnected: {reason}"
-        self._ready.clear()
 
     def _on_message(
         self, client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage

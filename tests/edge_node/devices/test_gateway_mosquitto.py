@@ -1,6 +1,7 @@
 """`DeviceGateway` on the shared Mosquitto (127.0.0.1:1883), with real `DeviceClient`s on
 the other side. Each test has a topic tree of its own (``t-<hex>/edgefleet/dev``, the
-SDK's `topic_root`) and clears the retained configs it left."""
+SDK's `topic_root`) and clears the retained configs it left; the broker-restart test has
+a private broker."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from edge_node.devices.config import (
 )
 from edge_node.devices.gateway import DeviceGateway
 from tests.conftest import missing_service, wait_for_port
+from tests.mqtt_support import BrokerFactory, broker_factory  # noqa: F401
 
 PORT = 1883
 FAST = BackoffPolicy(base_s=0.05, cap_s=0.2)
@@ -287,3 +289,33 @@ def test_unusable_tls_files_are_a_config_error_at_start(tmp_path: Path) -> None:
     with pytest.raises(DeviceGatewayConfigError, match="TLS files"):
         gateway.start()
     assert gateway.stop(0.1)
+
+
+def test_the_gateway_comes_back_after_its_broker_restarts(
+    broker_factory: BrokerFactory,  # noqa: F811
+) -> None:
+    broker = broker_factory(persistence=False)
+    collected = Collected()
+    config = DeviceGatewayConfig(
+        cameras={"cam-a": CameraSettings(target_fps=7)},
+        port=broker.port,
+        client_id="gw-restart",
+        session_expiry_s=0,
+    )
+    gateway = DeviceGateway(config, collected.observation)
+    camera = DeviceClient(ClientConfig("cam-a", mqtt=MqttSettings(port=broker.port), backoff=FAST))
+    try:
+        gateway.start()
+        assert gateway.wait_ready(10)
+        broker.stop()  # the retained config goes with it (no persistence)
+        eventually(lambda: not gateway.health()["connected"])
+        broker.start()
+        assert gateway.wait_ready(10)  # reconnected (paho's own backoff) and subscribed
+        camera.start()
+        eventually(lambda: camera.config.target_fps == 7)  # the config was published again
+        sent = camera.publish_result(1, time.time(), [PERSON])
+        eventually(lambda: collected.ids("cam-a") == [sent])
+        assert gateway.health()["connects"] == 2
+    finally:
+        camera.close()
+        assert gateway.stop(2.0)
