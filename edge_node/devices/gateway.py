@@ -100,6 +100,7 @@ class DeviceGateway:
             disconnects=0,
             queue_full=0,
             callback_errors=0,
+            internal_errors=0,
             observations=0,
             time_syncs=0,
             configs_published=0,
@@ -286,11 +287,22 @@ class DeviceGateway:
                 if not self._queue:
                     return  # stopping, and everything is done
                 item = self._queue.popleft()
-                outcome = self._intake.take(
-                    item.topic, item.payload, item.received_at, self._monotonic()
-                )
                 generation = self._generation
-            self._act(outcome)
+                try:
+                    outcome = self._intake.take(
+                        item.topic, item.payload, item.received_at, self._monotonic()
+                    )
+                except Exception:  # a bug must not stop the intake; the message is lost
+                    outcome = None
+                    self._counts["internal_errors"] += 1
+                    log.exception("device gateway: the intake failed on %s", item.topic[:200])
+            if outcome is not None:
+                try:
+                    self._act(outcome)
+                except Exception:
+                    with self._lock:
+                        self._counts["internal_errors"] += 1
+                    log.exception("device gateway: answering %s failed", item.topic[:200])
             client = self._client
             if client is not None and item.generation == generation and item.qos > 0:
                 client.ack(item.mid, item.qos)

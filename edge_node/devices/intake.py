@@ -49,6 +49,7 @@ REASONS: Final = (
 _LEAVES: Final = {"results": "frame_result", "heartbeat": "heartbeat", "frame": "frame"}
 _SLACK: Final = 1e-6  # float rounding at a box's edge is forgiven, nothing more
 _MAX_UNKNOWN_LISTED: Final = 16
+_MAX_VERSION: Final = 2**64 - 1  # DeviceConfig.version is a uint64
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +250,9 @@ class DeviceIntake:
             camera.error_s = beat.clock.error_us / 1e6
             clock = ClockOffset(device_id, camera.offset_s, camera.error_s)
         config_due = None
-        if beat.config_version > camera.config_version:  # the node's clock went back
+        # Above the node's: its clock went back (a version at the top of uint64 cannot be
+        # outbid and is left alone).
+        if camera.config_version < beat.config_version < _MAX_VERSION:
             camera.config_version = beat.config_version + 1
             config_due = device_id
         sync = TimeSyncDue(

@@ -319,3 +319,23 @@ def test_the_gateway_comes_back_after_its_broker_restarts(
     finally:
         camera.close()
         assert gateway.stop(2.0)
+
+
+def test_a_callback_that_raises_is_counted_and_the_next_message_still_arrives(
+    site_factory: Callable[..., Site],
+) -> None:
+    site = site_factory({"cam-a": CameraSettings()})
+    calls: list[str] = []
+
+    def flaky(observation: Observation) -> None:
+        calls.append(observation.observation_id)
+        if len(calls) == 1:
+            raise RuntimeError("the aggregation choked")
+
+    gateway = site.gateway(on_observation=flaky)
+    camera = site.camera("cam-a")
+    ids = [camera.publish_result(n, time.time(), [PERSON]) for n in range(2)]
+    assert camera.flush(10)
+    eventually(lambda: len(calls) == 2)
+    assert calls == ids
+    assert gateway.health()["callback_errors"] == 1

@@ -275,3 +275,11 @@ def test_a_camera_ahead_of_the_nodes_config_version_is_sent_a_higher_one() -> No
     assert ahead.config_due == "cam-a"
     assert intake.config_version("cam-a") == 5001
     assert intake.config_version("cam-b") == 1000
+
+
+def test_a_config_version_at_the_top_of_uint64_is_left_alone() -> None:
+    intake = make_intake()
+    top = heartbeat(config_version=2**64 - 1)
+    outcome = intake.take(f"{ROOT}/cam-a/heartbeat", envelope(heartbeat=top), NOW, 0.0)
+    assert outcome.config_due is None and outcome.time_sync is not None
+    assert intake.config_version("cam-a") == 1000
