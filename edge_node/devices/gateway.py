@@ -1,0 +1,361 @@
+"""`DeviceGateway`: the node's MQTT client on its local broker, between the cameras
+(device_sdk) and the aggregation.
+
+It subscribes ``<root>/+/results``, ``/heartbeat`` and ``/frame`` at QoS 1, hands each
+message to the pure `DeviceIntake`, passes every accepted `Observation` (and each
+camera's clock offset) to the callbacks it was given, answers heartbeats with a
+`TimeSync` on ``<root>/<device>/time``, and keeps every allow-listed camera's
+`DeviceConfig` retained on ``<root>/<device>/config``. Not here: any decision (the
+intake's), the aggregation, node.yaml.
+
+Threads: paho's network thread only queues what arrives (with the node's clock at
+arrival, for the TimeSync); one worker thread of the gateway's own decides, publishes
+the replies and calls the callbacks, so a slow callback delays intake but never paho's
+keepalive. The queue holds at most ``max_queue`` messages, and each is acked to the
+broker (manual QoS 1 ack) only once processed: a node that stops or dies with messages
+queued gets them again from its persistent session, and the intake's id memory drops
+what it had already taken. A callback that raises is logged and counted, never fatal.
+The callbacks run on that worker thread: an asyncio agent passes ones that hand over to
+its loop (``loop.call_soon_threadsafe``), and the aggregation's `now` is the agent's.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from edge_node.aggregation.model import Observation
+from edge_node.devices.config import DeviceGatewayConfig, DeviceGatewayConfigError
+from edge_node.devices.intake import DeviceIntake, Outcome
+from edge_node.devices.replies import config_message, time_sync_message
+from edge_node.errors import ClosedError
+
+__all__ = ["ClockSink", "DeviceGateway", "ObservationSink"]
+
+log = logging.getLogger(__name__)
+
+ObservationSink = Callable[[Observation], None]
+ClockSink = Callable[[str, float], None]  # (device id, camera clock minus node clock, s)
+
+_LEAVES = ("results", "heartbeat", "frame")
+
+
+@dataclass(frozen=True, slots=True)
+class _Inbound:
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+    received_at: float  # node clock, UNIX seconds
+    generation: int  # the connection it came on (an ack is for that connection only)
+
+
+class DeviceGateway:
+    """`start()`, then `health()` at any time, `stop(deadline_s)` once (safe twice)."""
+
+    def __init__(
+        self,
+        config: DeviceGatewayConfig,
+        on_observation: ObservationSink,
+        *,
+        on_clock_offset: ClockSink | None = None,
+        time_fn: Callable[[], float] = time.time,
+        monotonic_fn: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._on_observation = on_observation
+        self._on_clock_offset = on_clock_offset
+        self._time = time_fn
+        self._monotonic = monotonic_fn
+        # The DeviceConfig version: the node's clock in ms at start (ADR 0041).
+        self._intake = DeviceIntake(
+            config, now=monotonic_fn(), config_version=int(time_fn() * 1000)
+        )
+        self._lock = threading.Lock()
+        self._queue: collections.deque[_Inbound] = collections.deque()
+        self._wake = threading.Condition(self._lock)
+        self._ready = threading.Event()
+        self._stopping = False
+        self._started = False
+        self._generation = 0
+        self._connected = False
+        self._worker: threading.Thread | None = None
+        self._client: mqtt.Client | None = None
+        self._counts: collections.Counter[str] = collections.Counter(
+            connects=0,
+            connect_failures=0,
+            disconnects=0,
+            queue_full=0,
+            callback_errors=0,
+            internal_errors=0,
+            observations=0,
+            time_syncs=0,
+            configs_published=0,
+            publish_failures=0,
+        )
+        self._last_error: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Connect in the background (paho reconnects on its own) and start the worker."""
+        with self._lock:
+            if self._stopping:
+                raise ClosedError("the device gateway is stopped")
+            if self._started:
+                raise RuntimeError("DeviceGateway.start() called twice")
+            self._started = True
+        client = self._new_client()
+        self._client = client
+        self._worker = threading.Thread(target=self._work, name="device-gateway", daemon=True)
+        self._worker.start()
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.SessionExpiryInterval = self.config.session_expiry_s
+        client.connect_async(
+            self.config.host,
+            self.config.port,
+            keepalive=self.config.keepalive_s,
+            clean_start=False,
+            properties=properties,
+        )
+        client.loop_start()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once connected and subscribed (the configs are published by then)."""
+        return self._ready.wait(timeout_s)
+
+    def stop(self, deadline_s: float = 5.0) -> bool:
+        """Stop taking messages, process what is queued within `deadline_s`, disconnect.
+        True if the queue was drained; what was left is unacked, so the broker's session
+        delivers it again. Safe to call twice."""
+        with self._wake:
+            if self._stopping:
+                return not self._queue
+            self._stopping = True
+            self._wake.notify_all()
+        drained = True
+        if self._worker is not None:
+            self._worker.join(max(0.0, deadline_s))
+            drained = not self._worker.is_alive()
+        with self._lock:
+            left = len(self._queue)
+            self._queue.clear()
+        if left:
+            log.warning("device gateway stopped with %d messages unprocessed", left)
+        client = self._client
+        if client is not None:
+            client.disconnect()
+            client.loop_stop()
+        return drained and left == 0
+
+    def __enter__(self) -> DeviceGateway:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def health(self) -> dict[str, Any]:
+        """Connection, queue and intake counters (per reason and per camera), JSON-able."""
+        with self._lock:
+            report = self._intake.health()
+            report.update(
+                connected=self._connected,
+                queued=len(self._queue),
+                max_queue=self.config.max_queue,
+                last_error=self._last_error,
+                **dict(self._counts),
+            )
+        return report
+
+    # ------------------------------------------------------------------ paho side
+
+    def _new_client(self) -> mqtt.Client:
+        c = self.config
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=c.client_id,
+            protocol=mqtt.MQTTv5,
+            manual_ack=True,
+        )
+        client.connect_timeout = c.connect_timeout_s
+        client.reconnect_delay_set(1, 30)
+        client.max_queued_messages_set(c.max_queue)  # replies held while disconnected
+        if c.username is not None:
+            client.username_pw_set(c.username, c.password)
+        if c.tls:
+            try:
+                client.tls_set(
+                    ca_certs=str(c.ca_file) if c.ca_file else None,
+                    certfile=str(c.cert_file) if c.cert_file else None,
+                    keyfile=str(c.key_file) if c.key_file else None,
+                    cert_reqs=ssl.CERT_REQUIRED,
+                )
+            except (OSError, ValueError, ssl.SSLError) as exc:  # unreadable, or not PEM
+                raise DeviceGatewayConfigError(
+                    f"devices: cannot use the TLS files: {exc}", field="devices.ca_file"
+                ) from exc
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        return client
+
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        _userdata: object,
+        _flags: object,
+        reason: ReasonCode,
+        _properties: object,
+    ) -> None:
+        if reason.is_failure:
+            with self._lock:
+                self._counts["connect_failures"] += 1
+                self._last_error = f"the broker refused the connection: {reason}"
+            log.warning("device gateway: %s", self._last_error)
+            return
+        with self._lock:
+            self._generation += 1
+            self._connected = True
+            self._counts["connects"] += 1
+            self._last_error = None
+        root = self.config.topic_root
+        client.subscribe([(f"{root}/+/{leaf}", 1) for leaf in _LEAVES])
+        for device_id in self.config.cameras:
+            self._publish_config(client, device_id)
+
+    def _on_subscribe(self, *_: object) -> None:
+        self._ready.set()
+
+    def _on_disconnect(
+        self, _c: object, _u: object, _f: object, reason: object, _p: object
+    ) -> None:
+        with self._lock:
+            self._ready.clear()  # first: whoever sees connected False sees this too
+            self._connected = False
+            self._counts["disconnects"] += 1
+            if not self._stopping:
+                self._last_error = f"disconnected: {reason}"
+
+    def _on_message(
+        self, client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage
+    ) -> None:
+        received_at = self._time()
+        with self._wake:
+            if self._stopping:
+                return  # unacked: the broker's session delivers it again
+            if len(self._queue) >= self.config.max_queue:
+                self._counts["queue_full"] += 1
+                full = True
+            else:
+                self._queue.append(
+                    _Inbound(
+                        message.topic,
+                        bytes(message.payload),
+                        message.mid,
+                        message.qos,
+                        received_at,
+                        self._generation,
+                    )
+                )
+                self._wake.notify()
+                full = False
+        if full:  # dropped and counted: acked so that the broker does not stall on it
+            client.ack(message.mid, message.qos)
+
+    # ------------------------------------------------------------------ worker side
+
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._stopping:
+                    self._wake.wait()
+                if not self._queue:
+                    return  # stopping, and everything is done
+                item = self._queue.popleft()
+                generation = self._generation
+                try:
+                    outcome = self._intake.take(
+                        item.topic, item.payload, item.received_at, self._monotonic()
+                    )
+                except Exception:  # a bug must not stop the intake; the message is lost
+                    outcome = None
+                    self._counts["internal_errors"] += 1
+                    log.exception("device gateway: the intake failed on %s", item.topic[:200])
+            if outcome is not None:
+                try:
+                    self._act(outcome)
+                except Exception:
+                    with self._lock:
+                        self._counts["internal_errors"] += 1
+                    log.exception("device gateway: answering %s failed", item.topic[:200])
+            client = self._client
+            if client is not None and item.generation == generation and item.qos > 0:
+                client.ack(item.mid, item.qos)
+
+    def _act(self, outcome: Outcome) -> None:
+        client = self._client
+        assert client is not None
+        if outcome.time_sync is not None:
+            sync = outcome.time_sync
+            topic = f"{self.config.topic_root}/{sync.device_id}/time"
+            payload = time_sync_message(
+                sync.heartbeat_id,
+                sync.device_sent_at_us,
+                sync.node_received_at_us,
+                message_id=str(uuid.uuid4()),
+                sent_at_us=round(self._time() * 1e6),  # last: the answer leaves now
+            )
+            self._publish(client, topic, payload, retain=False, counter="time_syncs")
+        if outcome.config_due is not None:
+            self._publish_config(client, outcome.config_due)
+        if outcome.clock is not None and self._on_clock_offset is not None:
+            self._call(self._on_clock_offset, outcome.clock.device_id, outcome.clock.offset_s)
+        if outcome.observation is not None:
+            with self._lock:
+                self._counts["observations"] += 1
+            self._call(self._on_observation, outcome.observation)
+
+    def _call(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception:
+            with self._lock:
+                self._counts["callback_errors"] += 1
+            log.exception("device gateway: a callback raised; the message is dropped")
+
+    def _publish_config(self, client: mqtt.Client, device_id: str) -> None:
+        with self._lock:
+            version = self._intake.config_version(device_id)
+        payload = config_message(
+            self.config.cameras[device_id],
+            version,
+            message_id=str(uuid.uuid4()),
+            sent_at_us=round(self._time() * 1e6),
+        )
+        topic = f"{self.config.topic_root}/{device_id}/config"
+        self._publish(client, topic, payload, retain=True, counter="configs_published")
+
+    def _publish(
+        self, client: mqtt.Client, topic: str, payload: bytes, *, retain: bool, counter: str
+    ) -> None:
+        info = client.publish(topic, payload, qos=1, retain=retain)
+        with self._lock:
+            # Not connected (paho keeps it, within max_queue, for the next connection) or
+            # its queue full: a late TimeSync is worthless and the retained config is
+            # published again on every connect, so a failure is only counted.
+            self._counts[counter if info.rc == mqtt.MQTT_ERR_SUCCESS else "publish_failures"] += 1

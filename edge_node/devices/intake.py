@@ -1,0 +1,316 @@
+"""The device intake: one MQTT message from a camera in, a decision out. Pure.
+
+`DeviceIntake.take(topic, payload, received_at, now)` checks, in this order (cheapest
+first, so a flood costs little): the size, the topic (``<root>/<device>/<leaf>``), the
+allow-list, the camera's token bucket, then decodes the `DeviceEnvelope` and checks its
+protocol version, that its device id is the topic's and its body the topic's leaf, the
+content (scores, boxes, detection count, the capture time against the node's clock with
+the camera's clock estimate applied) and, last, that its message id is new. A message
+that fails is counted under the first reason that fails, per camera, and dropped;
+nothing here raises on bad input.
+
+An accepted result becomes an `Observation` (the camera's message id as its id, its
+model and version, and the firmware its latest heartbeat named, as provenance). An
+accepted heartbeat asks for a `TimeSync` answer and carries the camera's clock offset
+(its estimate against this node, once it has one) for the aggregation's aligner.
+
+Not here: MQTT (``gateway``), the encoding of replies (``replies``), the aggregation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from google.protobuf.message import DecodeError
+
+from device_sdk.proto.edgefleet.device.v1 import device_pb2
+from edge_node.aggregation.model import Box, Detection, Observation, Provenance
+from edge_node.devices.config import DeviceGatewayConfig
+from edge_node.devices.limits import RecentIds, TokenBucket
+from edge_node.devices.replies import PROTOCOL_VERSION
+
+__all__ = ["REASONS", "ClockOffset", "DeviceIntake", "Outcome", "TimeSyncDue"]
+
+REASONS: Final = (
+    "oversize",  # payload over max_payload_bytes, or more than max_detections
+    "wrong_topic",  # not <root>/<device>/{results,heartbeat,frame}, or a body of another leaf
+    "unknown_device",  # not on this node's allow-list
+    "rate_limited",  # the camera's token bucket was empty
+    "malformed",  # not a DeviceEnvelope, no body or id, a score or box out of range
+    "protocol_version",  # a protocol_version this node does not know
+    "device_mismatch",  # the envelope's device id is not the topic's
+    "timestamp_future",  # captured after the node's now + max_future_s
+    "timestamp_past",  # captured before the node's now - max_past_s (or never stamped)
+    "duplicate",  # a message id already taken (a QoS 1 resend, a reboot replay)
+)
+_LEAVES: Final = {"results": "frame_result", "heartbeat": "heartbeat", "frame": "frame"}
+_SLACK: Final = 1e-6  # float rounding at a box's edge is forgiven, nothing more
+_MAX_UNKNOWN_LISTED: Final = 16
+_MAX_VERSION: Final = 2**64 - 1  # DeviceConfig.version is a uint64
+
+
+@dataclass(frozen=True, slots=True)
+class TimeSyncDue:
+    """Answer this heartbeat on ``<root>/<device>/time`` (times in µs, UNIX epoch)."""
+
+    device_id: str
+    heartbeat_id: str
+    device_sent_at_us: int
+    node_received_at_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClockOffset:
+    """The camera's clock minus the node's, in seconds (its heartbeat's estimate)."""
+
+    device_id: str
+    offset_s: float
+    error_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What to do with one message: at most one of observation / heartbeat effects."""
+
+    observation: Observation | None = None
+    time_sync: TimeSyncDue | None = None
+    clock: ClockOffset | None = None
+    # The camera reported a config version above the node's: republish its config.
+    config_due: str | None = None
+    rejected: str | None = None
+
+
+@dataclass
+class _Camera:
+    bucket: TokenBucket
+    config_version: int
+    accepted: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+    offset_s: float = 0.0
+    error_s: float | None = None  # None: no estimate yet (the offset is taken as 0)
+    firmware: str = ""
+    boot_id: str = ""
+    reported_config_version: int = 0
+    last_seen: float | None = None  # node clock, UNIX seconds
+
+
+class DeviceIntake:
+    """Decides on each camera message; holds the per-camera state and the counters.
+
+    ``config_version`` is the DeviceConfig version each camera starts with (the gateway
+    passes the node's clock in milliseconds at its start: ADR 0041)."""
+
+    def __init__(self, config: DeviceGatewayConfig, *, now: float, config_version: int) -> None:
+        self.config = config
+        limits = config.limits
+        self._prefix = config.topic_root.split("/")
+        self._cameras = {
+            device_id: _Camera(TokenBucket(limits.rate_per_s, limits.burst, now), config_version)
+            for device_id in config.cameras
+        }
+        self._recent = RecentIds(limits.dedupe_max_ids, limits.dedupe_horizon_s)
+        self.messages = 0
+        self.accepted: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter({reason: 0 for reason in REASONS})
+        self._unknown: dict[str, None] = {}  # the first few unknown device ids, in order
+
+    def config_version(self, device_id: str) -> int:
+        return self._cameras[device_id].config_version
+
+    def take(self, topic: str, payload: bytes, received_at: float, now: float) -> Outcome:
+        """One message that arrived at `received_at` (node clock, UNIX seconds) and
+        `now` (monotonic seconds, for the rate and the id memory)."""
+        self.messages += 1
+        camera: _Camera | None = None
+        device_id = ""
+        try:
+            if len(payload) > self.config.limits.max_payload_bytes:
+                return self._reject("oversize", None)
+            parsed = self._parse_topic(topic)
+            if parsed is None:
+                return self._reject("wrong_topic", None)
+            device_id, leaf = parsed
+            camera = self._cameras.get(device_id)
+            if camera is None:
+                if len(self._unknown) < _MAX_UNKNOWN_LISTED:
+                    self._unknown[device_id[:64]] = None
+                return self._reject("unknown_device", None)
+            if not camera.bucket.take(now):
+                return self._reject("rate_limited", camera)
+            outcome = self._decide(device_id, leaf, camera, payload, received_at, now)
+        except (DecodeError, ValueError, OverflowError):
+            # Protobuf refuses bytes it cannot parse; ValueError/OverflowError: a
+            # Timestamp outside its range. Either way the camera's fault, counted.
+            return self._reject("malformed", camera)
+        if outcome.rejected is not None:
+            return self._reject(outcome.rejected, camera)
+        camera.last_seen = received_at
+        return outcome
+
+    def health(self) -> dict[str, Any]:
+        """Counters for the node's health report (JSON-able)."""
+        return {
+            "messages": self.messages,
+            "accepted": dict(self.accepted),
+            "rejected": dict(self.rejected),
+            "remembered_ids": len(self._recent),
+            "ids_evicted_early": self._recent.evicted_early,
+            "unknown_devices": list(self._unknown),
+            "cameras": {
+                device_id: {
+                    "accepted": dict(c.accepted),
+                    "rejected": dict(c.rejected),
+                    "clock_offset_s": c.offset_s if c.error_s is not None else None,
+                    "clock_error_s": c.error_s,
+                    "firmware": c.firmware,
+                    "boot_id": c.boot_id,
+                    "config_version": c.config_version,
+                    "reported_config_version": c.reported_config_version,
+                    "last_seen": c.last_seen,
+                }
+                for device_id, c in self._cameras.items()
+            },
+        }
+
+    # --------------------------------------------------------------------- internals
+
+    def _reject(self, reason: str, camera: _Camera | None) -> Outcome:
+        self.rejected[reason] += 1
+        if camera is not None:
+            camera.rejected[reason] += 1
+        return Outcome(rejected=reason)
+
+    def _parse_topic(self, topic: str) -> tuple[str, str] | None:
+        levels = topic.split("/")
+        n = len(self._prefix)
+        if len(levels) != n + 2 or levels[:n] != self._prefix:
+            return None
+        device_id, leaf = levels[n], levels[n + 1]
+        if not device_id or leaf not in _LEAVES:
+            return None
+        return device_id, leaf
+
+    def _decide(
+        self,
+        device_id: str,
+        leaf: str,
+        camera: _Camera,
+        payload: bytes,
+        received_at: float,
+        now: float,
+    ) -> Outcome:
+        envelope = device_pb2.DeviceEnvelope.FromString(payload)
+        if envelope.protocol_version != PROTOCOL_VERSION:
+            return Outcome(rejected="protocol_version")
+        if envelope.device_id != device_id:
+            return Outcome(rejected="device_mismatch")
+        body = envelope.WhichOneof("body")
+        if body is None or not envelope.message_id:
+            return Outcome(rejected="malformed")
+        if body != _LEAVES[leaf]:
+            return Outcome(rejected="wrong_topic")
+        if body == "frame_result":
+            observation = self._observation(device_id, camera, envelope, received_at)
+            if isinstance(observation, str):
+                return Outcome(rejected=observation)
+            if self._recent.seen_before((device_id, envelope.message_id), now):
+                return Outcome(rejected="duplicate")
+            self._accept(camera, "results")
+            return Outcome(observation=observation)
+        if self._recent.seen_before((device_id, envelope.message_id), now):
+            return Outcome(rejected="duplicate")
+        if body == "frame":
+            # Edge inference on a camera's frames is not wired yet: taken and counted.
+            self._accept(camera, "frames")
+            return Outcome()
+        self._accept(camera, "heartbeats")
+        return self._heartbeat(device_id, camera, envelope, received_at)
+
+    def _accept(self, camera: _Camera, kind: str) -> None:
+        self.accepted[kind] += 1
+        camera.accepted[kind] += 1
+
+    def _heartbeat(
+        self,
+        device_id: str,
+        camera: _Camera,
+        envelope: device_pb2.DeviceEnvelope,
+        received_at: float,
+    ) -> Outcome:
+        beat = envelope.heartbeat
+        camera.firmware = beat.firmware_version[:128]
+        camera.boot_id = envelope.boot_id[:64]
+        camera.reported_config_version = beat.config_version
+        clock: ClockOffset | None = None
+        if beat.clock.samples > 0:
+            camera.offset_s = beat.clock.offset_us / 1e6
+            camera.error_s = beat.clock.error_us / 1e6
+            clock = ClockOffset(device_id, camera.offset_s, camera.error_s)
+        config_due = None
+        # Above the node's: its clock went back (a version at the top of uint64 cannot be
+        # outbid and is left alone).
+        if camera.config_version < beat.config_version < _MAX_VERSION:
+            camera.config_version = beat.config_version + 1
+            config_due = device_id
+        sync = TimeSyncDue(
+            device_id=device_id,
+            heartbeat_id=envelope.message_id,
+            device_sent_at_us=envelope.sent_at.ToMicroseconds(),
+            node_received_at_us=round(received_at * 1e6),
+        )
+        return Outcome(time_sync=sync, clock=clock, config_due=config_due)
+
+    def _observation(
+        self,
+        device_id: str,
+        camera: _Camera,
+        envelope: device_pb2.DeviceEnvelope,
+        received_at: float,
+    ) -> Observation | str:
+        """The observation, or the reason it is refused."""
+        result = envelope.frame_result
+        limits = self.config.limits
+        if len(result.detections) > limits.max_detections:
+            return "oversize"
+        captured_at = result.captured_at.ToMicroseconds() / 1e6
+        if not result.HasField("captured_at"):
+            return "timestamp_past"
+        on_node = captured_at - camera.offset_s
+        if on_node > received_at + limits.max_future_s:
+            return "timestamp_future"
+        if on_node < received_at - limits.max_past_s:
+            return "timestamp_past"
+        detections = []
+        for d in result.detections:
+            b = d.bbox
+            corners = (b.x_min, b.y_min, b.x_max, b.y_max)
+            if not all(math.isfinite(v) and -_SLACK <= v <= 1.0 + _SLACK for v in corners):
+                return "malformed"
+            x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in corners)
+            if x1 > x2 or y1 > y2 or not (0.0 <= d.score <= 1.0):
+                return "malformed"
+            detections.append(
+                Detection(
+                    class_name=d.class_name,
+                    score=d.score,
+                    box=Box(x1, y1, x2, y2),
+                    track_id=str(d.track_id) if d.track_id else None,
+                    attributes=dict(d.attributes),
+                )
+            )
+        return Observation(
+            source=device_id,
+            observation_id=envelope.message_id,
+            frame_seq=result.frame_seq,
+            captured_at=captured_at,
+            detections=tuple(detections),
+            provenance=Provenance(
+                origin="device",
+                model=result.model,
+                model_version=result.model_version,
+                firmware=camera.firmware,
+            ),
+        )
