@@ -182,12 +182,16 @@ def health_points(fp: FleetPlane, node_id: str, version: str) -> int:
 
 
 async def create(
-    fp: FleetPlane, capsys: pytest.CaptureFixture[str], version: str, gates: Path
+    fp: FleetPlane,
+    capsys: pytest.CaptureFixture[str],
+    version: str,
+    gates: Path,
+    stages: str = "1,100%",
 ) -> tuple[str, str]:
     """`edgefleet rollout create … --dry-run`, then for real: (the plan shown, the id)."""
     options = (
         *("rollout", "create", "--fleet", FLEET, "--model", MODEL, "--version", version),
-        *("--stages", "1,100%", "--bake", "1m", "--control", "auto", "--max-rate", "60/s"),
+        *("--stages", stages, "--bake", "1m", "--control", "auto", "--max-rate", "60/s"),
         *("--failure-budget", "0", "--gates", str(gates)),
     )
     plan = await run_cli(fp, capsys, *options, "--dry-run")
@@ -197,13 +201,15 @@ async def create(
 
 async def follow(
     fp: FleetPlane,
-    clock: SkipClock,
+    clock: SkipClock | None,
     rollout_id: str,
     done: Callable[[RolloutInfo], bool],
     timeout: float = 40.0,
+    context: Callable[[], str] = str,
 ) -> RolloutInfo:
-    """Wait (bounded) until `done(rollout)`; a baking stage whose gates passed has the
-    rest of its bake skipped (the verdict after it then decides, as it would)."""
+    """Wait (bounded) until `done(rollout)`; on a `clock`, a baking stage whose gates
+    passed has the rest of its bake skipped (the verdict after it then decides, as it
+    would). A timeout's message has the decisions, the gates and `context()`."""
     with anyio.move_on_after(timeout):
         while True:
             info = fp.services.rollouts.get(rollout_id, decisions=100)
@@ -211,7 +217,8 @@ async def follow(
                 return info
             state, verdict = info.state, info.verdict or {}
             if (
-                state.status == "baking"
+                clock is not None
+                and state.status == "baking"
                 and state.bake_started is not None
                 and verdict.get("stage") == state.stage
                 and verdict.get("outcome") == "pass"
@@ -223,6 +230,28 @@ async def follow(
         f"rollout {rollout_id} {info.state.status} after {timeout:.0f} s; "
         f"decisions: {[d.text for d in info.decisions]}; "
         f"gates: {(info.verdict or {}).get('summary')}; nodes: {dict(info.counts)}"
+        f"{context()}"
+    )
+
+
+def service_config(tmp_path: Path, database_url: str, **rollouts: Any) -> ServiceConfig:
+    """The control plane at test speed: health points half a second after their report,
+    the controller every 0.2 s, the gates asked every second (`rollouts`: more of
+    `RolloutConfig`)."""
+    data = tmp_path / "server"
+    return ServiceConfig(
+        data_dir=data,
+        database_url=database_url,
+        artifacts_url=(data / "artifacts").as_uri(),
+        max_artifact_bytes=64 << 20,
+        refresh_interval_s=3600,
+        health=HealthConfig(settle=timedelta(seconds=0.5)),
+        rollouts=RolloutConfig(
+            interval_s=0.2,
+            lease=timedelta(seconds=10),
+            evaluation_interval=timedelta(seconds=1),
+            **rollouts,
+        ),
     )
 
 
@@ -235,18 +264,7 @@ async def test_a_good_version_rolls_out_and_a_bad_one_stops_at_its_canary(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # tables as wide as their rows
     clock = SkipClock()
-    data = tmp_path / "server"
-    config = ServiceConfig(
-        data_dir=data,
-        database_url=sqlite_url,
-        artifacts_url=(data / "artifacts").as_uri(),
-        max_artifact_bytes=64 << 20,
-        refresh_interval_s=3600,
-        health=HealthConfig(settle=timedelta(seconds=0.5)),
-        rollouts=RolloutConfig(
-            interval_s=0.2, lease=timedelta(seconds=10), evaluation_interval=timedelta(seconds=1)
-        ),
-    )
+    config = service_config(tmp_path, sqlite_url)
     gates = tmp_path / "gates.yaml"
     gates.write_text(GATES_YAML)
     async with (
