@@ -11,8 +11,9 @@ the same number before. In the shadow stage a node's series is the candidate's P
 beside it (`shadow_p99_ms`), its baseline the served model's over the same points, and
 its agreement counts come from the newest point (the node reports them since the
 candidate started), its counters only the frames the candidate was compared on (never
-the served model's frames or errors). What it is not for: reading the database (`gates_source.py`) or
-judging (`gates.py`). Pure: no I/O, no framework (the gates' data classes only).
+the served model's frames or errors). What it is not for: reading the database
+(`gates_source.py`) or judging (`gates.py`). Pure: no I/O, no framework (the gates' data
+classes only).
 """
 
 from __future__ import annotations
