@@ -224,7 +224,8 @@ async def the_shadow_stage(
     state = fp.services.rollouts.state(rollout)
     (shadow,) = [n for n, r in state.nodes.items() if r.started_at is not None]
     assert state.nodes[shadow].track == "shadow"
-    assert kinds(info)[-2:] == ["rolling-back", "rolled-back"], decisions
+    # Healthy on the shadow first (its reports said the candidate runs), then stopped.
+    assert kinds(info)[-3:] == ["baking", "rolling-back", "rolled-back"], decisions
     rolling = info.decisions[-2]
     assert rolling.numbers["why"] == "verdict" and rolling.numbers["touched"] == 0
     verdict = {g["name"]: g for g in rolling.numbers["verdict"]["gates"]}
@@ -243,6 +244,12 @@ async def the_shadow_stage(
         return latest is not None and latest.shadow is None
 
     await nodes.wait("the shadow to be cleared", cleared, 10)
+
+    def stopped() -> bool:  # the node's health reports no running candidate any more
+        latest = fp.services.health.queries.latest([shadow]).get(shadow)
+        return latest is not None and latest.metrics.get("shadow_running") != 1.0
+
+    await nodes.wait("the shadow node to stop the candidate", stopped, 10)
     # No node ever served 2.1.0: only the shadow node's assignments named it, as the
     # candidate beside 2.0.0; every node reports 2.0.0 active, and only 2.0.0 served frames.
     for node_id in nodes.ids:
