@@ -273,7 +273,7 @@ results:
         stdout=node_log,
         stderr=subprocess.STDOUT,
     )
-    frames = _Camera(camera)
+    frames = Camera(camera)
     try:
         node_id = _wait_for(
             lambda: _enrolled(node_dir, url, headers), node, "the node to enroll and connect"
@@ -332,8 +332,10 @@ results:
         node_log.close()
 
 
-class _Camera:
-    """Drops a JPEG frame into the node's camera directory each time it is asked."""
+class Camera:
+    """Drops a JPEG frame (48x64 of noise) into a node's camera directory each time it is
+    asked; written aside and renamed in, so a node never reads half of one. The rollout
+    e2e test feeds its node processes with it too."""
 
     def __init__(self, directory: Path) -> None:
         self._directory = directory
@@ -362,7 +364,7 @@ def _rollout(
     work: Path,
     runtime: Path,
     node: subprocess.Popen[bytes],
-    camera: _Camera,
+    camera: Camera,
 ) -> bool:
     """1.2.0 as a canary rollout over the fleet: planned, created, followed to its end."""
     _step("1.2.0 as a canary rollout: one node first, judged by the gates, then the rest")
@@ -429,7 +431,7 @@ def _enrolled(node_dir: Path, url: str, headers: dict[str, str]) -> str | None:
 
 
 def _updated(
-    url: str, headers: dict[str, str], node_id: str, version: str, camera: _Camera
+    url: str, headers: dict[str, str], node_id: str, version: str, camera: Camera
 ) -> str | None:
     camera.shoot()
     node = httpx.get(f"{url}/v1/nodes/{node_id}", headers=headers, timeout=10).json()
@@ -444,7 +446,7 @@ def _updated(
 
 
 def _results_seen(
-    url: str, headers: dict[str, str], node_id: str, version: str, camera: _Camera
+    url: str, headers: dict[str, str], node_id: str, version: str, camera: Camera
 ) -> str | None:
     """A sampled result of `version` reached the control plane."""
     camera.shoot()
@@ -455,7 +457,7 @@ def _results_seen(
     return None
 
 
-def _health_seen(url: str, headers: dict[str, str], camera: _Camera) -> str | None:
+def _health_seen(url: str, headers: dict[str, str], camera: Camera) -> str | None:
     """The control plane's health store turned a report with frame latency into points
     (it processes reports some seconds after their ack: a settle window)."""
     camera.shoot()

@@ -10,8 +10,10 @@ its assignment. A control's series are its points over the same window, its base
 the same number before. In the shadow stage a node's series is the candidate's P99
 beside it (`shadow_p99_ms`), its baseline the served model's over the same points, and
 its agreement counts come from the newest point (the node reports them since the
-candidate started). What it is not for: reading the database (`gates_source.py`) or
-judging (`gates.py`). Pure: no I/O, no framework (the gates' data classes only).
+candidate started), its counters only the frames the candidate was compared on (never
+the served model's frames or errors). What it is not for: reading the database
+(`gates_source.py`) or judging (`gates.py`). Pure: no I/O, no framework (the gates' data
+classes only).
 """
 
 from __future__ import annotations
@@ -164,11 +166,16 @@ def _shadow(
         and serving is not None
         and (served := p99_s(p, serving)) is not None
     ]
+    counts = _shadow_counts(after)
     return NodeSamples(
         node_id,
         p99_s=[shadow / 1000.0 for shadow, _ in paired],
         baseline_p99_s=[served for _, served in paired],
-        shadow=_shadow_counts(after),
+        # Only the candidate's own counters: the frames it was compared on. It loaded and
+        # passed its self-test, or the node would have failed instead of being judged;
+        # the served model's frames and errors are not the candidate's.
+        counters=Counters(frames=counts.frames if counts else 0),
+        shadow=counts,
     )
 
 

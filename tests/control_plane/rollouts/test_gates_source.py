@@ -189,3 +189,48 @@ def test_samples_pair_each_canary_with_its_own_past() -> None:
     assert list(canary.baseline_p99_s) == [0.01, 0.01]  # the two just before the update
     assert samples.window_end == T0 + timedelta(minutes=7)
     assert p99_s(points["c0"][0], "det@2.0") is None
+
+
+def test_an_agreeing_shadow_candidate_passes_its_stage(sessions: sessionmaker[Session]) -> None:
+    """The shadow stage judged on what a shadow node stores: the candidate's P99 beside
+    the served model's and how often they agree. Its counters are the candidate's frames
+    compared, so the self-test gate has a canary to count (without them it was
+    inconclusive, and no shadow stage could ever pass)."""
+    spec = parse_rollout_spec(
+        fleet="gates", model="det", version="2.0", stages="shadow:1,1,100%", bake="30m"
+    )
+    shadow = NodeRecord(
+        stage=1,
+        rank=0,
+        stratum="",
+        previous="1.0",
+        since=T0 + timedelta(minutes=1),
+        phase="healthy",
+        track="shadow",
+        shadowing=True,
+        started_at=T0,
+    )
+    shadowing = replace(RolloutState.new("7", spec, T0), status="baking", nodes={"c0": shadow})
+    rng = random.Random(5)
+    rows = []
+    for step in range(1, 60):
+        row = report("c0", T0 + step * STEP, "1.0", 20.0 * rng.lognormvariate(0, 0.05))
+        row.metrics = {
+            **row.metrics,
+            "shadow_running": 1.0,
+            "shadow_frames_compared": 30.0 * step,
+            "shadow_top1_ratio": 1.0,
+            "shadow_p99_ms": 20.0 * rng.lognormvariate(0, 0.05),
+        }
+        rows.append(row)
+    with sessions() as session:
+        session.add_all(rows)
+        session.commit()
+
+    judged = GatesVerdicts(sessions).judge(shadowing, None, T0 + timedelta(minutes=30))
+
+    assert judged is not None and judged.verdict.outcome == "pass", judged.verdict.summary()
+    gates = {g["name"]: g for g in judged.document["gates"]}
+    assert set(gates) == {"self_test", "latency_vs_baseline", "output_agreement"}
+    assert gates["self_test"]["numbers"]["canary_nodes"] == 1
+    assert gates["output_agreement"]["numbers"]["top1"] == 1.0

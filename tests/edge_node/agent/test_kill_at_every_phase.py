@@ -22,6 +22,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -44,9 +45,11 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def write_config(fp: FleetPlane, tmp_path: Path) -> Path:
+def write_config(fp: FleetPlane, tmp_path: Path, **extra: Any) -> Path:
+    """`tmp_path/node.yaml` for a node in `tmp_path/node` (`extra`: top-level keys that
+    replace these)."""
     running = fp.running
-    config = {
+    config: dict[str, Any] = {
         "data_dir": str(tmp_path / "node"),
         "fleet": "parks",
         "server_grpc": running.node_target,
@@ -62,6 +65,7 @@ def write_config(fp: FleetPlane, tmp_path: Path) -> Path:
             "retry_max_s": 2,
             "watchdog": {"window_s": 1, "max_errors": 3},
         },
+        **extra,
     }
     path = tmp_path / "node.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML

@@ -9,7 +9,11 @@ A good version (`det` 1.1.0 over 1.0.0, both `sample_models.tiny_detector`) goes
 against three controls and its own baseline, then every node, and every node ends healthy
 on it. A bad one (`fragile_model`: passes its self-test, fails on the camera's white
 frames) is reverted by its canary's watchdog, spends the failure budget and is rolled
-back in its first stage: no other node ever gets it.
+back in its first stage: no other node ever gets it. Last, a good candidate goes through a
+shadow stage (`--stages shadow:1,1,100%`, both versions with a signed classification
+runtime): it runs beside the served model on one node, the output-agreement gate finds
+it names the same class on every frame, and it goes on to done. The same shadow stage
+with real node processes and a candidate that disagrees: `test_rollout_processes.py`.
 
 Agents run in this process, not as `edgefleet node run` processes: they share the test's
 clock with the control plane, so a stage's one-minute bake (the shortest `--bake`) is
@@ -35,11 +39,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from control_plane.health.config import HealthConfig
+from control_plane.registry.sample_models import tiny_detector, tiny_detector_runtime
 from control_plane.rollouts.service import RolloutConfig, RolloutInfo
 from control_plane.services import ServiceConfig
 from control_plane.storage.models import HealthPointRow
 from edge_node.agent import Agent
 from edge_node.runtime.config import RuntimeConfig, StreamConfig
+from protos.bundle.spec import parse_runtime_spec
 from tests.control_plane.link.desired_support import FLEET
 from tests.edge_node.agent.update_support import (
     MODEL,
@@ -66,6 +72,8 @@ min_samples:
   baseline_pairs_per_node: 3
   frames: 100
   node_hours: 0.001
+  shadow_frames: 100
+  shadow_boxes: 100
 # Five agents and the control plane share two CPU cores: latency is judged, but only a
 # model twice as slow fails here.
 latency_vs_control: {max_increase: 1.0, shift_tolerance: 0.5, max_tail_increase: 2.0}
@@ -73,6 +81,7 @@ latency_vs_baseline: {max_increase: 1.0}
 # In-process agents report one process's RSS between them: a slope would be everybody's.
 rss_slope: {enabled: false}
 """
+ENDED = ("done", "paused", "rolled-back")
 # Each node reports this many health points of 1.0.0 before the rollout: the canary's
 # own baseline.
 BASELINE_POINTS = 8
@@ -182,12 +191,16 @@ def health_points(fp: FleetPlane, node_id: str, version: str) -> int:
 
 
 async def create(
-    fp: FleetPlane, capsys: pytest.CaptureFixture[str], version: str, gates: Path
+    fp: FleetPlane,
+    capsys: pytest.CaptureFixture[str],
+    version: str,
+    gates: Path,
+    stages: str = "1,100%",
 ) -> tuple[str, str]:
     """`edgefleet rollout create … --dry-run`, then for real: (the plan shown, the id)."""
     options = (
         *("rollout", "create", "--fleet", FLEET, "--model", MODEL, "--version", version),
-        *("--stages", "1,100%", "--bake", "1m", "--control", "auto", "--max-rate", "60/s"),
+        *("--stages", stages, "--bake", "1m", "--control", "auto", "--max-rate", "60/s"),
         *("--failure-budget", "0", "--gates", str(gates)),
     )
     plan = await run_cli(fp, capsys, *options, "--dry-run")
@@ -197,13 +210,15 @@ async def create(
 
 async def follow(
     fp: FleetPlane,
-    clock: SkipClock,
+    clock: SkipClock | None,
     rollout_id: str,
     done: Callable[[RolloutInfo], bool],
     timeout: float = 40.0,
+    context: Callable[[], str] = str,
 ) -> RolloutInfo:
-    """Wait (bounded) until `done(rollout)`; a baking stage whose gates passed has the
-    rest of its bake skipped (the verdict after it then decides, as it would)."""
+    """Wait (bounded) until `done(rollout)`; on a `clock`, a baking stage whose gates
+    passed has the rest of its bake skipped (the verdict after it then decides, as it
+    would). A timeout's message has the decisions, the gates and `context()`."""
     with anyio.move_on_after(timeout):
         while True:
             info = fp.services.rollouts.get(rollout_id, decisions=100)
@@ -211,7 +226,8 @@ async def follow(
                 return info
             state, verdict = info.state, info.verdict or {}
             if (
-                state.status == "baking"
+                clock is not None
+                and state.status == "baking"
                 and state.bake_started is not None
                 and verdict.get("stage") == state.stage
                 and verdict.get("outcome") == "pass"
@@ -223,6 +239,28 @@ async def follow(
         f"rollout {rollout_id} {info.state.status} after {timeout:.0f} s; "
         f"decisions: {[d.text for d in info.decisions]}; "
         f"gates: {(info.verdict or {}).get('summary')}; nodes: {dict(info.counts)}"
+        f"{context()}"
+    )
+
+
+def service_config(tmp_path: Path, database_url: str, **rollouts: Any) -> ServiceConfig:
+    """The control plane at test speed: health points half a second after their report,
+    the controller every 0.2 s, the gates asked every second (`rollouts`: more of
+    `RolloutConfig`)."""
+    data = tmp_path / "server"
+    return ServiceConfig(
+        data_dir=data,
+        database_url=database_url,
+        artifacts_url=(data / "artifacts").as_uri(),
+        max_artifact_bytes=64 << 20,
+        refresh_interval_s=3600,
+        health=HealthConfig(settle=timedelta(seconds=0.5)),
+        rollouts=RolloutConfig(
+            interval_s=0.2,
+            lease=timedelta(seconds=10),
+            evaluation_interval=timedelta(seconds=1),
+            **rollouts,
+        ),
     )
 
 
@@ -235,18 +273,7 @@ async def test_a_good_version_rolls_out_and_a_bad_one_stops_at_its_canary(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # tables as wide as their rows
     clock = SkipClock()
-    data = tmp_path / "server"
-    config = ServiceConfig(
-        data_dir=data,
-        database_url=sqlite_url,
-        artifacts_url=(data / "artifacts").as_uri(),
-        max_artifact_bytes=64 << 20,
-        refresh_interval_s=3600,
-        health=HealthConfig(settle=timedelta(seconds=0.5)),
-        rollouts=RolloutConfig(
-            interval_s=0.2, lease=timedelta(seconds=10), evaluation_interval=timedelta(seconds=1)
-        ),
-    )
+    config = service_config(tmp_path, sqlite_url, shadow_per_mille=1000)
     gates = tmp_path / "gates.yaml"
     gates.write_text(GATES_YAML)
     async with (
@@ -345,3 +372,25 @@ async def the_rollouts(
             assert settled_on(fp, node_id, "1.1.0")
     shown = await run_cli(fp, capsys, "rollout", "status", bad)
     assert "rolled-back" in shown, shown
+
+    # --- a good version through a shadow stage: beside the served model on one node, it
+    #     names the same class on every frame; then one canary, then everybody.
+    runtime = parse_runtime_spec(tiny_detector_runtime())
+    for version, seed in (("1.3.0", 0), ("1.4.0", 7)):  # both say "person" on white
+        model = tiny_detector(tmp_path / f"det-{version}.onnx", seed=seed)
+        await fp.push(model, version, runtime=runtime)
+    pin_all = (*pin_all[:-1], "1.3.0")
+    await run_cli(fp, capsys, *pin_all)
+    # No wait for baselines: every node reports 1.3.0 while the shadow stage runs.
+    await until(lambda: all(settled_on(fp, n, "1.3.0") for n in nodes), timeout=30)
+    plan, shadowed = await create(fp, capsys, "1.4.0", gates, stages="shadow:1,1,100%")
+    assert "shadow (1): 1 nodes run it beside their model" in plan, plan
+    info = await follow(fp, clock, shadowed, lambda i: i.state.status in ENDED)
+    assert info.state.status == "done", [d.text for d in info.decisions]
+    passed = [d for d in info.decisions if d.kind == "stage-passed"]
+    assert [d.stage for d in passed] == [0, 1, 2], [d.text for d in info.decisions]
+    shadow_gates = {g["name"]: g for g in passed[0].numbers["verdict"]["gates"]}
+    agreement = shadow_gates["output_agreement"]
+    assert agreement["outcome"] == "pass" and agreement["numbers"]["top1"] == 1.0, agreement
+    assert all(settled_on(fp, n, "1.4.0") for n in nodes)
+    assert [serving(a) for a in agents] == [f"{MODEL}@1.4.0"] * NODES

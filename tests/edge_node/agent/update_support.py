@@ -40,6 +40,7 @@ from edge_node.runtime.config import RuntimeConfig, StreamConfig
 from edge_node.testing.update_world import fragile_model_bytes
 from edge_node.updater.config import UpdaterConfig
 from edge_node.updater.watchdog import WatchdogConfig
+from protos.bundle.spec import RuntimeSpec
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
 from tests.control_plane.link.desired_support import FLEET, RunningPlane, running_plane
 from tests.control_plane.link.grpc_support import ADMIN, node_settings
@@ -87,10 +88,24 @@ class FleetPlane:
         with ApiClient(self.running.url, self.running.admin_token) as api:
             return do(ReleaseClient(api, self.keyset))
 
-    async def push(self, model: Path, version: str, reference_input: Path | None = None) -> None:
+    async def push(
+        self,
+        model: Path,
+        version: str,
+        reference_input: Path | None = None,
+        runtime: RuntimeSpec | None = None,
+    ) -> None:
+        """Push `version` as the operator does; with `runtime`, how it is run (signed with
+        it: preprocessing, decoder, labels)."""
+
         def push(release: ReleaseClient) -> None:
             release.push_model(
-                FLEET, model, name=MODEL, version=version, reference_input=reference_input
+                FLEET,
+                model,
+                name=MODEL,
+                version=version,
+                reference_input=reference_input,
+                runtime=runtime,
             )
 
         await anyio.to_thread.run_sync(self._release, push)
