@@ -161,11 +161,8 @@ def insert_events(
     node_ids = sorted({node_id for node_id, facts in events if facts})
     if not node_ids:
         return 0
-    fleets = dict(
-        connection.execute(
-            select(NodeRow.id, NodeRow.fleet_id).where(NodeRow.id.in_(node_ids))
-        ).tuples()
-    )
+    found = connection.execute(select(NodeRow.id, NodeRow.fleet_id).where(NodeRow.id.in_(node_ids)))
+    fleets: dict[str, int] = {node_id: fleet_id for node_id, fleet_id in found}
     rows: list[dict[str, Any]] = []
     for node_id, facts in events:
         fleet_id = fleets.get(node_id)
