@@ -81,8 +81,8 @@ def test_an_event_is_stored_once_however_often_it_is_sent(
 def test_the_same_event_id_in_two_fleets_is_two_events(
     ingest: RecordIngest, store: EventStore, nodes: NodeServices
 ) -> None:
-    from tests.control_plane.nodes.conftest import OPERATOR
     from tests.control_plane.identity.helpers import make_csr
+    from tests.control_plane.nodes.conftest import OPERATOR
 
     token, _ = nodes.tokens.create_bootstrap_token(OPERATOR, "yards", {}, timedelta(hours=1))
     yard = nodes.enrollment.enroll(token, make_csr(), agent_version="0.1.0").node_id
