@@ -6,8 +6,8 @@ time) for listing, and ``arrival`` (by the control plane's receipt, oldest first
 so rows inserted meanwhile neither shift nor repeat a page. An arrival read sees only
 rows received `settle` ago or earlier: a group commit stamps its rows before it commits,
 so a younger row may still be joined by an older-stamped one; behind the settle window
-(longer than a group may take: its statements time out in seconds) the order is final
-and a follower never skips a row.
+(longer than a group takes: bounded in rows, each statement timed out in seconds; ADR
+0040) the order is final and a follower does not skip a row.
 
 Not here: running queries (``store``), parsing HTTP (the route) or durations
 (``control_plane.durations``).
