@@ -104,6 +104,8 @@ class EventStore:
         candidates = [p for p in (after, last) if p is not None]
         if len(rows) < query.limit:
             candidates.append(Position(cutoff, 0))
+        if query.since is not None:  # what arrived before `since` stays out later too
+            candidates.append(Position(query.since, 0))
         return EventPage(events, encode_cursor("arrival", max(candidates)))
 
     def apply_retention(self, now: datetime | None = None) -> int:

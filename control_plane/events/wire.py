@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import Any, Final, NamedTuple, Protocol
 
 from google.protobuf.message import DecodeError
@@ -186,6 +187,10 @@ def _document(message: events_pb2.Event, occurred_at: datetime) -> dict[str, Any
     }
 
 
+_KIND_OF: Final = attrgetter("kind")
+_TYPE_OF: Final = attrgetter("content_type")
+
+
 def split_events(
     records: Sequence[_Record],
 ) -> tuple[list[EventFacts], list[UnreadableEvent]]:
@@ -196,7 +201,11 @@ def split_events(
     """
     events: list[EventFacts] = []
     unreadable: list[UnreadableEvent] = []
-    if not any(record.kind == EVENT_KIND for record in records):
+    # One pass in C over the kinds and content types (this runs for every batch
+    # ingested); a batch without protobuf event records is left at that.
+    if (EVENT_KIND, EVENT_CONTENT_TYPE) not in set(
+        zip(map(_KIND_OF, records), map(_TYPE_OF, records), strict=True)
+    ):
         return events, unreadable
     for index, record in enumerate(records):
         # An event record in another content type does not claim to be an

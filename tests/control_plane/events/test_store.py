@@ -170,6 +170,18 @@ def test_arrival_order_follows_what_settled_and_never_skips_or_repeats(
     )
     assert again.events == []
 
+    # A tail started now (`since=0s`) never shows what arrived before it started, even
+    # what was still inside the settle window then.
+    ingest.store(node, [event_record(4, event(4))])
+    clock.advance(timedelta(seconds=1))
+    start = store.page(EventQuery.parse("gates", now=clock.now(), order="arrival", since="0s"))
+    ingest.store(node, [event_record(5, event(5))])
+    clock.advance(SETTLE)
+    later = store.page(
+        EventQuery.parse("gates", now=clock.now(), order="arrival", cursor=start.next_cursor)
+    )
+    assert (start.events, ids(later.events)) == ([], [event(5).event_id])
+
 
 def test_retention_deletes_old_events_but_keeps_late_arrivals_a_full_span(
     ingest: RecordIngest,
