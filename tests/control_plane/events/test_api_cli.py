@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,12 +12,15 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
+from control_plane.api.app import create_app
 from control_plane.cli.commands import events as events_cli
 from control_plane.cli.main import main
-from control_plane.events.query import EventsConfig
+from control_plane.events.query import EventQuery, EventsConfig
 from control_plane.services import ServiceConfig, Services
 from control_plane.storage import session_factory
+from control_plane.storage.models import FleetEventRow
 from tests.control_plane.conftest import LiveServer
 from tests.control_plane.events.support import event, event_record
 from tests.control_plane.health.support import add_nodes
@@ -30,7 +34,8 @@ def service_config(tmp_path: Path, database_url: str) -> ServiceConfig:
         database_url=database_url,
         artifacts_url=(data / "artifacts").as_uri(),
         refresh_interval_s=3600,
-        events=EventsConfig(settle=timedelta(0)),
+        # Pruned every 50 ms: the lifespan test below waits for a pass, not a timer.
+        events=EventsConfig(settle=timedelta(0), prune_interval_s=0.05),
     )
 
 
@@ -45,7 +50,8 @@ class Sender:
 
     def send(self, node: str, n: int, **kw: Any) -> str:
         self.seq += 1
-        sent = event(n, at=self.base + timedelta(minutes=n), **kw)
+        kw.setdefault("at", self.base + timedelta(minutes=n))
+        sent = event(n, **kw)
         self.records.store(node, [event_record(self.seq, sent)])
         return sent.event_id
 
@@ -155,3 +161,26 @@ def test_cli_lists_and_follows_events(
     monkeypatch.setattr(events_cli.time, "sleep", lambda _: None)
     code, out, err = cli.run("events", "tail", "--fleet", "gates", "--timeout", "0.2")
     assert (code, out) == (0, ""), err
+
+
+def test_the_api_lifespan_prunes_events_past_their_retention(
+    services: Services, sender: Sender
+) -> None:
+    old = sender.send("n-a", 1, at=datetime.now(UTC) - timedelta(days=40))
+    kept = sender.send("n-a", 2)
+    with session_factory(services.engine)() as session:  # as if received 40 days ago too
+        session.execute(
+            update(FleetEventRow)
+            .where(FleetEventRow.event_id == old)
+            .values(received_at=datetime.now(UTC) - timedelta(days=40))
+        )
+        session.commit()
+    left: list[str] = []
+    with TestClient(create_app(services)):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            left = [e.event_id for e in services.events.page(EventQuery("gates")).events]
+            if left == [kept]:
+                break
+            time.sleep(0.05)
+    assert left == [kept]

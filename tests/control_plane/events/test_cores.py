@@ -152,3 +152,15 @@ def test_unsafe_event_settings_fail_at_start() -> None:
         replace(config, settle=timedelta(hours=1))
     with pytest.raises(InvalidInputError, match="pruning"):
         replace(config, prune_chunk=0)
+
+
+def test_the_servers_event_settings_reach_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    from control_plane.settings import ServerSettings
+
+    monkeypatch.setenv("EDGEFLEET_EVENT_RETENTION_DAYS", "7")
+    monkeypatch.setenv("EDGEFLEET_EVENT_PRUNE_INTERVAL_S", "60")
+    config = ServerSettings().events_config()
+    assert (config.retention, config.prune_interval_s) == (timedelta(days=7), 60)
+    monkeypatch.setenv("EDGEFLEET_EVENT_RETENTION_DAYS", "0.01")  # 14 minutes
+    with pytest.raises(InvalidInputError, match="at least 1 h"):
+        ServerSettings().events_config()
