@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import ManualClock
 from control_plane.errors import NotFoundError
-from control_plane.events.query import EventQuery, EventsConfig
+from control_plane.events.query import EventQuery, EventsConfig, Position, decode_cursor
 from control_plane.events.store import EventStore
 from control_plane.link.ingest import LoopGroupCommit, RecordIngest
 from control_plane.nodes.wiring import NodeServices
@@ -133,9 +133,7 @@ def test_newest_first_pages_are_stable_under_inserts_and_filters_apply(
     ]
 
 
-def _after(cursor: str | None) -> object:
-    from control_plane.events.query import decode_cursor
-
+def _after(cursor: str | None) -> Position:
     assert cursor is not None
     return decode_cursor(cursor, "newest")
 
@@ -201,3 +199,20 @@ def test_retention_deletes_old_events_but_keeps_late_arrivals_a_full_span(
     clock.advance(timedelta(days=1, seconds=1))
     assert store.apply_retention() == 1
     assert rows(sessions) == 0
+
+
+def test_events_at_the_same_time_page_by_row_id_without_loss_or_repeat(
+    ingest: RecordIngest, store: EventStore, nodes: NodeServices
+) -> None:
+    node = node_id_of(nodes)
+    same = [event(n, at=T0) for n in range(1, 4)]
+    ingest.store(node, [event_record(n, e) for n, e in enumerate(same, 1)])
+    seen: list[str] = []
+    query = EventQuery("gates", limit=1)
+    for _ in range(5):  # bounded: three pages
+        page = store.page(query)
+        seen += ids(page.events)
+        if page.next_cursor is None:
+            break
+        query = EventQuery("gates", limit=1, after=_after(page.next_cursor))
+    assert seen == [e.event_id for e in reversed(same)]
