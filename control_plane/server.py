@@ -62,6 +62,7 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         health=settings.health_config(),
         health_processor=settings.health_processor,
         results_per_node=settings.results_per_node,
+        events=settings.events_config(),
         rollouts=settings.rollout_config(),
         rollout_controller=settings.rollout_controller,
         webhooks=settings.webhook_config(),

@@ -24,6 +24,8 @@ from control_plane.clock import Clock, SystemClock
 from control_plane.director.assignments import load_or_create_director_key
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
+from control_plane.events.query import EventsConfig
+from control_plane.events.store import EventStore
 from control_plane.health.clearing import AlertClearing
 from control_plane.health.config import HealthConfig
 from control_plane.health.processor import HealthProcessor
@@ -66,6 +68,8 @@ class ServiceConfig:
     mqtt: MqttBridgeConfig | None = None
     # Sampled inference results kept per node (node_results).
     results_per_node: int = 100
+    # The event store's retention and pruning (every replica prunes: deletes are idempotent).
+    events: EventsConfig = field(default_factory=EventsConfig)
     rollouts: RolloutConfig = field(default_factory=RolloutConfig)
     # Whether this replica runs the rollout controller's loop (several may: leases).
     rollout_controller: bool = True
@@ -110,6 +114,7 @@ class Services:
     nodes: NodeServices
     records: RecordIngest
     health: HealthServices
+    events: EventStore
     director: DirectorService
     # New assignments go out through whatever transports run in this process: the gRPC
     # link server and the MQTT bridge attach themselves while they run.
@@ -228,6 +233,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
             sessions, clock, IngestLimits(results_per_node=config.results_per_node)
         ),
         health=health,
+        events=EventStore(sessions, clock, config.events),
         director=director,
         delivery=delivery,
         rollouts=rollouts,

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from control_plane.errors import InvalidInputError
+from control_plane.events.query import EventsConfig
 from control_plane.health.config import AlertThresholds, HealthConfig
 from control_plane.link.grpc_server import GrpcLinkConfig
 from control_plane.link.mqtt_acl import CONTROL_PLANE_MQTT_USER
@@ -79,6 +80,9 @@ class ServerSettings(BaseSettings):
     )
     # Sampled inference results (`edgefleet nodes results`) kept per node, newest first.
     results_per_node: int = Field(default=100, ge=1, le=10_000)
+    # Event store (control_plane.events): how long events are kept, how often pruned.
+    event_retention_days: float = Field(default=30, gt=0, le=3650)
+    event_prune_interval_s: float = Field(default=300, gt=0, le=86_400)
 
     # Rollouts: the controller's loop (every replica may run it: leases), and webhooks.
     rollout_controller: bool = Field(default=True, description="step rollouts on this replica")
@@ -109,6 +113,13 @@ class ServerSettings(BaseSettings):
             )
         except ValueError as exc:
             raise InvalidInputError(f"health settings: {exc}") from exc
+
+    def events_config(self) -> EventsConfig:
+        """The event store's config; a retention under an hour fails here, at start."""
+        return EventsConfig(
+            retention=timedelta(days=self.event_retention_days),
+            prune_interval_s=self.event_prune_interval_s,
+        )
 
     def rollout_config(self) -> RolloutConfig:
         return RolloutConfig(

@@ -69,6 +69,8 @@ PURE_CORES = (
     "control_plane/health/report.py",
     "control_plane/health/rollup.py",
     "control_plane/health/alerts.py",
+    "control_plane/events/wire.py",
+    "control_plane/events/query.py",
     "protos/latency_sketch.py",
     "protos/health_schema.py",
     "protos/fields.py",

@@ -1,5 +1,5 @@
 """The FastAPI application factory; the lifespan runs the freshness, renewal, liveness,
-health and rollout duties.
+health, event retention and rollout duties.
 
 `create_app(services)` takes a built `Services` container (see control_plane.services);
 it reads no settings and opens nothing by itself.
@@ -21,6 +21,7 @@ from control_plane.api.routes import (
     access,
     artifacts,
     director,
+    events,
     fleet_health,
     fleets,
     health,
@@ -32,6 +33,7 @@ from control_plane.api.routes import (
     tuf,
 )
 from control_plane.director.service import DirectorService
+from control_plane.events.store import EventStore
 from control_plane.health.processor import HealthProcessor
 from control_plane.nodes.presence import NodePresence
 from control_plane.registry.service import RegistryService
@@ -108,6 +110,12 @@ async def _rollout_loop(controller: RolloutService) -> None:
     await _every(controller.config.interval_s, controller.tick, "the rollout controller's tick")
 
 
+async def _event_retention_loop(events: EventStore) -> None:
+    """Delete events past their retention (control_plane.events.store)."""
+    interval = events.config.prune_interval_s
+    await _every(interval, events.apply_retention, "pruning events past their retention")
+
+
 async def _liveness_loop(presence: NodePresence) -> None:
     """Mark nodes offline whose heartbeats stopped (a link can die without closing)."""
     await _every(LIVENESS_INTERVAL_S, presence.mark_offline_stale, "marking silent nodes offline")
@@ -127,6 +135,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
                 tasks.start_soon(_freshness_loop, services.registry, config.refresh_interval_s)
                 tasks.start_soon(_renewal_loop, services.director, config.renewal_interval_s)
                 tasks.start_soon(_liveness_loop, services.nodes.presence)
+                tasks.start_soon(_event_retention_loop, services.events)
                 if config.health_processor:
                     tasks.start_soon(_health_loop, services.health.processor)
                 if config.rollout_controller:
@@ -156,6 +165,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         rollouts,
         mqtt,
         fleet_health,
+        events,
         metrics,
     ):
         app.include_router(router.router)

@@ -16,6 +16,7 @@ from control_plane.access.service import AccessService, RequestContext
 from control_plane.artifacts.base import ArtifactStore
 from control_plane.clock import Clock
 from control_plane.director.service import DirectorService
+from control_plane.events.store import EventStore
 from control_plane.health.clearing import AlertClearing
 from control_plane.health.queries import HealthQueries
 from control_plane.identity.ca import CertificateAuthority
@@ -63,6 +64,10 @@ async def get_director(services: ServicesDep) -> DirectorService:
     return services.director
 
 
+async def get_event_store(services: ServicesDep) -> EventStore:
+    return services.events
+
+
 async def get_health_queries(services: ServicesDep) -> HealthQueries:
     return services.health.queries
 
@@ -107,6 +112,7 @@ ArtifactStoreDep = Annotated[ArtifactStore, Depends(get_artifact_store)]
 CertificateAuthorityDep = Annotated[CertificateAuthority, Depends(get_certificate_authority)]
 ClockDep = Annotated[Clock, Depends(get_clock)]
 DirectorDep = Annotated[DirectorService, Depends(get_director)]
+EventStoreDep = Annotated[EventStore, Depends(get_event_store)]
 HealthQueriesDep = Annotated[HealthQueries, Depends(get_health_queries)]
 NodeInventoryDep = Annotated[NodeInventory, Depends(get_node_inventory)]
 NodeResultsDep = Annotated[NodeResults, Depends(get_node_results)]

@@ -18,6 +18,7 @@ from rich.markup import escape
 import control_plane.cli.commands.director  # noqa: F401  (registers `nodes pin`)
 from control_plane.cli.commands.access import audit_app, token_app
 from control_plane.cli.commands.alerts import alerts_app
+from control_plane.cli.commands.events import events_app
 from control_plane.cli.commands.mqtt import mqtt_app
 from control_plane.cli.commands.nodes import node_app, nodes_app
 from control_plane.cli.commands.registry import fleet_app, keys_app, model_app
@@ -44,6 +45,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(mqtt_app, name="mqtt")
 app.add_typer(alerts_app, name="alerts")
+app.add_typer(events_app, name="events")
 app.add_typer(rollout_app, name="rollout")
 
 

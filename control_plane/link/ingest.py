@@ -29,6 +29,12 @@ record id), so a resend is stored once), and each node keeps only its newest
 `IngestLimits.results_per_node` by sequence, pruned as they are inserted. A results
 document that cannot be read is acked and left out (`ValidatedBatch.unreadable`; the
 inbox counts and logs it).
+
+Records of kind ``event`` stay in ``node_records`` as sent (the raw history) and, read as
+``edgefleet.event/1``, also go to the event store (``fleet_events``, see
+``control_plane.events``) in the same transaction, once per (fleet, event id). An event
+record that cannot be read is stored raw only (`ValidatedBatch.bad_events`; the inbox
+counts and logs it as ``bad-event``).
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.clock import Clock
 from control_plane.errors import InvalidInputError, UnavailableError
+from control_plane.events.store import insert_events
+from control_plane.events.wire import EventFacts, UnreadableEvent, split_events
 from control_plane.link.records import (
     IncomingRecord,
     IngestLimits,
@@ -139,6 +147,9 @@ class ValidatedBatch:
     records: Sequence[IncomingRecord]
     results: Sequence[ResultRow] = ()
     unreadable: Sequence[UnreadableResult] = ()
+    # The readable events among `records` (stored raw too), and the unreadable ones.
+    events: Sequence[EventFacts] = ()
+    bad_events: Sequence[UnreadableEvent] = ()
 
     @property
     def ids(self) -> list[str]:
@@ -199,7 +210,8 @@ class RecordIngest:
         with its results read (`records.split_results`)."""
         validate_batch(records, self.limits)
         others, results, unreadable = split_results(records)
-        return ValidatedBatch(node_id, others, results, unreadable)
+        events, bad_events = split_events(records)
+        return ValidatedBatch(node_id, others, results, unreadable, events, bad_events)
 
     def commit_group(self, batches: Sequence[ValidatedBatch]) -> list[Outcome]:
         """Store many batches in one transaction; an outcome per batch, in order.
@@ -348,6 +360,7 @@ class RecordIngest:
                 try:
                     _copy_postgresql(connection, batches, received_at, staged=False)
                     self._store_results(connection, batches, received_at)
+                    _store_events(connection, batches, received_at)
                     session.commit()
                     return
                 except IntegrityError as exc:
@@ -359,6 +372,7 @@ class RecordIngest:
             info = connection.connection.info  # stays with the pooled DBAPI connection
             _insert(connection, batches, received_at)
             self._store_results(connection, batches, received_at)
+            _store_events(connection, batches, received_at)
             session.commit()
             # The staging table exists on this connection from now on (a rollback before
             # this line would have taken it with it).
@@ -407,8 +421,16 @@ class RecordIngest:
             connection.execute(_PRUNE_RESULTS, {"node_id": node_id, "offset": offset})
 
 
+def _store_events(
+    connection: Connection, batches: Sequence[ValidatedBatch], received_at: datetime
+) -> None:
+    """The group's readable events into the event store, in the caller's transaction."""
+    if any(batch.events for batch in batches):
+        insert_events(connection, [(b.node_id, b.events) for b in batches], received_at)
+
+
 def _rows(batch: ValidatedBatch) -> int:
-    return len(batch.records) + len(batch.results)
+    return len(batch.records) + len(batch.results) + len(batch.events)
 
 
 def _backlog_full(limits: IngestLimits) -> UnavailableError:

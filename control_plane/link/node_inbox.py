@@ -356,6 +356,16 @@ class NodeInbox:
                 where="results",
                 fields={"record_id": bad.record_id, "index": bad.index},
             )
+        # An event the event store cannot read stays in node_records as sent; counted
+        # and logged here so the node's operator sees it (the record is acked).
+        for bad_event in batch.bad_events:
+            self.refuse(
+                "bad-event",
+                bad_event.message,
+                node_id=node_id,
+                where="event",
+                fields={"record_id": bad_event.record_id, "index": bad_event.index},
+            )
         return batch
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "Base",
     "BootstrapTokenRow",
     "DirectorAssignmentRow",
+    "FleetEventRow",
     "FleetRow",
     "HealthAlertRow",
     "HealthCursorRow",
@@ -315,6 +316,40 @@ class NodeResultRow(Base):
     model: Mapped[str] = mapped_column(String(256))
     version: Mapped[str | None] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(256))
+    document: Mapped[dict[str, Any]]
+
+
+class FleetEventRow(Base):
+    """An event of a node's aggregation (``edgefleet.event/1``), once per (fleet, event id).
+
+    Written by the record ingest in the group commit that acks its record (ON CONFLICT
+    DO NOTHING on (fleet, event id): the id is deterministic, so a resent record, or the
+    same event raised again from a replayed input, is never a second row). Read by
+    ``control_plane.events.store`` newest first by event time or in arrival order
+    (``id`` breaks ties in both keysets); pruned by event time past the retention.
+    No foreign key to nodes: an event outlives its node until the retention takes it.
+    """
+
+    __tablename__ = "fleet_events"
+    __table_args__ = (
+        UniqueConstraint("fleet_id", "event_id"),
+        Index("ix_fleet_events_fleet_id_occurred_at", "fleet_id", "occurred_at", "id"),
+        Index("ix_fleet_events_fleet_id_node_id_occurred_at", "fleet_id", "node_id", "occurred_at"),
+        Index("ix_fleet_events_fleet_id_type_occurred_at", "fleet_id", "type", "occurred_at"),
+        Index("ix_fleet_events_fleet_id_received_at", "fleet_id", "received_at", "id"),
+        Index("ix_fleet_events_occurred_at", "occurred_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True, init=False)
+    fleet_id: Mapped[int] = mapped_column(ForeignKey("fleets.id", ondelete="CASCADE"))
+    node_id: Mapped[str] = mapped_column(String(64))
+    event_id: Mapped[str] = mapped_column(String(36))
+    type: Mapped[str] = mapped_column(String(64))
+    rule_id: Mapped[str] = mapped_column(String(128))
+    occurred_at: Mapped[datetime]
+    received_at: Mapped[datetime]
+    record_id: Mapped[str] = mapped_column(String(36))
+    seq: Mapped[int] = mapped_column(BigInteger)
     document: Mapped[dict[str, Any]]
 
 

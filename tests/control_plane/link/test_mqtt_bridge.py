@@ -199,6 +199,37 @@ async def test_results_travel_on_the_health_leaf_and_only_there(
     assert len(services.nodes.results.recent(node.node_id)) == 1
 
 
+async def test_an_event_reaches_the_event_store_once_however_often_it_is_sent(
+    services: Services, bridge: MqttBridge, link: MqttNodeLink, node: MqttNode
+) -> None:
+    from control_plane.events.query import EventQuery
+    from edge_node.aggregation.wire import encode_event
+    from tests.control_plane.events.support import event
+
+    await link.connect(link_pb2.Hello(agent_version="1.0.0"))
+    sent = event(1)
+    record = wire_record(link_pb2.RECORD_KIND_EVENT, 1, encode_event(sent))
+    record.content_type = "application/x-protobuf"
+    garbage = wire_record(link_pb2.RECORD_KIND_EVENT, 2, b"\xff\xff")
+    garbage.content_type = "application/x-protobuf"
+    replayed = wire_record(link_pb2.RECORD_KIND_EVENT, 3, encode_event(sent))  # new record
+    replayed.content_type = "application/x-protobuf"
+    ids = {record.id, garbage.id, replayed.id}
+    await link.send(batch([record, garbage, replayed]))
+    assert await acked_ids(link, ids) == ids
+    await link.send(batch([record]))  # a resend after a lost ack
+    assert await acked_ids(link, {record.id}) == {record.id}
+
+    (stored,) = services.events.page(EventQuery(node.fleet)).events
+    assert (stored.event_id, stored.node_id, stored.record_id) == (
+        sent.event_id,
+        node.node_id,
+        record.id,
+    )
+    assert services.records.count(node.node_id, "event") == 3  # raw history, as sent
+    assert bridge.refusals.snapshot() == {"bad-event": 1}  # counted; the rest unaffected
+
+
 async def test_heartbeat_and_update_status_reach_the_inventory(
     services: Services, bridge: MqttBridge, link: MqttNodeLink, node: MqttNode
 ) -> None:

@@ -38,6 +38,7 @@ TABLES = {
     "bootstrap_tokens",
     "node_records",
     "node_results",
+    "fleet_events",
     "director_assignments",
     "health_cursor",
     "health_points",
