@@ -551,18 +551,23 @@ class RolloutService:
                 )
                 .order_by(RolloutRow.id)
             ).all()
+        judged: set[str] = set()
         for number in ids:
             if not self._acquire(number, now):
                 report.elsewhere.append(str(number))
                 continue
             try:
-                self._step(number, now)
+                if self._step(number, now) in _JUDGED:
+                    judged.add(str(number))
                 report.actions += self._carry_out(number, now)
                 report.stepped.append(str(number))
             except Exception as exc:  # one rollout's fault must not stop the others
                 self.failed_ticks += 1
                 report.failed[str(number)] = f"{type(exc).__name__}: {exc}"
                 log.exception("stepping rollout %s failed; retrying next tick", number)
+        # What the gates keep between evaluations is for the rollouts still judged here:
+        # one that ended, or went to another replica, starts cold if it comes back.
+        self._verdicts.retain(judged)
         return report
 
     def release(self) -> None:
@@ -596,19 +601,20 @@ class RolloutService:
             )
             return result.rowcount == 1
 
-    def _step(self, number: int, now: datetime) -> None:
+    def _step(self, number: int, now: datetime) -> RolloutStatus | None:
         """One machine step, computed from a read of the state and stored under the row
-        lock if nobody stored another meanwhile (else read again, a few times)."""
+        lock if nobody stored another meanwhile (else read again, a few times); the
+        rollout's status after it (None: not stepped here)."""
         for _ in range(_STEP_ATTEMPTS):
             with self._sessions() as session:
                 found = _with_fleet(session, number)
                 if found is None:
-                    return
+                    return None
                 row, fleet = found
                 if row.status not in ACTIVE_STATUSES and not (
                     row.status == "done" and row.following
                 ):
-                    return
+                    return None
                 revision, previous = row.revision, row.verdict
                 state = load_state(session, row)
                 sequences = node_sequences(session, number)
@@ -627,12 +633,12 @@ class RolloutService:
                 observations = Observations(observations.nodes, {**observations.reports, **shadows})
             new, actions = step(state, observations, judgement.verdict if judgement else None, now)
             if new == state and not actions and judgement is None:
-                return
+                return state.status
             with self._sessions() as session:
                 session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
                 locked = session.get(RolloutRow, number, with_for_update=True)
                 if locked is None or locked.lease_owner != self.config.replica:
-                    return  # the lease went to another replica: it steps from here
+                    return None  # the lease went to another replica: it steps from here
                 if locked.revision != revision:
                     continue  # a command came in meanwhile: step from what it stored
                 if judgement is not None:
@@ -645,7 +651,7 @@ class RolloutService:
                     }
                 save_step(session, locked, state, new, actions, now, expected_revision=revision)
                 session.commit()
-            return
+            return new.status
         raise ConflictError(f"rollout {number} kept changing; stepping it next tick")
 
     def _judge(
