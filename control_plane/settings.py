@@ -21,7 +21,6 @@ from control_plane.link.mqtt_bridge import MqttBridgeConfig
 from control_plane.rollouts.notify import WebhookConfig
 from control_plane.rollouts.service import RolloutConfig
 
-
 # RolloutConfig's fields as the settings that set them, to name them in an error.
 _ROLLOUT_SETTINGS = {
     "interval_s": "EDGEFLEET_ROLLOUT_INTERVAL_S",

@@ -52,6 +52,11 @@ def p99_s(point: Point, label: str) -> float | None:
     return None
 
 
+def _with_p99(points: Iterable[Point], label: str) -> list[tuple[Point, float]]:
+    """The points that carry a P99 of `label`, each with it (seconds)."""
+    return [(p, v) for p in points if (v := p99_s(p, label)) is not None]
+
+
 def _metric(point: Point, name: str) -> float | None:
     value = point.metrics.get(name)
     if isinstance(value, int | float) and math.isfinite(value):
@@ -123,15 +128,16 @@ def _canary(
     healthy: datetime,
     window_start: datetime,
 ) -> NodeSamples:
-    after = [p for p in points if p.at >= max(healthy, window_start) and p99_s(p, new)]
-    before = [p for p in points if p.at < started and old is not None and p99_s(p, old)]
+    start = max(healthy, window_start)
+    after = _with_p99((p for p in points if p.at >= start), new)
+    before = [] if old is None else _with_p99((p for p in points if p.at < started), old)
     before = before[-len(after) :] if after else []
     return NodeSamples(
         node_id,
-        p99_s=[v for p in after if (v := p99_s(p, new)) is not None],
-        baseline_p99_s=[v for p in before if old and (v := p99_s(p, old)) is not None],
-        rss=_rss(after, window_start),
-        counters=_counters(after),
+        p99_s=[v for _, v in after],
+        baseline_p99_s=[v for _, v in before],
+        rss=_rss([p for p, _ in after], window_start),
+        counters=_counters([p for p, _ in after]),
     )
 
 
@@ -140,15 +146,16 @@ def _control(
 ) -> NodeSamples:
     if label is None:
         return NodeSamples(node_id)
-    within = [p for p in points if p.at >= window_start and p99_s(p, label)]
-    before = [p for p in points if p.at < window_start and p99_s(p, label)]
+    paired = _with_p99(points, label)
+    within = [(p, v) for p, v in paired if p.at >= window_start]
+    before = [(p, v) for p, v in paired if p.at < window_start]
     before = before[-len(within) :] if within else []
     return NodeSamples(
         node_id,
-        p99_s=[v for p in within if (v := p99_s(p, label)) is not None],
-        baseline_p99_s=[v for p in before if (v := p99_s(p, label)) is not None],
-        rss=_rss(within, window_start),
-        counters=_counters(within),
+        p99_s=[v for _, v in within],
+        baseline_p99_s=[v for _, v in before],
+        rss=_rss([p for p, _ in within], window_start),
+        counters=_counters([p for p, _ in within]),
     )
 
 

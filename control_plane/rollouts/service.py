@@ -46,12 +46,11 @@ from control_plane.errors import (
 from control_plane.health.queries import HealthQueries
 from control_plane.health.report import MalformedReportError, parse_report
 from control_plane.nodes.inventory import NodeInventory
-from control_plane.nodes.model import Node
 from control_plane.registry.service import RegistryService
 from control_plane.rollouts.machine import Command, CommandKind, NodeReport, Observations, step
 from control_plane.rollouts.machine import apply_command as apply_rollout_command
 from control_plane.rollouts.notify import Notifier, NullNotifier
-from control_plane.rollouts.observe import fleet_node, observe, shadow_report
+from control_plane.rollouts.observe import ObservedNode, fleet_node, observe, shadow_report
 from control_plane.rollouts.plan import (
     Conflict,
     FleetNode,
@@ -618,7 +617,7 @@ class RolloutService:
                 revision, previous = row.revision, row.verdict
                 state = load_state(session, row)
                 sequences = node_sequences(session, number)
-            nodes = [n for n in self._inventory.list_nodes(fleet=fleet) if not n.revoked]
+            nodes = self._inventory.fleet_members(fleet)  # the unrevoked ones, lean
             judgement = self._judge(state, previous, now)
             observations = observe(
                 nodes,
@@ -671,7 +670,9 @@ class RolloutService:
         document = previous.get("document") if same_stage and previous is not None else None
         return self._verdicts.judge(state, document if isinstance(document, Mapping) else None, now)
 
-    def _sampling(self, state: RolloutState, nodes: Sequence[Node], now: datetime) -> set[str]:
+    def _sampling(
+        self, state: RolloutState, nodes: Sequence[ObservedNode], now: datetime
+    ) -> set[str]:
         """The rollout's nodes in flight whose newest health report, fresh and made after
         their assignment, carries samples of the candidate."""
         flying = {node_id: r for node_id, r in state.nodes.items() if r.phase in _IN_FLIGHT}
