@@ -381,3 +381,21 @@ def test_the_stored_state_reads_back_every_node_field_in_rank_order(world: World
         assert (record.started_at is None) == (row.started_at is None)
     assert {r.phase for r in state.nodes.values()} >= {"queued"}
     assert any(r.started_at is not None for r in state.nodes.values())
+
+
+def test_a_stored_node_record_with_an_unknown_phase_is_refused_by_name(world: World) -> None:
+    make_fleet(world)
+    service = world.service()
+    created = service.create(RELEASE, "gates", request())
+    service.tick()
+    with world.sessions() as session:
+        row = session.scalars(
+            select(RolloutNodeRow).where(RolloutNodeRow.rollout_id == int(created.id))
+        ).first()
+        assert row is not None
+        row.phase, node_id = "sideways", row.node_id
+        session.commit()
+    with pytest.raises(InvalidInputError) as bad:
+        service.state(created.id)
+    assert bad.value.fields["field"] == f"rollout {created.id}.nodes.{node_id}.phase"
+    assert "'sideways'" in bad.value.message
