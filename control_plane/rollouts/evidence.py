@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -32,16 +32,24 @@ _KINDS: Final = ("end_to_end", "compute")
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One stored health report of a node."""
+    """One stored health report of a node: its time, its flat metrics and, of its
+    `latency` (per `name@version` and kind, as stored), only what the gates read: each
+    label's P99 (`p99_s`), worked out once. A judged node's points are kept between
+    evaluations (`gates_source.py`): a map of numbers per point is cheaper to keep, and
+    for the garbage collector to walk, than the stored documents."""
 
     at: datetime
     metrics: Mapping[str, float]
-    latency: Mapping[str, Any]
+    latency: InitVar[Mapping[str, Any]]
+    p99: Mapping[str, float] = field(init=False)
+
+    def __post_init__(self, latency: Mapping[str, Any]) -> None:
+        found = {label: v for label, kinds in latency.items() if (v := _p99(kinds)) is not None}
+        object.__setattr__(self, "p99", found)
 
 
-def p99_s(point: Point, label: str) -> float | None:
-    """The report's P99 of `label` (`name@version`) in seconds: end to end, else compute."""
-    kinds = point.latency.get(label)
+def _p99(kinds: object) -> float | None:
+    """One label's P99 in seconds: end to end, else compute; None: neither is usable."""
     if not isinstance(kinds, Mapping):
         return None
     for kind in _KINDS:
@@ -50,6 +58,11 @@ def p99_s(point: Point, label: str) -> float | None:
         if isinstance(value, int | float) and math.isfinite(value) and value > 0:
             return float(value) / 1000.0
     return None
+
+
+def p99_s(point: Point, label: str) -> float | None:
+    """The report's P99 of `label` (`name@version`) in seconds: end to end, else compute."""
+    return point.p99.get(label)
 
 
 def _with_p99(points: Iterable[Point], label: str) -> list[tuple[Point, float]]:
