@@ -65,7 +65,6 @@ from control_plane.rollouts.store import (
     PendingAction,
     decision_of,
     load_state,
-    node_sequences,
     pending_actions,
     phase_counts_of,
     save_step,
@@ -615,8 +614,8 @@ class RolloutService:
                 ):
                     return None
                 revision, previous = row.revision, row.verdict
-                state = load_state(session, row)
-                sequences = node_sequences(session, number)
+                sequences: dict[str, int | None] = {}
+                state = load_state(session, row, sequences)
             nodes = self._inventory.fleet_members(fleet)  # the unrevoked ones, lean
             judgement = self._judge(state, previous, now)
             observations = observe(

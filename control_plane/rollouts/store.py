@@ -91,16 +91,21 @@ _RECORD_COLUMNS: Final = (
 )
 
 
-def load_state(session: Session, row: RolloutRow) -> RolloutState:
+def load_state(
+    session: Session, row: RolloutRow, sequences: dict[str, int | None] | None = None
+) -> RolloutState:
     """The rollout's state, read back through `RolloutState.from_dict` and, its node
-    records, `stored_record` (every field checked, a bad one named)."""
+    records, `stored_record` (every field checked, a bad one named); `sequences`, when
+    given, gets what `node_sequences` would answer, from the same read."""
     # Plain rows, not ORM objects: a rollout of 10,000 nodes is read every tick, and
     # building an instance per row cost more than the query (bench/rollout_controller).
     nodes = session.execute(
-        select(*_RECORD_COLUMNS)
+        select(*_RECORD_COLUMNS, RolloutNodeRow.sequence)
         .where(RolloutNodeRow.rollout_id == row.id)
         .order_by(RolloutNodeRow.rank)
     ).all()
+    if sequences is not None:
+        sequences.update((n.node_id, n.sequence) for n in nodes)
     where = f"rollout {row.id}"
     state = RolloutState.from_dict({**row.state, "spec": row.spec, "nodes": {}}, where=where)
     records = {

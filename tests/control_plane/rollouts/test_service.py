@@ -19,7 +19,8 @@ from control_plane.errors import (
 )
 from control_plane.rollouts.service import RolloutService, TickReport
 from control_plane.rollouts.state import RolloutState
-from control_plane.storage.models import RolloutActionRow, RolloutNodeRow
+from control_plane.rollouts.store import load_state, node_sequences
+from control_plane.storage.models import RolloutActionRow, RolloutNodeRow, RolloutRow
 from tests.control_plane.nodes.conftest import OPERATOR
 from tests.control_plane.rollouts.conftest import FAIL, PASS, RELEASE, TICK, World, request
 
@@ -381,6 +382,14 @@ def test_the_stored_state_reads_back_every_node_field_in_rank_order(world: World
         assert (record.started_at is None) == (row.started_at is None)
     assert {r.phase for r in state.nodes.values()} >= {"queued"}
     assert any(r.started_at is not None for r in state.nodes.values())
+    with world.sessions() as session:
+        row = session.get(RolloutRow, int(created.id))
+        assert row is not None
+        sequences: dict[str, int | None] = {}
+        assert load_state(session, row, sequences) == state
+        assert sequences == node_sequences(session, int(created.id))
+    assert any(s is not None for s in sequences.values())
+    assert any(s is None for s in sequences.values())
 
 
 def test_a_stored_node_record_with_an_unknown_phase_is_refused_by_name(world: World) -> None:
