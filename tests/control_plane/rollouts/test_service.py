@@ -61,6 +61,10 @@ def test_a_good_rollout_completes_and_each_node_gets_the_candidate_once(world: W
         "done",
     ]
     assert {e["rollout"] for e in world.events.events} == {created.id}
+    # What the gates keep is for the rollouts still judged here: this one while it ran,
+    # none once it was done.
+    assert [created.id] in world.verdicts.retained
+    assert world.verdicts.retained[-1] == []
 
 
 def test_a_failing_verdict_rolls_back_through_real_director_pins(world: World) -> None:
