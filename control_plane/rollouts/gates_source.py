@@ -9,8 +9,10 @@ evaluates them with the rollout's gates (`spec.gates`, a gates.yaml over the def
 without controls), continuing from the stage's previous
 decision. `check(spec)` refuses a bad gates.yaml at creation. At most `max_nodes`
 canaries and controls are read per evaluation (the first by rank): a 10,000-node stage
-is judged on a sample of it. What it is not for: the statistics (`gates.py`) or what a
-verdict does (`machine.py`).
+is judged on a sample of it. The points are kept between evaluations of a stage and
+only rows received since are read (ADR 0036): a warm judge decides exactly as a cold
+one; `retain(rollouts)` forgets the rollouts no longer judged here. What it is not for:
+the statistics (`gates.py`) or what a verdict does (`machine.py`).
 """
 
 from __future__ import annotations
