@@ -30,8 +30,8 @@ the watchdog passed. Measured:
   nodes alone.
 
 Each tick is also split by its calls into the collaborators (the inventory's
-`list_nodes`, the gates' `judge`, the health store's `latest`, the director's
-`latest_many` and `pin_many`); the rest is reading, stepping and storing the rollout.
+`fleet_members`, `list_nodes` before it, the gates' `judge`, the health store's `latest`,
+the director's `latest_many` and `pin_many`); the rest is reading, stepping and storing the rollout.
 Not a test: asserts nothing unless ``--check``. See docs/benchmarks.md.
 
     python -m bench.rollout_controller [--nodes 10000] [--databases sqlite,postgresql]
@@ -74,7 +74,7 @@ REPORT_EVERY = timedelta(seconds=30)  # the agent's default health_interval_s
 _MINUTE = timedelta(minutes=1)
 ANCHOR_REPEATS = 5
 TIMED = {
-    "inventory": ("list_nodes",),
+    "inventory": ("list_nodes", "fleet_members"),
     "verdicts": ("judge",),
     "health": ("latest",),
     "director": ("latest_many", "pin_many"),

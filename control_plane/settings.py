@@ -22,6 +22,13 @@ from control_plane.link.mqtt_bridge import MqttBridgeConfig
 from control_plane.rollouts.notify import WebhookConfig
 from control_plane.rollouts.service import RolloutConfig
 
+# RolloutConfig's fields as the settings that set them, to name them in an error.
+_ROLLOUT_SETTINGS = {
+    "interval_s": "EDGEFLEET_ROLLOUT_INTERVAL_S",
+    "lease": "EDGEFLEET_ROLLOUT_LEASE_S",
+    "evaluation_interval": "EDGEFLEET_ROLLOUT_EVALUATION_INTERVAL_S",
+}
+
 
 class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EDGEFLEET_", extra="ignore")
@@ -90,6 +97,9 @@ class ServerSettings(BaseSettings):
     rollout_lease_s: float = Field(
         default=60.0, ge=5, le=3600, description="a replica that stops holds its rollouts this long"
     )
+    rollout_evaluation_interval_s: float = Field(
+        default=60.0, ge=1, le=86_400, description="how often the gates judge a stage"
+    )
     # From the environment: EDGEFLEET_ROLLOUT_WEBHOOKS=https://chat.example/hook,https://...
     rollout_webhooks: Annotated[list[str], NoDecode] = Field(default_factory=list)
     rollout_webhook_secret_file: Path | None = Field(
@@ -122,9 +132,19 @@ class ServerSettings(BaseSettings):
         )
 
     def rollout_config(self) -> RolloutConfig:
-        return RolloutConfig(
-            interval_s=self.rollout_interval_s, lease=timedelta(seconds=self.rollout_lease_s)
-        )
+        """The controller's timing; an inconsistent one fails here, at start, naming it."""
+        try:
+            return RolloutConfig(
+                interval_s=self.rollout_interval_s,
+                lease=timedelta(seconds=self.rollout_lease_s),
+                evaluation_interval=timedelta(seconds=self.rollout_evaluation_interval_s),
+            )
+        except InvalidInputError as exc:
+            setting = _ROLLOUT_SETTINGS.get(str(exc.fields.get("field")), "")
+            raise InvalidInputError(
+                f"rollout settings: {exc.message}" + (f" ({setting})" if setting else ""),
+                **exc.fields,
+            ) from exc
 
     def webhook_config(self) -> WebhookConfig | None:
         """The webhooks' config when URLs are set; the secret file must be (fails fast)."""

@@ -129,20 +129,29 @@ class HealthQueries:
         return dict(found)
 
     def latest(self, node_ids: Sequence[str] | None = None) -> dict[str, LatestHealth]:
-        query = select(HealthLatestRow)
+        # Plain rows, not ORM objects: the rollout controller asks for every node in
+        # flight each tick (10,000 once a stage of them is out).
+        query = select(
+            HealthLatestRow.node_id,
+            HealthLatestRow.at,
+            HealthLatestRow.schema,
+            HealthLatestRow.metrics,
+            HealthLatestRow.latency,
+            HealthLatestRow.shadow,
+        )
         if node_ids is not None:
             query = query.where(HealthLatestRow.node_id.in_(list(node_ids)))
         with self._sessions() as session:
             return {
-                row.node_id: LatestHealth(
-                    node_id=row.node_id,
-                    at=row.at,
-                    schema=row.schema,
-                    metrics=dict(row.metrics),
-                    latency=dict(row.latency),
-                    shadow=None if row.shadow is None else dict(row.shadow),
+                node_id: LatestHealth(
+                    node_id=node_id,
+                    at=at,
+                    schema=schema,
+                    metrics=dict(metrics),
+                    latency=dict(latency),
+                    shadow=None if shadow is None else dict(shadow),
                 )
-                for row in session.scalars(query)
+                for node_id, at, schema, metrics, latency, shadow in session.execute(query)
             }
 
     def series(

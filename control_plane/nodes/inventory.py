@@ -17,7 +17,7 @@ from control_plane.access.service import AuditedMutations, RequestContext
 from control_plane.clock import Clock
 from control_plane.identity.bootstrap import LabelSelector, validate_labels
 from control_plane.link.mqtt_acl import NodeMqttAccount
-from control_plane.nodes.model import Node
+from control_plane.nodes.model import FleetMember, Node
 from control_plane.nodes.presence import NodePresence
 from control_plane.nodes.rows import fleet_name, fleet_row, node_row, node_value
 from control_plane.storage.models import FleetRow, NodeRow
@@ -53,6 +53,33 @@ class NodeInventory:
         if selector is not None:
             nodes = [n for n in nodes if selector.matches(n.labels)]
         return nodes
+
+    def fleet_members(self, fleet: str) -> list[FleetMember]:
+        """The fleet's unrevoked nodes, by id, with only what the rollout controller reads
+        of them each tick (one query; an unknown fleet has none)."""
+        query = (
+            select(
+                NodeRow.id,
+                NodeRow.labels,
+                NodeRow.reported_state,
+                NodeRow.online,
+                NodeRow.created_at,
+            )
+            .join(FleetRow, FleetRow.id == NodeRow.fleet_id)
+            .where(FleetRow.name == fleet, NodeRow.revoked_at.is_(None))
+            .order_by(NodeRow.id)
+        )
+        with self._sessions() as session:
+            return [
+                FleetMember(
+                    node_id,
+                    {str(k): str(v) for k, v in (labels or {}).items()},
+                    dict(reported or {}),
+                    online,
+                    created_at,
+                )
+                for node_id, labels, reported, online, created_at in session.execute(query)
+            ]
 
     def get_node(self, node_id: str) -> Node:
         with self._sessions() as session:

@@ -23,6 +23,7 @@ __all__ = [
     "UPDATE",
     "BootstrapTokenInfo",
     "Enrollment",
+    "FleetMember",
     "Node",
     "NodeConfig",
     "NodeRefusals",
@@ -82,6 +83,22 @@ class Node:
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetMember:
+    """What the rollout controller reads of each unrevoked node of a fleet every tick: a
+    `Node` without the columns it never looks at."""
+
+    id: str
+    labels: dict[str, str]
+    reported_state: dict[str, Any]
+    online: bool
+    created_at: datetime
+
+    @property
+    def revoked(self) -> bool:
+        return False  # only unrevoked nodes are listed as members
 
 
 @dataclass(frozen=True, slots=True)

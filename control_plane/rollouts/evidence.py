@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -34,16 +34,24 @@ _KINDS: Final = ("end_to_end", "compute")
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One stored health report of a node."""
+    """One stored health report of a node: its time, its flat metrics and, of its
+    `latency` (per `name@version` and kind, as stored), only what the gates read: each
+    label's P99 (`p99_s`), worked out once. A judged node's points are kept between
+    evaluations (`gates_source.py`): a map of numbers per point is cheaper to keep, and
+    for the garbage collector to walk, than the stored documents."""
 
     at: datetime
     metrics: Mapping[str, float]
-    latency: Mapping[str, Any]
+    latency: InitVar[Mapping[str, Any]]
+    p99: Mapping[str, float] = field(init=False)
+
+    def __post_init__(self, latency: Mapping[str, Any]) -> None:
+        found = {label: v for label, kinds in latency.items() if (v := _p99(kinds)) is not None}
+        object.__setattr__(self, "p99", found)
 
 
-def p99_s(point: Point, label: str) -> float | None:
-    """The report's P99 of `label` (`name@version`) in seconds: end to end, else compute."""
-    kinds = point.latency.get(label)
+def _p99(kinds: object) -> float | None:
+    """One label's P99 in seconds: end to end, else compute; None: neither is usable."""
     if not isinstance(kinds, Mapping):
         return None
     for kind in _KINDS:
@@ -52,6 +60,16 @@ def p99_s(point: Point, label: str) -> float | None:
         if isinstance(value, int | float) and math.isfinite(value) and value > 0:
             return float(value) / 1000.0
     return None
+
+
+def p99_s(point: Point, label: str) -> float | None:
+    """The report's P99 of `label` (`name@version`) in seconds: end to end, else compute."""
+    return point.p99.get(label)
+
+
+def _with_p99(points: Iterable[Point], label: str) -> list[tuple[Point, float]]:
+    """The points that carry a P99 of `label`, each with it (seconds)."""
+    return [(p, v) for p in points if (v := p99_s(p, label)) is not None]
 
 
 def _metric(point: Point, name: str) -> float | None:
@@ -125,15 +143,16 @@ def _canary(
     healthy: datetime,
     window_start: datetime,
 ) -> NodeSamples:
-    after = [p for p in points if p.at >= max(healthy, window_start) and p99_s(p, new)]
-    before = [p for p in points if p.at < started and old is not None and p99_s(p, old)]
+    start = max(healthy, window_start)
+    after = _with_p99((p for p in points if p.at >= start), new)
+    before = [] if old is None else _with_p99((p for p in points if p.at < started), old)
     before = before[-len(after) :] if after else []
     return NodeSamples(
         node_id,
-        p99_s=[v for p in after if (v := p99_s(p, new)) is not None],
-        baseline_p99_s=[v for p in before if old and (v := p99_s(p, old)) is not None],
-        rss=_rss(after, window_start),
-        counters=_counters(after),
+        p99_s=[v for _, v in after],
+        baseline_p99_s=[v for _, v in before],
+        rss=_rss([p for p, _ in after], window_start),
+        counters=_counters([p for p, _ in after]),
     )
 
 
@@ -142,15 +161,16 @@ def _control(
 ) -> NodeSamples:
     if label is None:
         return NodeSamples(node_id)
-    within = [p for p in points if p.at >= window_start and p99_s(p, label)]
-    before = [p for p in points if p.at < window_start and p99_s(p, label)]
+    paired = _with_p99(points, label)
+    within = [(p, v) for p, v in paired if p.at >= window_start]
+    before = [(p, v) for p, v in paired if p.at < window_start]
     before = before[-len(within) :] if within else []
     return NodeSamples(
         node_id,
-        p99_s=[v for p in within if (v := p99_s(p, label)) is not None],
-        baseline_p99_s=[v for p in before if (v := p99_s(p, label)) is not None],
-        rss=_rss(within, window_start),
-        counters=_counters(within),
+        p99_s=[v for _, v in within],
+        baseline_p99_s=[v for _, v in before],
+        rss=_rss([p for p, _ in within], window_start),
+        counters=_counters([p for p, _ in within]),
     )
 
 

@@ -5,22 +5,23 @@ a node's stored update status as a `NodeReport` about the candidate (`report_of`
 the two together for a fleet (`observe`). A status counts only from the director
 sequence of the rollout's own assignment on (older ones are about something else); the
 watchdog has passed when the node said so (or watches nothing). What it is not for:
-reading the database (the service hands it `Node`s) or deciding anything (`machine.py`).
-Pure: no I/O, no framework.
+reading the database (the service hands it the fleet's `FleetMember`s) or deciding
+anything (`machine.py`). Pure: no I/O, no framework.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from control_plane.nodes.model import ACTIVE_TARGET, UPDATE, Node
+from control_plane.nodes.model import ACTIVE_TARGET, UPDATE
 from control_plane.rollouts.machine import NodeReport, Observations, ReportPhase
 from control_plane.rollouts.plan import FleetNode
 from control_plane.trust.custom import parse_target_path
 
 __all__ = [
+    "ObservedNode",
     "fleet_node",
     "observe",
     "report_of",
@@ -136,7 +137,24 @@ def shadow_report(
     )
 
 
-def fleet_node(node: Node, model: str) -> FleetNode:
+class ObservedNode(Protocol):
+    """What observing reads of a node: a `Node`, or the lighter `FleetMember`."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def reported_state(self) -> Mapping[str, Any]: ...
+    @property
+    def online(self) -> bool: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def revoked(self) -> bool: ...
+
+
+def fleet_node(node: ObservedNode, model: str) -> FleetNode:
     return FleetNode(
         node.id,
         dict(node.labels),
@@ -147,7 +165,7 @@ def fleet_node(node: Node, model: str) -> FleetNode:
 
 
 def observe(
-    nodes: Sequence[Node],
+    nodes: Sequence[ObservedNode],
     *,
     model: str,
     version: str,

@@ -46,12 +46,11 @@ from control_plane.errors import (
 from control_plane.health.queries import HealthQueries
 from control_plane.health.report import MalformedReportError, parse_report
 from control_plane.nodes.inventory import NodeInventory
-from control_plane.nodes.model import Node
 from control_plane.registry.service import RegistryService
 from control_plane.rollouts.machine import Command, CommandKind, NodeReport, Observations, step
 from control_plane.rollouts.machine import apply_command as apply_rollout_command
 from control_plane.rollouts.notify import Notifier, NullNotifier
-from control_plane.rollouts.observe import fleet_node, observe, shadow_report
+from control_plane.rollouts.observe import ObservedNode, fleet_node, observe, shadow_report
 from control_plane.rollouts.plan import (
     Conflict,
     FleetNode,
@@ -66,7 +65,6 @@ from control_plane.rollouts.store import (
     PendingAction,
     decision_of,
     load_state,
-    node_sequences,
     pending_actions,
     phase_counts_of,
     save_step,
@@ -551,18 +549,23 @@ class RolloutService:
                 )
                 .order_by(RolloutRow.id)
             ).all()
+        judged: set[str] = set()
         for number in ids:
             if not self._acquire(number, now):
                 report.elsewhere.append(str(number))
                 continue
             try:
-                self._step(number, now)
+                if self._step(number, now) in _JUDGED:
+                    judged.add(str(number))
                 report.actions += self._carry_out(number, now)
                 report.stepped.append(str(number))
             except Exception as exc:  # one rollout's fault must not stop the others
                 self.failed_ticks += 1
                 report.failed[str(number)] = f"{type(exc).__name__}: {exc}"
                 log.exception("stepping rollout %s failed; retrying next tick", number)
+        # What the gates keep between evaluations is for the rollouts still judged here:
+        # one that ended, or went to another replica, starts cold if it comes back.
+        self._verdicts.retain(judged)
         return report
 
     def release(self) -> None:
@@ -596,23 +599,24 @@ class RolloutService:
             )
             return result.rowcount == 1
 
-    def _step(self, number: int, now: datetime) -> None:
+    def _step(self, number: int, now: datetime) -> RolloutStatus | None:
         """One machine step, computed from a read of the state and stored under the row
-        lock if nobody stored another meanwhile (else read again, a few times)."""
+        lock if nobody stored another meanwhile (else read again, a few times); the
+        rollout's status after it (None: not stepped here)."""
         for _ in range(_STEP_ATTEMPTS):
             with self._sessions() as session:
                 found = _with_fleet(session, number)
                 if found is None:
-                    return
+                    return None
                 row, fleet = found
                 if row.status not in ACTIVE_STATUSES and not (
                     row.status == "done" and row.following
                 ):
-                    return
+                    return None
                 revision, previous = row.revision, row.verdict
-                state = load_state(session, row)
-                sequences = node_sequences(session, number)
-            nodes = [n for n in self._inventory.list_nodes(fleet=fleet) if not n.revoked]
+                sequences: dict[str, int | None] = {}
+                state = load_state(session, row, sequences)
+            nodes = self._inventory.fleet_members(fleet)  # the unrevoked ones, lean
             judgement = self._judge(state, previous, now)
             observations = observe(
                 nodes,
@@ -627,12 +631,12 @@ class RolloutService:
                 observations = Observations(observations.nodes, {**observations.reports, **shadows})
             new, actions = step(state, observations, judgement.verdict if judgement else None, now)
             if new == state and not actions and judgement is None:
-                return
+                return state.status
             with self._sessions() as session:
                 session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
                 locked = session.get(RolloutRow, number, with_for_update=True)
                 if locked is None or locked.lease_owner != self.config.replica:
-                    return  # the lease went to another replica: it steps from here
+                    return None  # the lease went to another replica: it steps from here
                 if locked.revision != revision:
                     continue  # a command came in meanwhile: step from what it stored
                 if judgement is not None:
@@ -645,7 +649,7 @@ class RolloutService:
                     }
                 save_step(session, locked, state, new, actions, now, expected_revision=revision)
                 session.commit()
-            return
+            return new.status
         raise ConflictError(f"rollout {number} kept changing; stepping it next tick")
 
     def _judge(
@@ -665,7 +669,9 @@ class RolloutService:
         document = previous.get("document") if same_stage and previous is not None else None
         return self._verdicts.judge(state, document if isinstance(document, Mapping) else None, now)
 
-    def _sampling(self, state: RolloutState, nodes: Sequence[Node], now: datetime) -> set[str]:
+    def _sampling(
+        self, state: RolloutState, nodes: Sequence[ObservedNode], now: datetime
+    ) -> set[str]:
         """The rollout's nodes in flight whose newest health report, fresh and made after
         their assignment, carries samples of the candidate."""
         flying = {node_id: r for node_id, r in state.nodes.items() if r.phase in _IN_FLIGHT}

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from control_plane.errors import InvalidInputError
 from control_plane.rollouts.spec import RolloutSpec, stored_reader
@@ -257,6 +257,48 @@ class RolloutState:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+_PHASE_NAMES: Final = frozenset(get_args(NodePhase))
+_TRACK_NAMES: Final = frozenset(get_args(Track))
+
+
+def stored_record(
+    name: str,
+    *,
+    stage: int | None,
+    rank: int,
+    stratum: str,
+    previous: str | None,
+    since: datetime,
+    phase: str,
+    track: str,
+    shadowing: bool,
+    touched: bool,
+    started_at: datetime | None,
+    reason: str,
+) -> NodeRecord:
+    """A node record from typed stored columns (a `rollout_nodes` row), as `from_dict`
+    would read its document: what the columns' types do not already say (phase, track, a
+    time zone on each time) is checked, a bad one named. A 10,000-node rollout is read
+    every tick: through documents, the round trip cost more than the query."""
+    if phase not in _PHASE_NAMES:
+        raise _F.fail(f"{name}.phase", f"must be one of {', '.join(sorted(_PHASE_NAMES))}", phase)
+    if track not in _TRACK_NAMES:
+        raise _F.fail(f"{name}.track", f"must be one of {', '.join(sorted(_TRACK_NAMES))}", track)
+    return NodeRecord(
+        stage=stage,
+        rank=rank,
+        stratum=stratum,
+        previous=previous,
+        since=_aware_named(f"{name}.since", since),
+        phase=phase,  # type: ignore[arg-type]  # checked above
+        track=track,  # type: ignore[arg-type]  # checked above
+        shadowing=bool(shadowing),
+        touched=bool(touched),
+        started_at=None if started_at is None else _aware_named(f"{name}.started_at", started_at),
+        reason=reason,
+    )
 
 
 def phase_counts(nodes: Mapping[str, NodeRecord]) -> dict[str, int]:

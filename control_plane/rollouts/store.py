@@ -11,7 +11,7 @@ transactions, locks, leases or policy (the service), or the rules (the machine).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -28,7 +28,7 @@ from control_plane.rollouts.machine import (
     Record,
     Rollback,
 )
-from control_plane.rollouts.state import Decision, NodeRecord, RolloutState
+from control_plane.rollouts.state import Decision, NodeRecord, RolloutState, stored_record
 from control_plane.storage.models import (
     RolloutActionRow,
     RolloutDecisionRow,
@@ -103,39 +103,41 @@ _RECORD_COLUMNS: Final = (
 )
 
 
-def _record_document(row: Any) -> dict[str, Any]:
-    """A `rollout_nodes` row (its `_RECORD_COLUMNS`) as a `NodeRecord` document."""
-    return {
-        "stage": row.stage,
-        "rank": row.rank,
-        "stratum": row.stratum,
-        "previous": row.previous,
-        "since": row.since.isoformat(),
-        "phase": row.phase,
-        "track": row.track,
-        "shadowing": row.shadowing,
-        "touched": row.touched,
-        "started_at": None if row.started_at is None else row.started_at.isoformat(),
-        "reason": row.reason,
-    }
-
-
-def load_state(session: Session, row: RolloutRow) -> RolloutState:
-    """The rollout's state, read back through `RolloutState.from_dict` (every field
-    checked, a bad one named)."""
+def load_state(
+    session: Session, row: RolloutRow, sequences: dict[str, int | None] | None = None
+) -> RolloutState:
+    """The rollout's state, read back through `RolloutState.from_dict` and, its node
+    records, `stored_record` (every field checked, a bad one named); `sequences`, when
+    given, gets what `node_sequences` would answer, from the same read."""
     # Plain rows, not ORM objects: a rollout of 10,000 nodes is read every tick, and
     # building an instance per row cost more than the query (bench/rollout_controller).
     nodes = session.execute(
-        select(*_RECORD_COLUMNS)
+        select(*_RECORD_COLUMNS, RolloutNodeRow.sequence)
         .where(RolloutNodeRow.rollout_id == row.id)
         .order_by(RolloutNodeRow.rank)
     ).all()
-    document = {
-        **row.state,
-        "spec": row.spec,
-        "nodes": {n.node_id: _record_document(n) for n in nodes},
+    if sequences is not None:
+        sequences.update((n.node_id, n.sequence) for n in nodes)
+    where = f"rollout {row.id}"
+    state = RolloutState.from_dict({**row.state, "spec": row.spec, "nodes": {}}, where=where)
+    records = {
+        n.node_id: stored_record(
+            f"{where}.nodes.{n.node_id}",
+            stage=n.stage,
+            rank=n.rank,
+            stratum=n.stratum,
+            previous=n.previous,
+            since=n.since,
+            phase=n.phase,
+            track=n.track,
+            shadowing=n.shadowing,
+            touched=n.touched,
+            started_at=n.started_at,
+            reason=n.reason,
+        )
+        for n in nodes
     }
-    return RolloutState.from_dict(document, where=f"rollout {row.id}")
+    return replace(state, nodes=records)
 
 
 def node_sequences(session: Session, rollout_id: int) -> dict[str, int | None]:

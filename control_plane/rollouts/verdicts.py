@@ -7,12 +7,14 @@ the rollout's latest verdict (what `watch` shows, and what the next evaluation c
 from: `previous`, None when the stage has none yet). An inconclusive verdict pauses a
 baked stage and never passes it, so a control plane without gates never promotes by
 itself: a person promotes. What it is not for: statistics (`gates.py`) or reading the
-health store (its adapter). Pure: no I/O, no framework.
+health store (its adapter). A source may keep what it read between evaluations of
+a stage (the gates keep each judged node's points); `retain` tells it which rollouts it
+still judges, so it forgets the others. Pure: no I/O, no framework.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Protocol
@@ -45,6 +47,11 @@ class VerdictSource(Protocol):
         """The verdict on `state`'s current stage now (None: none this time)."""
         ...
 
+    def retain(self, rollouts: Collection[str]) -> None:
+        """Forget whatever is kept between evaluations for rollouts not in `rollouts` (the
+        ones this replica still judges; the service says so after each tick)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Inconclusive:
@@ -74,3 +81,6 @@ class NoGates:
     ) -> Judgement:
         verdict = Inconclusive(NO_GATES)
         return Judgement(verdict, {**verdict.to_dict(), "evaluated_at": now.isoformat()})
+
+    def retain(self, rollouts: Collection[str]) -> None:
+        return None

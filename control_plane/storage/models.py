@@ -410,7 +410,11 @@ class HealthPointRow(Base):
     """
 
     __tablename__ = "health_points"
-    __table_args__ = (Index("ix_health_points_node_id_at", "node_id", "at"),)
+    __table_args__ = (
+        Index("ix_health_points_node_id_at", "node_id", "at"),
+        # The rollout gates' incremental reads: a node's rows received since (ADR 0036).
+        Index("ix_health_points_node_id_received_at", "node_id", "received_at"),
+    )
 
     node_id: Mapped[str] = mapped_column(
         String(64), ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True

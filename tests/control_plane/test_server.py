@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import grpc
@@ -62,6 +63,20 @@ def test_rollout_webhooks_need_their_secret_file(
     assert config.secret == b"0123456789abcdef0123"
     monkeypatch.setenv("EDGEFLEET_ROLLOUT_INTERVAL_S", "5")
     assert ServerSettings().rollout_config().interval_s == 5.0
+
+
+def test_the_gates_evaluation_interval_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ServerSettings().rollout_config().evaluation_interval == timedelta(minutes=1)
+    monkeypatch.setenv("EDGEFLEET_ROLLOUT_EVALUATION_INTERVAL_S", "300")
+    assert ServerSettings().rollout_config().evaluation_interval == timedelta(minutes=5)
+    monkeypatch.setenv("EDGEFLEET_ROLLOUT_EVALUATION_INTERVAL_S", "0.5")
+    with pytest.raises(ValueError, match="rollout_evaluation_interval_s"):
+        ServerSettings()
+    monkeypatch.setenv("EDGEFLEET_ROLLOUT_EVALUATION_INTERVAL_S", "60")
+    monkeypatch.setenv("EDGEFLEET_ROLLOUT_INTERVAL_S", "40")
+    with pytest.raises(InvalidInputError, match="EDGEFLEET_ROLLOUT_LEASE_S") as bad:
+        ServerSettings().rollout_config()
+    assert "at least two intervals" in bad.value.message
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@ director, inventory and health store, a manual clock and a scripted verdict sour
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -59,6 +59,7 @@ class ScriptedVerdicts:
 
     decide: Callable[[RolloutState], Verdict | None] = lambda state: PASS
     asked: list[tuple[int, str]] = field(default_factory=list)
+    retained: list[list[str]] = field(default_factory=list)
 
     def check(self, spec: RolloutSpec) -> None:
         return None
@@ -69,6 +70,9 @@ class ScriptedVerdicts:
         if verdict is None:
             return None
         return Judgement(verdict, {**verdict.to_dict(), "evaluated_at": now.isoformat()})
+
+    def retain(self, rollouts: Collection[str]) -> None:
+        self.retained.append(sorted(rollouts))
 
 
 @dataclass

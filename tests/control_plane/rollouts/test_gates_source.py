@@ -61,12 +61,19 @@ def state(**spec: Any) -> RolloutState:
     return replace(base, status="baking", nodes=nodes, controls=tuple(CONTROLS))
 
 
-def report(node_id: str, at: datetime, version: str, p99_ms: float) -> HealthPointRow:
+def report(
+    node_id: str,
+    at: datetime,
+    version: str,
+    p99_ms: float,
+    received_at: datetime | None = None,
+    record_id: str | None = None,
+) -> HealthPointRow:
     return HealthPointRow(
         node_id=node_id,
-        record_id=f"{node_id}-{at.isoformat()}",
+        record_id=record_id or f"{node_id}-{at.isoformat()}",
         at=at,
-        received_at=at,
+        received_at=received_at or at,
         schema="edgefleet.agent.health/2",
         metrics={
             "frames": 300.0,
@@ -129,6 +136,9 @@ def test_a_stage_with_no_control_left_is_judged_against_the_baselines(
         session.query(HealthPointRow).delete()
         session.commit()
     seed(sessions, 2.0, now + timedelta(minutes=10))
+    # Another history under the same record ids: judged cold (the store never rewrites
+    # a point, so what the gates kept of the first one would not be news to them).
+    verdicts = GatesVerdicts(sessions)
     previous = None
     for minute in (40, 42, 44):
         slow = verdicts.judge(last, previous, T0 + timedelta(minutes=minute))
@@ -154,6 +164,82 @@ def test_a_slower_canary_fails_on_the_third_evaluation_in_a_row(
     assert outcomes == ["inconclusive", "inconclusive", "fail"]
     latency = next(g for g in previous["gates"] if g["name"] == "latency_vs_control")
     assert latency["consecutive_failures"] == 3
+
+
+def test_a_warm_judge_gives_the_verdicts_of_a_cold_one_as_points_arrive(
+    sessions: sessionmaker[Session],
+) -> None:
+    """The gates keep each judged node's points between evaluations and read only rows
+    received since: every evaluation, with new points arriving (late ones among them, and
+    one dated ahead of the clock), a canary joining the stage mid-way and a stage change,
+    decides and counts exactly as a judge that reads everything afresh."""
+    rng = random.Random(9)
+    warm = GatesVerdicts(sessions)
+    seed(sessions, 1.3, T0 + timedelta(minutes=20))
+    judged = replace(state(), nodes={**state().nodes})
+    late = judged.nodes["c4"]
+    judged.nodes["c4"] = replace(late, phase="assigned", touched=True)  # joins at 30 min
+    previous_warm: Any = None
+    previous_cold: Any = None
+    documents = []
+    ids: list[datetime] = []
+    for minute in range(21, 41):
+        now = T0 + timedelta(minutes=minute)
+        received = now  # as the processor stores them: in received_at order
+        with sessions() as session:
+            rows = []
+            for node_id in CANARIES + CONTROLS:
+                for at in (now - STEP, now):
+                    if rng.random() < 0.15:
+                        at -= timedelta(minutes=4)  # a late resend, stored now
+                    on_new = node_id in CANARIES
+                    p99 = 20.0 * rng.lognormvariate(0, 0.05) * (1.3 if on_new else 1.0)
+                    version = "2.0" if on_new else "1.0"
+                    at += timedelta(seconds=1)
+                    rows.append(report(node_id, at, version, p99, received, f"r{len(ids)}"))
+                    ids.append(at)
+            ahead = now + timedelta(minutes=3)  # a node's clock ahead of ours
+            rows.append(report("k0", ahead, "1.0", 20.0, received, f"r{len(ids)}"))
+            ids.append(ahead)
+            session.add_all(rows)
+            session.commit()
+        if minute == 30:
+            judged.nodes["c4"] = late
+        if minute == 36:
+            judged = replace(judged, stage=1)  # what was kept is for stage 0 only
+            previous_warm = previous_cold = None
+        hot = warm.judge(judged, previous_warm, now)
+        cold = GatesVerdicts(sessions).judge(judged, previous_cold, now)
+        assert hot is not None and cold is not None
+        assert hot.document == cold.document, minute
+        previous_warm, previous_cold = hot.document, cold.document
+        documents.append(hot.document)
+        with sessions() as session:
+            # The processor's next batch of the same instant, stored after this read.
+            at = now + timedelta(seconds=2)
+            session.add(report("c0", at, "2.0", 30.0, received, f"r{len(ids)}"))
+            ids.append(at)
+            session.commit()
+    assert {d["outcome"] for d in documents} >= {"fail"}  # the judging did something
+    held = next(iter(warm._held.values()))
+    assert held.stage == 1 and set(held.series) == set(CANARIES + CONTROLS)
+    warm.retain([])
+    assert not warm._held
+
+
+def test_a_warm_judge_reads_only_what_arrived(sessions: sessionmaker[Session]) -> None:
+    verdicts = GatesVerdicts(sessions)
+    now = T0 + timedelta(minutes=40)
+    seed(sessions, 1.0, now)
+    verdicts.judge(state(), None, now)
+    first = verdicts.rows_read
+    with sessions() as session:
+        session.add_all(report(n, now + STEP, "1.0", 20.0) for n in CONTROLS)
+        session.commit()
+    verdicts.judge(state(), None, now + timedelta(minutes=1))
+    # The newest rows again (those received at the newest instant read) and the new ones.
+    assert verdicts.rows_read - first <= 2 * len(CANARIES + CONTROLS)
+    assert first > 10 * len(CANARIES + CONTROLS)
 
 
 def test_thin_data_is_inconclusive_never_a_pass(sessions: sessionmaker[Session]) -> None:

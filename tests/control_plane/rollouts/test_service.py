@@ -19,7 +19,8 @@ from control_plane.errors import (
 )
 from control_plane.rollouts.service import RolloutService, TickReport
 from control_plane.rollouts.state import RolloutState
-from control_plane.storage.models import RolloutActionRow, RolloutNodeRow
+from control_plane.rollouts.store import load_state, node_sequences
+from control_plane.storage.models import RolloutActionRow, RolloutNodeRow, RolloutRow
 from tests.control_plane.nodes.conftest import OPERATOR
 from tests.control_plane.rollouts.conftest import FAIL, PASS, RELEASE, TICK, World, request
 
@@ -60,6 +61,10 @@ def test_a_good_rollout_completes_and_each_node_gets_the_candidate_once(world: W
         "done",
     ]
     assert {e["rollout"] for e in world.events.events} == {created.id}
+    # What the gates keep is for the rollouts still judged here: this one while it ran,
+    # none once it was done.
+    assert [created.id] in world.verdicts.retained
+    assert world.verdicts.retained[-1] == []
 
 
 def test_a_failing_verdict_rolls_back_through_real_director_pins(world: World) -> None:
@@ -381,3 +386,29 @@ def test_the_stored_state_reads_back_every_node_field_in_rank_order(world: World
         assert (record.started_at is None) == (row.started_at is None)
     assert {r.phase for r in state.nodes.values()} >= {"queued"}
     assert any(r.started_at is not None for r in state.nodes.values())
+    with world.sessions() as session:
+        row = session.get(RolloutRow, int(created.id))
+        assert row is not None
+        sequences: dict[str, int | None] = {}
+        assert load_state(session, row, sequences) == state
+        assert sequences == node_sequences(session, int(created.id))
+    assert any(s is not None for s in sequences.values())
+    assert any(s is None for s in sequences.values())
+
+
+def test_a_stored_node_record_with_an_unknown_phase_is_refused_by_name(world: World) -> None:
+    make_fleet(world)
+    service = world.service()
+    created = service.create(RELEASE, "gates", request())
+    service.tick()
+    with world.sessions() as session:
+        row = session.scalars(
+            select(RolloutNodeRow).where(RolloutNodeRow.rollout_id == int(created.id))
+        ).first()
+        assert row is not None
+        row.phase, node_id = "sideways", row.node_id
+        session.commit()
+    with pytest.raises(InvalidInputError) as bad:
+        service.state(created.id)
+    assert bad.value.fields["field"] == f"rollout {created.id}.nodes.{node_id}.phase"
+    assert "'sideways'" in bad.value.message
