@@ -216,12 +216,17 @@ def test_the_sample_in_the_operator_guide_is_valid(tmp_path: Path) -> None:
     guide = Path(__file__).resolve().parents[3] / "docs" / "operator-guide.md"
     section = guide.read_text().split("## Running a node", 1)[1]
     sample = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    password = tmp_path / "broker.pass"  # the files it names are read at start
+    password.write_text("pw\n")
     path = tmp_path / "node.yaml"
-    path.write_text(sample)
+    path.write_text(sample.replace("/etc/edgefleet/broker.pass", str(password)))
     config = load_agent_config(path)
     assert config.link.target == "cp.example.com:7443"
     assert [s.name for s in config.runtime.streams] == ["gate-north"]
     assert config.updater.watchdog.window_s == 60
+    assert config.devices is not None
+    assert sorted(config.devices.cameras) == ["gate-cam-1", "gate-cam-2"]
+    assert config.devices.password == "pw"
 
 
 def _setting_names(model: type[BaseModel], prefix: str = "") -> list[str]:
