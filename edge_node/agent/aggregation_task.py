@@ -265,9 +265,13 @@ class AggregationTask:
             engine = self.aggregator
             assert engine is not None
             try:
+                known = engine.aligner.config.known_sources
                 for item in batch:
                     if isinstance(item, _ClockOffset):
-                        engine.set_clock_offset(item.source, item.offset_s)
+                        # A camera the rules file does not list: its frames are counted
+                        # (unknown_source), its heartbeats are not.
+                        if known is None or item.source in known:
+                            engine.set_clock_offset(item.source, item.offset_s)
                         continue
                     if isinstance(item, Observation):
                         observation: Observation | None = item
@@ -278,7 +282,8 @@ class AggregationTask:
                         continue
                     events += engine.offer(observation, now)
                 for source, offset_s in aside.items():
-                    engine.set_clock_offset(source, offset_s)
+                    if known is None or source in known:
+                        engine.set_clock_offset(source, offset_s)
                 events += then(engine)
             except Exception as exc:  # a rule's bug: aggregation stops, inference goes on
                 log.exception("aggregation stopped by an error in the rules engine")

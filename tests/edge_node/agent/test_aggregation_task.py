@@ -350,11 +350,13 @@ def test_an_offset_that_finds_the_hand_off_full_is_kept_and_applied_after_it(
     assert task.offer_observation(seen(2, 0.1, clock_s=t0 + 0.2))  # over: counted
     task.set_clock_offset("gate", 60.0)  # full too: set aside, not lost
     task.set_clock_offset("gate", 120.0)  # the latest wins
-    assert (task.stats.queue_overflow, task.queued, task.stats.clock_offsets) == (1, 2, 2)
+    task.set_clock_offset("yard-cam", 5.0)  # not in the rules file's cameras: not counted there
+    assert (task.stats.queue_overflow, task.queued, task.stats.clock_offsets) == (1, 2, 3)
     assert task.start()
     task.drain_once(t0 + 1)
     assert task.aggregator is not None
     assert task.aggregator.aligner.clock_offsets() == {"gate": 120.0}
+    assert task.health()["unknown_source"] == 0
     # Once the rules failed or the task stopped, nothing more is taken.
     task.finish()
     assert not task.offer_observation(seen(3, 0.1, clock_s=t0 + 0.3))
