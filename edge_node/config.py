@@ -41,6 +41,7 @@ from edge_node.capture.config import (
     parse_credentials,
     parse_source,
 )
+from edge_node.devices.config import DeviceGatewayConfig, DeviceGatewayConfigError
 from edge_node.errors import InvalidInputError
 from edge_node.identity import RenewalConfig
 from edge_node.link.base import Backoff
@@ -246,6 +247,9 @@ class NodeSettings(BaseSettings):
     aggregation: AggregationSettings = Field(default_factory=AggregationSettings)
     # Health report windows and thresholds: edge_node.telemetry.TelemetryConfig's keys.
     telemetry: dict[str, Any] = Field(default_factory=dict)
+    # The device gateway (cameras over the local broker): DeviceGatewayConfig's keys plus
+    # `enabled` and `password_file`; absent or null: no gateway.
+    devices: dict[str, Any] | None = None
 
     _check_addresses = field_validator("server_grpc", "enroll_grpc", "server_mqtt")(_check_address)
 
@@ -309,6 +313,8 @@ class AgentConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)
     aggregation: AggregationTaskConfig = field(default_factory=AggregationTaskConfig)
+    # The device gateway; None: no cameras over the local broker (node.yaml `devices:`).
+    devices: DeviceGatewayConfig | None = None
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
     renewal: RenewalConfig = field(default_factory=RenewalConfig)
     agent_version: str = AGENT_VERSION
@@ -450,6 +456,7 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
         telemetry=telemetry,
         results=settings.results.config(),
         aggregation=settings.aggregation.config(),
+        devices=_devices(settings.devices),
         uplink=UplinkConfig(backoff=Backoff(initial_s=0.5, cap_s=30.0)),
     )
 
@@ -506,6 +513,58 @@ def _with_credentials(stream: str, source: SourceConfig) -> SourceConfig:
     except CaptureConfigError as exc:
         raise ConfigError(f"{exc.message} ({path})") from exc
     return replace(source, credentials=credentials)
+
+
+def _devices(raw: Mapping[str, Any] | None) -> DeviceGatewayConfig | None:
+    """node.yaml's ``devices:``, its ``password_file`` read now (a missing or empty one
+    fails at start, like the other credentials files)."""
+    if raw is None:
+        return None
+    options = dict(raw)
+    enabled = options.pop("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(
+            f"devices.enabled: must be true or false (got {enabled!r})", field="devices.enabled"
+        )
+    password_file = options.pop("password_file", None)
+    if password_file is not None:
+        if "password" in options:
+            raise ConfigError(
+                "devices.password_file: give password or password_file, not both",
+                field="devices.password_file",
+            )
+        options["password"] = _read_password(password_file)
+    try:
+        config = DeviceGatewayConfig.from_mapping(options, where="devices")
+    except DeviceGatewayConfigError as exc:
+        field_name = str(exc.fields.get("field", "devices"))
+        message = exc.message
+        if field_name == "devices.password" and password_file is not None:
+            field_name = "devices.password_file"  # the field the operator wrote
+            message = message.replace("devices.password:", "devices.password_file:", 1)
+        raise ConfigError(f"invalid device settings: {message}", field=field_name) from exc
+    return config if enabled else None
+
+
+def _read_password(value: object) -> str:
+    where = "devices.password_file"
+    if not isinstance(value, str) or not value or not Path(value).is_absolute():
+        raise ConfigError(f"{where}: must be an absolute path (got {value!r})", field=where)
+    path = Path(value)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CREDENTIALS_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}", field=where) from exc
+    if len(data) > MAX_CREDENTIALS_BYTES:
+        raise ConfigError(f"{where}: {path} is over {MAX_CREDENTIALS_BYTES} bytes", field=where)
+    try:
+        password = data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: {path} is not UTF-8 text", field=where) from exc
+    if not password:
+        raise ConfigError(f"{where}: {path} is empty", field=where)
+    return password
 
 
 def _mqtt_transport(settings: NodeSettings) -> MqttTransportConfig:

@@ -20,6 +20,9 @@ model saw goes into the outbox as best-effort `results` records. The aggregation
 (`edge_node.agent.aggregation_task`, with `aggregation:` in node.yaml) is another: every
 result through the rules file's rules, events into the outbox as durable `event` records
 under their deterministic ids; a rules file it cannot use turns it off, never the node.
+The device gateway (`edge_node.agent.device_task`, with `devices:` in node.yaml) is one
+more: cameras' results over the local broker into the same aggregation (counted only
+when there is none), stopped before the aggregation's last flush.
 
 The update task is built in rather than a `Component`: it builds the Hello (what the
 node runs), and needs the control messages and the reconnects, which components do not
@@ -44,6 +47,7 @@ import anyio
 import anyio.to_thread
 
 from edge_node.agent.aggregation_task import AggregationTask
+from edge_node.agent.device_task import DeviceTask
 from edge_node.agent.errors import AgentError, EnrollmentError, NodeRefusedError, TaskFailedError
 from edge_node.agent.runtime_host import RuntimeHost
 from edge_node.agent.transport import BrokerLoginRefusedError, NodeTransport, open_transport
@@ -139,6 +143,8 @@ class Agent:
         self.results_feed: ResultsFeed | None = None
         # The rules over the node's own results, once the outbox is open (aggregation:).
         self.aggregation: AggregationTask | None = None
+        # The cameras over the local broker, once the outbox is open (devices:).
+        self.devices: DeviceTask | None = None
         self.link: NodeLink | None = None  # the transport's link, once enrolled
         self.updater: UpdateTask | None = None
         self.health_dropped = 0
@@ -281,11 +287,24 @@ class Agent:
         if config.results.enabled:
             feed = self.results_feed = ResultsFeed(self.results, outbox, self._clock.monotonic)
             tasks["results"] = lambda: feed.run(stop)
+        aggregation = None
         if config.aggregation.enabled:
             aggregation = self.aggregation = AggregationTask(
                 config.aggregation, outbox, self._clock
             )
-            tasks["aggregation"] = lambda: aggregation.run(stop)
+        devices = None
+        if config.devices is not None:
+            # Half the drain deadline for the gateway, the rest for the last events.
+            devices = self.devices = DeviceTask(
+                config.devices,
+                aggregation,
+                self._clock,
+                stop_deadline_s=config.shutdown_deadline_s / 2,
+            )
+            tasks["devices"] = lambda: devices.run(stop)
+        if aggregation is not None:
+            inputs_closed = None if devices is None else devices.stopped
+            tasks["aggregation"] = lambda: aggregation.run(stop, inputs_closed=inputs_closed)
         grpc_link = transport.grpc
         if grpc_link is not None:  # an MQTT node presents its certificate nowhere
             tasks["renewal"] = lambda: run_renewal(
@@ -501,6 +520,7 @@ class Agent:
             uplink=uplink.stats,
             shadow=None if self.updater is None else self.updater.shadow_report(),
             aggregation=None if self.aggregation is None else self.aggregation.health(),
+            devices=None if self.devices is None else self.devices.health(),
         )
         self._save_baselines()
         return payload

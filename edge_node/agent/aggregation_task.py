@@ -21,8 +21,16 @@ error naming the field and reported in health (``aggregation.state`` "failed",
 aggregation stops and the node goes on serving inference: the rules are an operator's
 file, and a typo in it must not take the cameras' inference down with it.
 
-Not here: device results over the local broker (the device contract's adapter), the rules
-themselves.
+Cameras' results come the same way: the device gateway's worker thread calls
+:meth:`AggregationTask.offer_observation` (an ``Observation`` already, through the same
+bounded hand-off and the same overflow count) and :meth:`AggregationTask.set_clock_offset`
+for each heartbeat's clock estimate. The offset travels in the hand-off too, in order with
+the observations, so the engine (touched only by the task's worker) applies it to the
+frames that came after it; when the hand-off is full it is kept aside, latest per camera,
+and applied after that batch, so an estimate is never lost to a burst of results.
+
+Not here: the device gateway itself (``edge_node.devices``, started by the agent), the
+rules themselves.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ import anyio.to_thread
 from edge_node.aggregation.config import RulesFile, build_aggregator
 from edge_node.aggregation.engine import Aggregator
 from edge_node.aggregation.errors import RulesConfigError
-from edge_node.aggregation.model import Event
+from edge_node.aggregation.model import Event, Observation
 from edge_node.aggregation.node_results import observation_from_result
 from edge_node.aggregation.rules.base import TrackBook
 from edge_node.aggregation.rules_file import load_rules_file
@@ -114,6 +122,15 @@ class AggregationStats:
     # Raised again while the same event was still pending in the outbox: stored once.
     events_replayed: int = 0
     events_lost: int = 0
+    # Of `offered`: cameras' observations (the device gateway); clock offsets handed over.
+    device_observations: int = 0
+    clock_offsets: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _ClockOffset:
+    source: str
+    offset_s: float
 
 
 class AggregationTask:
@@ -130,7 +147,9 @@ class AggregationTask:
         self._clock = clock
         self._load_rules = load_rules
         self._lock = threading.Lock()  # the hand-off: appends and swaps only
-        self._queue: deque[InferenceResult] = deque()
+        self._queue: deque[InferenceResult | Observation | _ClockOffset] = deque()
+        # Offsets that found the hand-off full: the latest per camera, applied after it.
+        self._offsets_aside: dict[str, float] = {}
         self._accepting = True
         # The engine and the held events, between the drain and the health report.
         self._engine_lock = threading.Lock()
@@ -153,6 +172,37 @@ class AggregationTask:
                 self.stats.queue_overflow += 1
                 return
             self._queue.append(result)
+
+    def offer_observation(self, observation: Observation) -> bool:
+        """Hand one camera observation over (the device gateway's worker; O(1), never
+        blocks on the rules). False when the task takes nothing any more (stopped, or the
+        rules failed); one that finds the hand-off full is counted ``queue_overflow``."""
+        with self._lock:
+            if not self._accepting:
+                return False
+            self.stats.offered += 1
+            self.stats.device_observations += 1
+            if len(self._queue) >= self.config.queue_size:
+                self.stats.queue_overflow += 1
+            else:
+                self._queue.append(observation)
+            return True
+
+    def set_clock_offset(self, source: str, offset_s: float) -> None:
+        """A camera's clock minus the node's (its heartbeat's estimate), for its frames
+        handed over after this call (any thread; applied by the task's worker)."""
+        with self._lock:
+            if not self._accepting:
+                return
+            self.stats.clock_offsets += 1
+            if len(self._queue) >= self.config.queue_size:
+                self._offsets_aside[source] = offset_s
+            else:
+                self._queue.append(_ClockOffset(source, offset_s))
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
 
     @property
     def queued(self) -> int:
@@ -209,17 +259,31 @@ class AggregationTask:
     def _aggregate(self, then: Callable[[Aggregator], list[Event]], now: float) -> list[Event]:
         with self._lock:
             batch, self._queue = self._queue, deque()
+            aside, self._offsets_aside = self._offsets_aside, {}
         events: list[Event] = []
         with self._engine_lock:
             engine = self.aggregator
             assert engine is not None
             try:
-                for result in batch:
-                    observation = observation_from_result(result)
+                known = engine.aligner.config.known_sources
+                for item in batch:
+                    if isinstance(item, _ClockOffset):
+                        # A camera the rules file does not list: its frames are counted
+                        # (unknown_source), its heartbeats are not.
+                        if known is None or item.source in known:
+                            engine.set_clock_offset(item.source, item.offset_s)
+                        continue
+                    if isinstance(item, Observation):
+                        observation: Observation | None = item
+                    else:
+                        observation = observation_from_result(item)
                     if observation is None:
                         self.stats.not_detections += 1
                         continue
                     events += engine.offer(observation, now)
+                for source, offset_s in aside.items():
+                    if known is None or source in known:
+                        engine.set_clock_offset(source, offset_s)
                 events += then(engine)
             except Exception as exc:  # a rule's bug: aggregation stops, inference goes on
                 log.exception("aggregation stopped by an error in the rules engine")
@@ -280,12 +344,15 @@ class AggregationTask:
         with self._lock:
             self._accepting = False
             self._queue.clear()
+            self._offsets_aside.clear()
 
     # ------------------------------------------------------------------ the agent's task
 
-    async def run(self, stop: anyio.Event) -> None:
+    async def run(self, stop: anyio.Event, *, inputs_closed: anyio.Event | None = None) -> None:
         """Load the rules, then ``drain_once`` every ``tick_s`` until ``stop``, then
-        ``finish``. Never raises for the rules (see the module docstring)."""
+        ``finish``. With ``inputs_closed`` (the device gateway's stop), ``finish`` waits
+        for it, draining meanwhile, so what the gateway processes while it stops becomes
+        events too. Never raises for the rules (see the module docstring)."""
         if not await anyio.to_thread.run_sync(self.start):
             self._clear()
             await stop.wait()
@@ -295,6 +362,10 @@ class AggregationTask:
                 await anyio.to_thread.run_sync(self.drain_once)
                 with anyio.move_on_after(self.config.tick_s):
                     await stop.wait()
+            while inputs_closed is not None and not inputs_closed.is_set():
+                await anyio.to_thread.run_sync(self.drain_once)
+                with anyio.move_on_after(self.config.tick_s):
+                    await inputs_closed.wait()
             stored = await anyio.to_thread.run_sync(self.finish)
             log.info("aggregation drained: %d events stored at stop", stored)
         except ClosedError:
@@ -336,6 +407,8 @@ class AggregationTask:
                 )
             },
             "capped": capped,
+            "device_observations": stats.device_observations,
+            "clock_offsets": stats.clock_offsets,
         }
 
 

@@ -200,11 +200,13 @@ class Telemetry:
         uplink: UplinkCounts | None = None,
         shadow: Mapping[str, Any] | None = None,
         aggregation: Mapping[str, Any] | None = None,
+        devices: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Close the window and return its ``edgefleet.agent.health/2`` document.
 
         ``shadow`` is its ``shadow`` section as the updater's shadow stage builds it,
-        ``aggregation`` its ``aggregation`` section as the aggregation task builds it.
+        ``aggregation`` its ``aggregation`` section as the aggregation task builds it,
+        ``devices`` its ``devices`` section as the agent's device task builds it.
 
         Its encoding (``encode_report``) fits ``max_report_bytes``. Blocking I/O (the
         probe): call it from a worker thread, one at a time.
@@ -222,6 +224,7 @@ class Telemetry:
             uplink=uplink,
             shadow=shadow,
             aggregation=aggregation,
+            devices=devices,
         )
         return report
 
@@ -240,6 +243,7 @@ class Telemetry:
         uplink: UplinkCounts | None = None,
         shadow: Mapping[str, Any] | None = None,
         aggregation: Mapping[str, Any] | None = None,
+        devices: Mapping[str, Any] | None = None,
     ) -> bytes:
         """``report``, encoded as the outbox stores it (``encode_report``'s bytes): the
         agent's path, which checks and encodes the document once. Same rules as ``report``.
@@ -257,6 +261,7 @@ class Telemetry:
             uplink=uplink,
             shadow=shadow,
             aggregation=aggregation,
+            devices=devices,
         )
         return data
 
@@ -275,6 +280,7 @@ class Telemetry:
         uplink: UplinkCounts | None,
         shadow: Mapping[str, Any] | None = None,
         aggregation: Mapping[str, Any] | None = None,
+        devices: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], bytes]:
         cpu_started = time.thread_time()
         self._fold()
@@ -310,6 +316,7 @@ class Telemetry:
                 "model_runtime": None if model_runtime is None else dict(model_runtime),
                 "shadow": None if shadow is None else dict(shadow),
                 "aggregation": None if aggregation is None else dict(aggregation),
+                "devices": None if devices is None else dict(devices),
                 **latency_section(latency, window_s),
                 **streams_part,
                 "queue_depth_frames": queue_depth_frames,

@@ -124,6 +124,11 @@ ADDED_SINCE_CAPTURE = (
         for path in declared(HealthReport.DESCRIPTOR)
         if path == "aggregation" or path.startswith("aggregation.")
     }
+    | {  # issue 14: the device gateway (tests/edge_node/agent/test_agent_devices.py)
+        path
+        for path in declared(HealthReport.DESCRIPTOR)
+        if path == "devices" or path.startswith("devices.")
+    }
 )
 
 

@@ -15,7 +15,9 @@ import anyio
 import pytest
 
 from edge_node.agent.aggregation_task import AggregationTask, AggregationTaskConfig
-from edge_node.aggregation.model import Provenance
+from edge_node.aggregation.model import Box as AggBox
+from edge_node.aggregation.model import Detection as AggDetection
+from edge_node.aggregation.model import Observation, Provenance
 from edge_node.aggregation.wire import decode_event
 from edge_node.clock import ManualClock
 from edge_node.errors import InvalidInputError, OutboxFullError
@@ -298,3 +300,64 @@ def test_the_config_is_checked() -> None:
         AggregationTaskConfig(enabled=True)
     with pytest.raises(InvalidInputError, match=r"aggregation\.queue_size"):
         AggregationTaskConfig(queue_size=0)
+
+
+CAMERA = Provenance("device", "people-cam", "1.4", "fw-2.3")
+
+
+def seen(n: int, x: float, *, clock_s: float) -> Observation:
+    """A camera's frame `n` (track 7, feet at (x, 0.8)), stamped `clock_s` on its clock."""
+    box = AggBox(max(0.0, x - 0.1), 0.4, min(1.0, x + 0.1), 0.8)
+    return Observation(
+        "gate", f"m-{n}", n, clock_s, (AggDetection("person", 0.9, box, "7"),), CAMERA
+    )
+
+
+def test_a_cameras_observations_are_aggregated_with_the_offset_handed_over_before_them(
+    rules: Path, outbox: Outbox
+) -> None:
+    task = task_for(rules, outbox)
+    assert task.start()
+    skew = 3600.0  # the camera's clock is an hour ahead
+    t0 = T0.timestamp()
+    # Taken at face value: before the camera's first estimate (the node's clock, near).
+    assert task.offer_observation(seen(0, 0.1, clock_s=t0))
+    task.set_clock_offset("gate", skew)
+    for n in range(1, 10):
+        assert task.offer_observation(seen(n, 0.1 + 0.08 * n, clock_s=t0 + skew + n / FPS))
+    assert task.drain_once(t0 + 2) == 1
+    [(_, payload)] = events_in(outbox)
+    event = decode_event(payload)
+    assert event.provenance == (CAMERA,)
+    assert event.evidence[0].frame_seq == 5
+    assert event.at == pytest.approx(t0 + 5 / FPS, abs=1e-6)  # the node's time of frame 5
+    health = task.health()
+    assert (health["offered"], health["device_observations"], health["clock_offsets"]) == (
+        10,
+        10,
+        1,
+    )
+    assert (health["too_late"], health["future"]) == (0, 0)
+
+
+def test_an_offset_that_finds_the_hand_off_full_is_kept_and_applied_after_it(
+    rules: Path, outbox: Outbox
+) -> None:
+    task = task_for(rules, outbox, queue_size=2)
+    t0 = T0.timestamp()
+    assert task.offer_observation(seen(0, 0.1, clock_s=t0))
+    assert task.offer_observation(seen(1, 0.1, clock_s=t0 + 0.1))
+    assert task.offer_observation(seen(2, 0.1, clock_s=t0 + 0.2))  # over: counted
+    task.set_clock_offset("gate", 60.0)  # full too: set aside, not lost
+    task.set_clock_offset("gate", 120.0)  # the latest wins
+    task.set_clock_offset("yard-cam", 5.0)  # not in the rules file's cameras: not counted there
+    assert (task.stats.queue_overflow, task.queued, task.stats.clock_offsets) == (1, 2, 3)
+    assert task.start()
+    task.drain_once(t0 + 1)
+    assert task.aggregator is not None
+    assert task.aggregator.aligner.clock_offsets() == {"gate": 120.0}
+    assert task.health()["unknown_source"] == 0
+    # Once the rules failed or the task stopped, nothing more is taken.
+    task.finish()
+    assert not task.offer_observation(seen(3, 0.1, clock_s=t0 + 0.3))
+    assert task.stats.device_observations == 3

@@ -216,12 +216,17 @@ def test_the_sample_in_the_operator_guide_is_valid(tmp_path: Path) -> None:
     guide = Path(__file__).resolve().parents[3] / "docs" / "operator-guide.md"
     section = guide.read_text().split("## Running a node", 1)[1]
     sample = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    password = tmp_path / "broker.pass"  # the files it names are read at start
+    password.write_text("pw\n")
     path = tmp_path / "node.yaml"
-    path.write_text(sample)
+    path.write_text(sample.replace("/etc/edgefleet/broker.pass", str(password)))
     config = load_agent_config(path)
     assert config.link.target == "cp.example.com:7443"
     assert [s.name for s in config.runtime.streams] == ["gate-north"]
     assert config.updater.watchdog.window_s == 60
+    assert config.devices is not None
+    assert sorted(config.devices.cameras) == ["gate-cam-1", "gate-cam-2"]
+    assert config.devices.password == "pw"
 
 
 def _setting_names(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -305,3 +310,76 @@ def test_unsafe_aggregation_settings_are_refused_naming_the_field(
     node_yaml.write_text(BASE + section)
     with pytest.raises(ConfigError, match=named):
         load_agent_config(node_yaml)
+
+
+DEVICES = """\
+devices:
+  host: 127.0.0.1
+  port: 1884
+  client_id: node-gates-7
+  username: edge-node
+  password_file: {password}
+  cameras:
+    cam-a: {{target_fps: 10, skip_policy: even}}
+    cam-b:
+  limits: {{rate_per_s: 30, burst: 60}}
+"""
+
+
+def test_devices_are_off_unless_configured_and_the_password_is_read_from_its_file(
+    node_yaml: Path, tmp_path: Path
+) -> None:
+    assert load_agent_config(node_yaml).devices is None
+    password = tmp_path / "broker.pass"
+    password.write_text("s3cret\n")
+    node_yaml.write_text(BASE + DEVICES.format(password=password))
+    devices = load_agent_config(node_yaml).devices
+    assert devices is not None
+    assert (devices.host, devices.port, devices.client_id) == ("127.0.0.1", 1884, "node-gates-7")
+    assert (devices.username, devices.password) == ("edge-node", "s3cret")  # newline dropped
+    assert sorted(devices.cameras) == ["cam-a", "cam-b"]
+    assert devices.cameras["cam-a"].target_fps == 10
+    assert devices.cameras["cam-a"].skip_policy == "even"
+    assert (devices.limits.rate_per_s, devices.limits.burst) == (30, 60)
+    assert "s3cret" not in repr(devices)
+    node_yaml.write_text(BASE + "devices:\n  enabled: false\n  cameras: {cam-a: null}\n")
+    assert load_agent_config(node_yaml).devices is None
+
+
+@pytest.mark.parametrize(
+    ("section", "named"),
+    [
+        ("devices:\n  port: 0\n", "devices.port: must be a TCP port"),
+        ("devices:\n  cameras: {cam-a: {target_fps: -1}}\n", "devices.cameras.cam-a.target_fps"),
+        ("devices:\n  brokers: []\n", "devices: unknown setting.s. brokers"),
+        ("devices:\n  limits: {burst: 0}\n", "devices.limits.burst"),
+        ("devices:\n  enabled: maybe\n", "devices.enabled"),
+        ("devices:\n  username: u\n  password_file: relative.pass\n", "devices.password_file"),
+        ("devices:\n  username: u\n  password_file: /nonexistent/p\n", "devices.password_file"),
+        (
+            "devices:\n  username: u\n  password: a\n  password_file: /p\n",
+            "devices.password_file: give password or password_file",
+        ),
+    ],
+)
+def test_unusable_device_settings_are_refused_naming_the_field(
+    node_yaml: Path, section: str, named: str
+) -> None:
+    node_yaml.write_text(BASE + section)
+    with pytest.raises(ConfigError, match=named):
+        load_agent_config(node_yaml)
+
+
+def test_a_password_file_without_a_username_or_empty_names_the_file(
+    node_yaml: Path, tmp_path: Path
+) -> None:
+    password = tmp_path / "broker.pass"
+    password.write_text("pw\n")
+    node_yaml.write_text(BASE + f"devices:\n  password_file: {password}\n")
+    with pytest.raises(ConfigError, match=r"devices\.password_file: a password needs a username"):
+        load_agent_config(node_yaml)
+    password.write_text("\n")
+    node_yaml.write_text(BASE + f"devices:\n  username: u\n  password_file: {password}\n")
+    with pytest.raises(ConfigError, match=r"devices\.password_file: .* is empty") as caught:
+        load_agent_config(node_yaml)
+    assert caught.value.fields["field"] == "devices.password_file"

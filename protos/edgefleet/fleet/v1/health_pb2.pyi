@@ -109,6 +109,7 @@ class HealthReport(_message.Message):
     MODEL_RUNTIME_FIELD_NUMBER: _builtins.int
     SHADOW_FIELD_NUMBER: _builtins.int
     AGGREGATION_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
     schema: _builtins.str
     """"edgefleet.agent.health/2"; a reader reads a higher version as far as it knows it."""
     node_id: _builtins.str
@@ -171,6 +172,12 @@ class HealthReport(_message.Message):
         The aggregation (rules file -> events); null when it is turned off (or an older agent).
         """
 
+    @_builtins.property
+    def devices(self) -> Global___Devices:
+        """The device gateway (cameras over the local broker); null when node.yaml has no
+        `devices:` (or an older agent).
+        """
+
     def __init__(
         self,
         *,
@@ -203,10 +210,11 @@ class HealthReport(_message.Message):
         model_runtime: Global___ModelRuntime | None = ...,
         shadow: Global___Shadow | None = ...,
         aggregation: Global___Aggregation | None = ...,
+        devices: Global___Devices | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "aggregation", b"aggregation", "cpu", b"cpu", "disk", b"disk", "errors", b"errors", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "shadow", b"shadow", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "aggregation", b"aggregation", "cpu", b"cpu", "devices", b"devices", "disk", b"disk", "errors", b"errors", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "shadow", b"shadow", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "agent_version", b"agent_version", "aggregation", b"aggregation", "cpu", b"cpu", "disk", b"disk", "drift_suspected", b"drift_suspected", "errors", b"errors", "frames_dropped", b"frames_dropped", "latency", b"latency", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "node_id", b"node_id", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "schema", b"schema", "seq", b"seq", "shadow", b"shadow", "streams", b"streams", "streams_omitted", b"streams_omitted", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink", "uptime_s", b"uptime_s", "window_end", b"window_end", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model_active", b"_model_active", "_queue_depth_frames", b"_queue_depth_frames", "_system_uptime_s", b"_system_uptime_s", "agent_version", b"agent_version", "aggregation", b"aggregation", "cpu", b"cpu", "devices", b"devices", "disk", b"disk", "drift_suspected", b"drift_suspected", "errors", b"errors", "frames_dropped", b"frames_dropped", "latency", b"latency", "latency_omitted", b"latency_omitted", "memory", b"memory", "model_active", b"model_active", "model_runtime", b"model_runtime", "node_id", b"node_id", "outbox", b"outbox", "queue_depth_frames", b"queue_depth_frames", "schema", b"schema", "seq", b"seq", "shadow", b"shadow", "streams", b"streams", "streams_omitted", b"streams_omitted", "system_uptime_s", b"system_uptime_s", "telemetry", b"telemetry", "thermal", b"thermal", "throughput", b"throughput", "uplink", b"uplink", "uptime_s", b"uptime_s", "window_end", b"window_end", "window_s", b"window_s", "window_start", b"window_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__model_active: _TypeAlias = _typing.Literal["model_active"]  # noqa: Y015
     _WhichOneofArgType__model_active: _TypeAlias = _typing.Literal["_model_active", b"_model_active"]  # noqa: Y015
@@ -222,6 +230,294 @@ class HealthReport(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__system_uptime_s) -> _WhichOneofReturnType__system_uptime_s | None: ...
 
 Global___HealthReport: _TypeAlias = HealthReport  # noqa: Y015
+
+@_typing.final
+class Devices(_message.Message):
+    """The node's device gateway (edge_node.devices, started by the agent): counts since the
+    agent started, not per window.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AcceptedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class RejectedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class CamerasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___DeviceCamera: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___DeviceCamera | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    BROKER_FIELD_NUMBER: _builtins.int
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    CONNECTS_FIELD_NUMBER: _builtins.int
+    CONNECT_FAILURES_FIELD_NUMBER: _builtins.int
+    DISCONNECTS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    UNKNOWN_DEVICES_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    MAX_QUEUE_FIELD_NUMBER: _builtins.int
+    QUEUE_FULL_FIELD_NUMBER: _builtins.int
+    OBSERVATIONS_FIELD_NUMBER: _builtins.int
+    OBSERVATIONS_NOT_AGGREGATED_FIELD_NUMBER: _builtins.int
+    TIME_SYNCS_FIELD_NUMBER: _builtins.int
+    CONFIGS_PUBLISHED_FIELD_NUMBER: _builtins.int
+    PUBLISH_FAILURES_FIELD_NUMBER: _builtins.int
+    CALLBACK_ERRORS_FIELD_NUMBER: _builtins.int
+    INTERNAL_ERRORS_FIELD_NUMBER: _builtins.int
+    REMEMBERED_IDS_FIELD_NUMBER: _builtins.int
+    IDS_EVICTED_EARLY_FIELD_NUMBER: _builtins.int
+    CAMERAS_FIELD_NUMBER: _builtins.int
+    CAMERAS_OMITTED_FIELD_NUMBER: _builtins.int
+    broker: _builtins.str
+    """The local broker, HOST:PORT, and whether the gateway is connected to it now; the last
+    connection problem (null once connected again).
+    """
+    connected: _builtins.bool
+    last_error: _builtins.str
+    connects: _builtins.int
+    connect_failures: _builtins.int
+    disconnects: _builtins.int
+    mode: _builtins.str
+    """"aggregating": accepted results go to the aggregation; "counting": node.yaml names no
+    rules file (or the aggregation failed), so results are checked and counted only.
+    """
+    messages: _builtins.int
+    """Messages taken from the broker; accepted by kind ("results", "heartbeats", "frames");
+    refused by reason ("unknown_device", "rate_limited", "malformed", "timestamp_future",
+    "duplicate", ...: edge_node.devices.intake.REASONS, every reason listed).
+    """
+    queued: _builtins.int
+    """Messages waiting for the gateway's worker now, its bound, and those dropped over it."""
+    max_queue: _builtins.int
+    queue_full: _builtins.int
+    observations: _builtins.int
+    """Accepted results handed on as observations, and those of them the aggregation did not
+    take (mode "counting", or the aggregation stopped).
+    """
+    observations_not_aggregated: _builtins.int
+    time_syncs: _builtins.int
+    configs_published: _builtins.int
+    publish_failures: _builtins.int
+    callback_errors: _builtins.int
+    """Bugs caught and counted (a message lost each), never a crash."""
+    internal_errors: _builtins.int
+    remembered_ids: _builtins.int
+    """The message ids remembered to drop redeliveries; forgotten before their horizon."""
+    ids_evicted_early: _builtins.int
+    cameras_omitted: _builtins.int
+    @_builtins.property
+    def accepted(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def unknown_devices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The first device ids seen that are not on the allow-list (at most 16)."""
+
+    @_builtins.property
+    def cameras(self) -> _containers.MessageMap[_builtins.str, Global___DeviceCamera]:
+        """Allow-listed camera -> its counts (at most 64; the rest counted in cameras_omitted)."""
+
+    def __init__(
+        self,
+        *,
+        broker: _builtins.str = ...,
+        connected: _builtins.bool = ...,
+        last_error: _builtins.str | None = ...,
+        connects: _builtins.int = ...,
+        connect_failures: _builtins.int = ...,
+        disconnects: _builtins.int = ...,
+        mode: _builtins.str = ...,
+        messages: _builtins.int = ...,
+        accepted: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        rejected: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        unknown_devices: _abc.Iterable[_builtins.str] | None = ...,
+        queued: _builtins.int = ...,
+        max_queue: _builtins.int = ...,
+        queue_full: _builtins.int = ...,
+        observations: _builtins.int = ...,
+        observations_not_aggregated: _builtins.int = ...,
+        time_syncs: _builtins.int = ...,
+        configs_published: _builtins.int = ...,
+        publish_failures: _builtins.int = ...,
+        callback_errors: _builtins.int = ...,
+        internal_errors: _builtins.int = ...,
+        remembered_ids: _builtins.int = ...,
+        ids_evicted_early: _builtins.int = ...,
+        cameras: _abc.Mapping[_builtins.str, Global___DeviceCamera] | None = ...,
+        cameras_omitted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_error", b"_last_error", "last_error", b"last_error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_error", b"_last_error", "accepted", b"accepted", "broker", b"broker", "callback_errors", b"callback_errors", "cameras", b"cameras", "cameras_omitted", b"cameras_omitted", "configs_published", b"configs_published", "connect_failures", b"connect_failures", "connected", b"connected", "connects", b"connects", "disconnects", b"disconnects", "ids_evicted_early", b"ids_evicted_early", "internal_errors", b"internal_errors", "last_error", b"last_error", "max_queue", b"max_queue", "messages", b"messages", "mode", b"mode", "observations", b"observations", "observations_not_aggregated", b"observations_not_aggregated", "publish_failures", b"publish_failures", "queue_full", b"queue_full", "queued", b"queued", "rejected", b"rejected", "remembered_ids", b"remembered_ids", "time_syncs", b"time_syncs", "unknown_devices", b"unknown_devices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__last_error: _TypeAlias = _typing.Literal["last_error"]  # noqa: Y015
+    _WhichOneofArgType__last_error: _TypeAlias = _typing.Literal["_last_error", b"_last_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_error) -> _WhichOneofReturnType__last_error | None: ...
+
+Global___Devices: _TypeAlias = Devices  # noqa: Y015
+
+@_typing.final
+class DeviceCamera(_message.Message):
+    """One allow-listed camera, as the gateway sees it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AcceptedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class RejectedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    CLOCK_OFFSET_S_FIELD_NUMBER: _builtins.int
+    CLOCK_ERROR_S_FIELD_NUMBER: _builtins.int
+    FIRMWARE_FIELD_NUMBER: _builtins.int
+    BOOT_ID_FIELD_NUMBER: _builtins.int
+    CONFIG_VERSION_FIELD_NUMBER: _builtins.int
+    REPORTED_CONFIG_VERSION_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_FIELD_NUMBER: _builtins.int
+    clock_offset_s: _builtins.float
+    """The camera's clock minus the node's, and its error bound, from its latest heartbeat;
+    null until the camera has an estimate (its results are then taken at face value).
+    """
+    clock_error_s: _builtins.float
+    firmware: _builtins.str
+    """What its latest heartbeat said (empty before the first)."""
+    boot_id: _builtins.str
+    config_version: _builtins.int
+    """The DeviceConfig version the node sent it, and the one its heartbeat says it runs."""
+    reported_config_version: _builtins.int
+    last_seen: _builtins.str
+    """When the node last accepted a message from it (ISO 8601 with a UTC offset); null
+    when never.
+    """
+    @_builtins.property
+    def accepted(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        accepted: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        rejected: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        clock_offset_s: _builtins.float | None = ...,
+        clock_error_s: _builtins.float | None = ...,
+        firmware: _builtins.str = ...,
+        boot_id: _builtins.str = ...,
+        config_version: _builtins.int = ...,
+        reported_config_version: _builtins.int = ...,
+        last_seen: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_clock_error_s", b"_clock_error_s", "_clock_offset_s", b"_clock_offset_s", "_last_seen", b"_last_seen", "clock_error_s", b"clock_error_s", "clock_offset_s", b"clock_offset_s", "last_seen", b"last_seen"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_clock_error_s", b"_clock_error_s", "_clock_offset_s", b"_clock_offset_s", "_last_seen", b"_last_seen", "accepted", b"accepted", "boot_id", b"boot_id", "clock_error_s", b"clock_error_s", "clock_offset_s", b"clock_offset_s", "config_version", b"config_version", "firmware", b"firmware", "last_seen", b"last_seen", "rejected", b"rejected", "reported_config_version", b"reported_config_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__clock_error_s: _TypeAlias = _typing.Literal["clock_error_s"]  # noqa: Y015
+    _WhichOneofArgType__clock_error_s: _TypeAlias = _typing.Literal["_clock_error_s", b"_clock_error_s"]  # noqa: Y015
+    _WhichOneofReturnType__clock_offset_s: _TypeAlias = _typing.Literal["clock_offset_s"]  # noqa: Y015
+    _WhichOneofArgType__clock_offset_s: _TypeAlias = _typing.Literal["_clock_offset_s", b"_clock_offset_s"]  # noqa: Y015
+    _WhichOneofReturnType__last_seen: _TypeAlias = _typing.Literal["last_seen"]  # noqa: Y015
+    _WhichOneofArgType__last_seen: _TypeAlias = _typing.Literal["_last_seen", b"_last_seen"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__clock_error_s) -> _WhichOneofReturnType__clock_error_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__clock_offset_s) -> _WhichOneofReturnType__clock_offset_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_seen) -> _WhichOneofReturnType__last_seen | None: ...
+
+Global___DeviceCamera: _TypeAlias = DeviceCamera  # noqa: Y015
 
 @_typing.final
 class Aggregation(_message.Message):
@@ -291,6 +587,8 @@ class Aggregation(_message.Message):
     UNKNOWN_SOURCE_FIELD_NUMBER: _builtins.int
     INVALID_TIME_FIELD_NUMBER: _builtins.int
     CAPPED_FIELD_NUMBER: _builtins.int
+    DEVICE_OBSERVATIONS_FIELD_NUMBER: _builtins.int
+    CLOCK_OFFSETS_FIELD_NUMBER: _builtins.int
     state: _builtins.str
     """"running", or "failed" when the rules file could not be used (`error` says why, naming
     the field): the node then serves inference without aggregation.
@@ -320,6 +618,11 @@ class Aggregation(_message.Message):
     future: _builtins.int
     unknown_source: _builtins.int
     invalid_time: _builtins.int
+    device_observations: _builtins.int
+    """Of `offered`: cameras' observations from the device gateway (the rest are the node's
+    own inference results); camera clock offsets handed over (one per heartbeat estimate).
+    """
+    clock_offsets: _builtins.int
     @_builtins.property
     def events(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Events raised, by type ("zone.intrusion", ...)."""
@@ -353,10 +656,12 @@ class Aggregation(_message.Message):
         unknown_source: _builtins.int = ...,
         invalid_time: _builtins.int = ...,
         capped: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        device_observations: _builtins.int = ...,
+        clock_offsets: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "capped", b"capped", "duplicates", b"duplicates", "error", b"error", "events", b"events", "events_held", b"events_held", "events_lost", b"events_lost", "events_replayed", b"events_replayed", "events_stored", b"events_stored", "future", b"future", "invalid_time", b"invalid_time", "late_applied", b"late_applied", "offered", b"offered", "queue_overflow", b"queue_overflow", "queued", b"queued", "rules", b"rules", "rules_file", b"rules_file", "sightings", b"sightings", "state", b"state", "too_late", b"too_late", "unknown_source", b"unknown_source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "capped", b"capped", "clock_offsets", b"clock_offsets", "device_observations", b"device_observations", "duplicates", b"duplicates", "error", b"error", "events", b"events", "events_held", b"events_held", "events_lost", b"events_lost", "events_replayed", b"events_replayed", "events_stored", b"events_stored", "future", b"future", "invalid_time", b"invalid_time", "late_applied", b"late_applied", "offered", b"offered", "queue_overflow", b"queue_overflow", "queued", b"queued", "rules", b"rules", "rules_file", b"rules_file", "sightings", b"sightings", "state", b"state", "too_late", b"too_late", "unknown_source", b"unknown_source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
