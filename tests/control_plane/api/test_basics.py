@@ -182,3 +182,25 @@ def test_malformed_json_is_a_422_problem(client: TestClient) -> None:
     )
     assert response.status_code == 422
     assert response.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "params", "field"),
+    [
+        ("GET", "/v1/audit", {"since": "2026-12-01T10:00:00"}, ["query", "since"]),
+        ("POST", f"/v1/alerts/{1 << 63}/clear", {}, ["path", "alert_id"]),
+        ("POST", f"/v1/alerts/{10**30}/clear", {}, ["path", "alert_id"]),
+    ],
+)
+def test_values_the_database_cannot_take_are_a_422_naming_the_field(
+    client: TestClient, method: str, url: str, params: dict[str, str], field: list[str]
+) -> None:
+    response = client.request(method, url, params=params)
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    assert [e["loc"] for e in response.json()["errors"]] == [field]
+
+
+def test_a_zoned_since_and_the_largest_int64_id_are_fine(client: TestClient) -> None:
+    assert client.get("/v1/audit", params={"since": "2026-12-01T10:00:00+02:00"}).status_code == 200
+    assert client.post(f"/v1/alerts/{(1 << 63) - 1}/clear").status_code == 404
