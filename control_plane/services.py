@@ -24,6 +24,7 @@ from control_plane.clock import Clock, SystemClock
 from control_plane.director.assignments import load_or_create_director_key
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
+from control_plane.fsutil import make_private_dirs
 from control_plane.health.clearing import AlertClearing
 from control_plane.health.config import HealthConfig
 from control_plane.health.processor import HealthProcessor
@@ -168,7 +169,7 @@ class Services:
 
 
 def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Services:
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(config.data_dir)
     # Validate the cheap settings before touching the database.
     store = artifact_store_from_url(config.artifacts_url, max_length=config.max_artifact_bytes)
     engine = create_engine_for(config.database_url)

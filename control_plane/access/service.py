@@ -26,7 +26,7 @@ from control_plane.errors import (
     InvalidInputError,
     NotFoundError,
 )
-from control_plane.fsutil import atomic_write
+from control_plane.fsutil import atomic_write, make_private_dirs
 from control_plane.storage.models import ApiTokenRow, AuditRow
 
 
@@ -171,7 +171,7 @@ class AccessService:
         if count:
             return False
         token = self.create_token(SYSTEM, name="bootstrap-admin", role=Role.ADMIN)[0]
-        token_file.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(token_file.parent)
         # Replaces a file left from an earlier database: that token is useless now.
         atomic_write(token_file, (token + "\n").encode(), mode=0o600)
         return True
@@ -275,7 +275,7 @@ class AccessService:
         """Create a new admin token and write it to `token_file` (0600), for an operator
         who holds the server's data dir and no working admin token. Audited as `system`."""
         token, info = self.create_token(SYSTEM, name=name, role=Role.ADMIN)
-        token_file.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(token_file.parent)
         atomic_write(token_file, (token + "\n").encode(), mode=0o600)
         return info
 
