@@ -16,7 +16,7 @@ def test_health_and_ready(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json()["checks"] == {"database": "ok", "artifacts": "ok"}
+    assert ready.json()["checks"] == {"database": "ok", "artifacts": "ok", "tuf_metadata": "ok"}
 
 
 def test_openapi_lists_the_routes(client: TestClient) -> None:
