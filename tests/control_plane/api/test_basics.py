@@ -140,9 +140,11 @@ def test_token_recover_writes_a_working_admin_token(
 
 
 def test_token_recover_refuses_a_dir_without_a_database(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from control_plane.cli.main import main
+
+    monkeypatch.delenv("EDGEFLEET_DATABASE_URL", raising=False)
 
     assert main(["token", "recover", "--data-dir", str(tmp_path / "nothing")]) == 1
     assert "no database at" in capsys.readouterr().err
