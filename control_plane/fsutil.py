@@ -45,6 +45,36 @@ def atomic_write(path: Path, data: bytes, *, mode: int, exclusive: bool = False)
     fsync_dir(directory)
 
 
+# What the control plane's own state gets, whatever the umask (docs/operator-guide.md,
+# "What the data dir holds"): directories only the server's user can enter, files only it
+# can read. Artifacts stay 0444 (immutable) inside 0700 directories.
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def make_private_dirs(directory: Path, mode: int = PRIVATE_DIR_MODE) -> list[Path]:
+    """`mkdir -p` whose every directory it creates gets exactly `mode`, whatever the umask.
+
+    `Path.mkdir(mode=..., parents=True)` gives the parents it creates `0o777 & ~umask`
+    (world-writable under umask 000); directories that already exist are left as they are.
+    Returns the directories created, outermost first.
+    """
+    missing: list[Path] = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    created: list[Path] = []
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=mode)
+        except FileExistsError:
+            continue  # another process (replica) made it first; it sets the mode
+        path.chmod(mode)  # mkdir's mode is narrowed by the umask, never widened
+        created.append(path)
+    return created
+
+
 def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:

@@ -58,6 +58,7 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         snapshot_ttl=settings.snapshot_ttl,
         timestamp_ttl=settings.timestamp_ttl,
         refresh_interval_s=settings.refresh_interval_s,
+        ready_margin_fraction=settings.ready_margin_fraction,
         mqtt=settings.mqtt_bridge_config(),
         health=settings.health_config(),
         health_processor=settings.health_processor,

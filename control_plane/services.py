@@ -26,6 +26,7 @@ from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
 from control_plane.events.query import EventsConfig
 from control_plane.events.store import EventStore
+from control_plane.fsutil import make_private_dirs
 from control_plane.health.clearing import AlertClearing
 from control_plane.health.config import HealthConfig
 from control_plane.health.processor import HealthProcessor
@@ -58,6 +59,9 @@ class ServiceConfig:
     snapshot_ttl: timedelta = timedelta(days=7)
     timestamp_ttl: timedelta = timedelta(days=1)
     refresh_interval_s: float = 300.0
+    # /readyz fails when a served snapshot/timestamp has less than this fraction of its
+    # TTL left (the freshness loop re-signs at half).
+    ready_margin_fraction: float = 0.25
     # How often director assignments due within a third of their lifetime are renewed.
     renewal_interval_s: float = 600.0
     nodes: NodeConfig = field(default_factory=NodeConfig)
@@ -140,6 +144,15 @@ class Services:
             checks["artifacts"] = "ok"
         except Exception as exc:
             checks["artifacts"] = f"unavailable: {type(exc).__name__}"
+        try:
+            # A stalled freshness loop shows here before nodes refuse what we serve.
+            stale = self.registry.stale_online_metadata()
+            shown = "; ".join(stale[:3]) + (
+                f" (and {len(stale) - 3} more)" if len(stale) > 3 else ""
+            )
+            checks["tuf_metadata"] = f"expiring: {shown}" if stale else "ok"
+        except Exception as exc:
+            checks["tuf_metadata"] = f"unavailable: {type(exc).__name__}"
         return checks
 
     def node_inbox(
@@ -173,7 +186,7 @@ class Services:
 
 
 def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Services:
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(config.data_dir)
     # Validate the cheap settings before touching the database.
     store = artifact_store_from_url(config.artifacts_url, max_length=config.max_artifact_bytes)
     engine = create_engine_for(config.database_url)
@@ -186,7 +199,11 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         store,
         keys,
         clock,
-        RegistryConfig(snapshot_ttl=config.snapshot_ttl, timestamp_ttl=config.timestamp_ttl),
+        RegistryConfig(
+            snapshot_ttl=config.snapshot_ttl,
+            timestamp_ttl=config.timestamp_ttl,
+            ready_margin_fraction=config.ready_margin_fraction,
+        ),
     )
     access = AccessService(sessions, clock)
     access.bootstrap_admin(config.data_dir / "admin-token")

@@ -42,6 +42,9 @@ class ServerSettings(BaseSettings):
     snapshot_ttl_hours: float = Field(default=24 * 7, gt=0)
     timestamp_ttl_hours: float = Field(default=24, gt=0)
     refresh_interval_s: float = Field(default=300, gt=0)
+    # /readyz fails when a served snapshot/timestamp has less than this fraction of its TTL
+    # left; below the re-signing point (half), so only a stalled freshness loop trips it.
+    ready_margin_fraction: float = Field(default=0.25, gt=0, lt=0.5)
     log_level: str = "info"
     log_format: Literal["logfmt", "json"] = "logfmt"
     # MQTT bridge: off unless `mqtt` (HOST:PORT of the broker) is set.

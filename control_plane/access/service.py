@@ -21,11 +21,12 @@ from control_plane.access.roles import Principal, Role, hash_token, new_token, t
 from control_plane.clock import Clock
 from control_plane.errors import (
     AuthenticationError,
+    ConflictError,
     EdgefleetError,
     InvalidInputError,
     NotFoundError,
 )
-from control_plane.fsutil import atomic_write
+from control_plane.fsutil import atomic_write, make_private_dirs
 from control_plane.storage.models import ApiTokenRow, AuditRow
 
 
@@ -170,7 +171,7 @@ class AccessService:
         if count:
             return False
         token = self.create_token(SYSTEM, name="bootstrap-admin", role=Role.ADMIN)[0]
-        token_file.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(token_file.parent)
         # Replaces a file left from an earlier database: that token is useless now.
         atomic_write(token_file, (token + "\n").encode(), mode=0o600)
         return True
@@ -245,8 +246,37 @@ class AccessService:
             if row is None:
                 raise NotFoundError(f"no API token with id {token_id!r}", token_id=token_id)
             if row.revoked_at is None:
+                if row.role == Role.ADMIN.label:
+                    self._refuse_revoking_last_admin(session, row)
                 row.revoked_at = self._clock.now()
             info = _token_info(row)
+        return info
+
+    @staticmethod
+    def _refuse_revoking_last_admin(session: Session, row: ApiTokenRow) -> None:
+        """Nobody could create a token again: only `edgefleet token recover` on the server.
+
+        The active admin rows are locked (PostgreSQL; SQLite holds its write lock), so
+        two admins revoking each other at once cannot both succeed.
+        """
+        active_admins = session.scalars(
+            select(ApiTokenRow.id)
+            .where(ApiTokenRow.role == Role.ADMIN.label, ApiTokenRow.revoked_at.is_(None))
+            .with_for_update()
+        ).all()
+        if set(active_admins) <= {row.id}:
+            raise ConflictError(
+                f"API token {row.name!r} is the last active admin token; create another "
+                "admin token first (revoking it would leave no one able to manage tokens)",
+                token_id=row.id,
+            )
+
+    def recover_admin(self, token_file: Path, *, name: str = "recovery-admin") -> TokenInfo:
+        """Create a new admin token and write it to `token_file` (0600), for an operator
+        who holds the server's data dir and no working admin token. Audited as `system`."""
+        token, info = self.create_token(SYSTEM, name=name, role=Role.ADMIN)
+        make_private_dirs(token_file.parent)
+        atomic_write(token_file, (token + "\n").encode(), mode=0o600)
         return info
 
     def list_tokens(self, ctx: RequestContext) -> list[TokenInfo]:

@@ -177,6 +177,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         services.health.processor,
         services.nodes.refusals,
         app.state.link_counts,
+        services.registry.metadata_expiries,
     )
     app.add_middleware(
         BodyLimitMiddleware,

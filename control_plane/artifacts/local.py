@@ -15,7 +15,7 @@ from pathlib import Path
 
 from control_plane.artifacts.base import DEFAULT_MAX_LENGTH, ArtifactStore, check_sha256
 from control_plane.errors import NotFoundError, StorageError
-from control_plane.fsutil import fsync_dir
+from control_plane.fsutil import fsync_dir, make_private_dirs
 
 __all__ = ["LocalArtifactStore"]
 
@@ -76,8 +76,8 @@ class LocalArtifactStore(ArtifactStore):
         self._tmp = self._root / "tmp"
         self._stale_after_s = float(stale_after_s)
         with _os_errors_as_storage_errors("create"):
-            self._objects.mkdir(parents=True, exist_ok=True)
-            self._tmp.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self._objects)
+            make_private_dirs(self._tmp)
         self.remove_stale_temp_files()
 
     @property
@@ -206,13 +206,7 @@ class LocalArtifactStore(ArtifactStore):
 
     def _make_dirs_durably(self, directory: Path) -> None:
         """``mkdir -p`` that also fsyncs the parent of every directory it creates."""
-        missing: list[Path] = []
-        current = directory
-        while not current.exists():
-            missing.append(current)
-            current = current.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        for created in reversed(missing):
+        for created in make_private_dirs(directory):
             fsync_dir(created.parent)
 
     def __repr__(self) -> str:

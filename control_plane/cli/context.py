@@ -5,11 +5,13 @@ Imports only what `edgefleet --help` needs; the HTTP client and rich tables load
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -36,6 +38,15 @@ class CliContext:
             )
         from control_plane.cli.client import ApiClient  # httpx: only for commands that call
 
+        if self.token and plain_http_to_another_machine(self.server):
+            # A warning, not a refusal: lab setups over a trusted network keep working,
+            # and whoever sends a token in clear text is told so every time.
+            Console(stderr=True).print(
+                f"[yellow]warning:[/yellow] sending the API token in clear text to "
+                f"{self.server}: use https:// for a server on another machine",
+                soft_wrap=True,
+                highlight=False,
+            )
         return ApiClient(self.server, self.token)
 
     def emit(
@@ -64,6 +75,20 @@ class CliContext:
             self.console.print(table)
         else:
             self.console.print(str(data))
+
+
+def plain_http_to_another_machine(url: str) -> bool:
+    """`http://` to a host that is not this machine (localhost, 127.0.0.0/8, ::1)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "http":
+        return False
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name: it may resolve anywhere
 
 
 def _cell(value: Any) -> str:

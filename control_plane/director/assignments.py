@@ -20,6 +20,7 @@ from typing import Final
 from securesystemslib.signer import ED25519, KEY_TYPE_ED25519, CryptoSigner, Key, Signer
 
 from control_plane.errors import InvalidInputError
+from control_plane.fsutil import make_private_dirs
 from control_plane.trust.custom import SHA256_PATTERN, parse_target_path
 from control_plane.trust.keys import generate_signer, load_signer, save_private_key
 from control_plane.trust.repository import canonical_keyid
@@ -242,7 +243,7 @@ def load_or_create_director_key(directory: Path) -> CryptoSigner:
     path = directory / DIRECTOR_KEY_FILE
     if path.exists():
         return load_signer(path, None)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(directory)
     signer = generate_signer()
     try:
         save_private_key(path, signer, None, exclusive=True)

@@ -34,7 +34,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from control_plane.errors import AuthenticationError, InvalidInputError, PolicyError
-from control_plane.fsutil import atomic_write
+from control_plane.fsutil import atomic_write, make_private_dirs
 from control_plane.trust.keys import PRIVATE_MODE, PUBLIC_MODE, check_private_key_mode
 
 __all__ = [
@@ -171,7 +171,7 @@ class CertificateAuthority:
         again from the surviving key).
         """
         directory = Path(directory)
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(directory)
         key = _load_or_create_key(directory / CA_KEY_FILE)
         cert = _load_or_create_cert(directory / CA_CERT_FILE, key, now, common_name)
         ca = cls(key, cert)

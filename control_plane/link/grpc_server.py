@@ -163,8 +163,10 @@ class NodeLinkGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> Any:
         handler = await continuation(handler_call_details)
         method: str = handler_call_details.method
+        if handler is not None and method.startswith(REFLECTION_PREFIX):
+            return _with_client_certificate_only(handler)
         if handler is None or not method.startswith(f"/{SERVICE_NAME}/"):
-            return handler  # health, reflection: no node identity involved
+            return handler  # health: no node identity involved, answered on both ports
         return self._guarded(method.rsplit("/", 1)[-1], handler)
 
     def _guarded(self, name: str, handler: Any) -> Any:
@@ -270,6 +272,31 @@ class NodeLinkGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         await context.abort(
             status_for(error), error.message, trailing_metadata=((REASON_TRAILER, reason),)
         )
+
+
+# Reflection lists every service and message to whoever asks. The node port asks for a
+# client certificate at the TLS handshake; the enrollment port asks nobody, so there it
+# answers as if reflection were not served at all.
+REFLECTION_PREFIX: Final = "/grpc.reflection."
+
+
+def _with_client_certificate_only(handler: Any) -> Any:
+    inner = handler.stream_stream
+
+    async def stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        if _peer_certificate(context) is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "reflection is served on the node port (mTLS) only",
+            )
+        async for response in inner(requests, context):
+            yield response
+
+    return grpc.stream_stream_rpc_method_handler(
+        stream_stream,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 def _peer_certificate(context: Any) -> bytes | None:
@@ -556,7 +583,8 @@ def _timestamp(value: datetime) -> Timestamp:
 
 
 class GrpcLinkServer:
-    """The grpc.aio server: NodeLink, grpc.health.v1 and reflection on one or two ports.
+    """The grpc.aio server: NodeLink, grpc.health.v1 and reflection on one or two ports
+    (reflection answers only callers with a client certificate: not on the enrollment port).
 
     `start()` issues a fresh server certificate from the fleet CA (nodes trust the CA,
     not this certificate) and listens; `stop()` ends the Sync streams, lets unary

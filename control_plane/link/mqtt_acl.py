@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Final
 
 from control_plane.errors import InvalidInputError
-from control_plane.fsutil import atomic_write
+from control_plane.fsutil import atomic_write, make_private_dirs
 from control_plane.link.mqtt_topics import (
     DOWNLINK_LEAVES,
     ROOT,
@@ -189,7 +189,7 @@ def load_or_create_password(path: Path) -> str:
         return _read_password(path)
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     # exclusive: when another process created it first, theirs is used.
     with contextlib.suppress(FileExistsError):
         atomic_write(path, (new_mqtt_password() + "\n").encode(), mode=0o600, exclusive=True)

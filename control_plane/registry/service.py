@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from tuf.api.metadata import Metadata, Root, Snapshot, Targets, Timestamp
@@ -34,6 +34,7 @@ from control_plane.errors import (
     SignatureError,
     UnavailableError,
 )
+from control_plane.registry.freshness import MetadataExpiry, stale_online_metadata
 from control_plane.storage.models import (
     ArtifactRow,
     FleetRow,
@@ -59,6 +60,16 @@ class RegistryConfig:
     snapshot_ttl: timedelta = timedelta(days=7)
     timestamp_ttl: timedelta = timedelta(days=1)
     refresh_margin_fraction: float = 0.5
+    # /readyz fails when a served snapshot/timestamp has less than this fraction of its
+    # TTL left: the loop re-signs at `refresh_margin_fraction`, so only a stalled loop
+    # gets here, and nodes still have the rest of the margin before they refuse it.
+    ready_margin_fraction: float = 0.25
+
+    def ready_margins(self) -> dict[str, timedelta]:
+        return {
+            "snapshot": self.snapshot_ttl * self.ready_margin_fraction,
+            "timestamp": self.timestamp_ttl * self.ready_margin_fraction,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,6 +509,46 @@ class RegistryService:
             return _version_info(fleet, found, floor or 0)
 
     # --------------------------------------------------------------- freshness
+
+    @property
+    def config(self) -> RegistryConfig:
+        return self._config
+
+    def metadata_expiries(self) -> list[MetadataExpiry]:
+        """The newest served version of every role of every active fleet, with its expiry."""
+        latest = (
+            select(
+                TufMetadataRow.fleet_id,
+                TufMetadataRow.role,
+                func.max(TufMetadataRow.version).label("version"),
+            )
+            .group_by(TufMetadataRow.fleet_id, TufMetadataRow.role)
+            .subquery()
+        )
+        query = (
+            select(FleetRow.name, TufMetadataRow.role, TufMetadataRow.version)
+            .add_columns(TufMetadataRow.expires_at)
+            .join(latest, latest.c.fleet_id == FleetRow.id)
+            .join(
+                TufMetadataRow,
+                (TufMetadataRow.fleet_id == latest.c.fleet_id)
+                & (TufMetadataRow.role == latest.c.role)
+                & (TufMetadataRow.version == latest.c.version),
+            )
+            .where(FleetRow.state == "active")
+            .order_by(FleetRow.name, TufMetadataRow.role)
+        )
+        with self._sessions() as session:
+            return [
+                MetadataExpiry(fleet=name, role=role, version=version, expires_at=expires_at)
+                for name, role, version, expires_at in session.execute(query)
+            ]
+
+    def stale_online_metadata(self) -> list[str]:
+        """Why the served snapshot/timestamp of some fleet is (nearly) expired; [] if fresh."""
+        return stale_online_metadata(
+            self.metadata_expiries(), self._clock.now(), self._config.ready_margins()
+        )
 
     def refresh_expiring(self) -> list[str]:
         """Re-sign what nears expiry in every active fleet; returns the fleets refreshed.

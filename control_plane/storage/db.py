@@ -16,8 +16,11 @@ SQLite notes (the embedded default):
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from control_plane.errors import UnavailableError
+from control_plane.fsutil import PRIVATE_FILE_MODE, make_private_dirs
 
 __all__ = [
     "MIGRATIONS_DIR",
@@ -108,7 +112,7 @@ def create_engine_for(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
         if database and database != ":memory:" and not database.startswith("file:"):
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            _create_private_sqlite_file(Path(database).expanduser())
         engine = create_engine(parsed)
         _configure_sqlite(engine)
         return engine
@@ -121,6 +125,32 @@ def create_engine_for(url: str) -> Engine:
             parsed, pool_pre_ping=True, pool_size=POSTGRESQL_POOL_SIZE, max_overflow=10
         )
     return create_engine(parsed)
+
+
+def _create_private_sqlite_file(path: Path) -> None:
+    """Create the database file 0600 before SQLite does (it would use 0644 & ~umask).
+
+    SQLite gives `-wal` and `-shm` the mode of the database file, so they follow. A file
+    left readable by everyone (an older release made it so) loses its world bits.
+    """
+    make_private_dirs(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        for existing in (
+            path,
+            path.with_name(path.name + "-wal"),
+            path.with_name(path.name + "-shm"),
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                mode = stat.S_IMODE(existing.stat().st_mode)
+                if mode & 0o007:
+                    existing.chmod(mode & ~0o007)
+        return
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+    finally:
+        os.close(fd)
 
 
 def _configure_sqlite(engine: Engine) -> None:

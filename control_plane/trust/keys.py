@@ -42,7 +42,7 @@ from control_plane.errors import (
     PolicyError,
     SignatureError,
 )
-from control_plane.fsutil import atomic_write, fsync_dir
+from control_plane.fsutil import atomic_write, fsync_dir, make_private_dirs
 from control_plane.trust.repository import canonical_keyid
 
 KEYSET_FILE: Final = "keyset.json"
@@ -254,7 +254,7 @@ def init_operator_keys(
             f"refusing to overwrite existing keys in {out_dir}: {', '.join(existing)}",
             existing=existing,
         )
-    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(out_dir)
 
     root_signers = [generate_signer() for _ in range(root_keys)]
     release = generate_signer()

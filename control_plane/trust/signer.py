@@ -20,6 +20,7 @@ from securesystemslib.signer import (
 from tuf.api.metadata import Metadata
 
 from control_plane.errors import InvalidInputError, UnavailableError
+from control_plane.fsutil import make_private_dirs
 from control_plane.trust.keys import generate_signer, load_signer, save_private_key
 from control_plane.trust.repository import ONLINE_ROLES
 
@@ -110,7 +111,7 @@ class FileOnlineKeyStore:
                 fleet=fleet,
                 role=role,
             )
-        fleet_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(fleet_dir)
         signer = generate_signer()
         try:
             save_private_key(path, signer, None, exclusive=True)

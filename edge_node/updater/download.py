@@ -127,7 +127,9 @@ async def _fetch_into(
         close = getattr(stream, "aclose", None)
         if close is not None:
             await close()
-    return True
+    # Only a kept prefix makes a bad result worth one more try from zero: a download
+    # that started at byte zero and does not verify is what the server sends.
+    return size > 0
 
 
 async def _append(stream: AsyncIterator[bytes], part: Path, target: TargetInfo, size: int) -> None:

@@ -15,8 +15,10 @@ verified it: HTTPS keeps the transfer private, TUF makes it trustworthy (docs/ad
 
 Errors are the link's: 404 is `LinkNotFoundError` (TUF looks for the next root that
 way), another 4xx `LinkRequestError`, 5xx and network failures `LinkUnavailableError`
-(the reconciler retries and the download resumes). Metadata is capped at
-`max_metadata_bytes`; artifacts are capped by `download` at their signed length.
+(the reconciler retries and the download resumes). Metadata is capped per role at
+python-tuf's own limits (`UpdaterConfig`: 16 KiB for `timestamp.json`, so an endless one
+costs what it costs a stock client), and never above `max_metadata_bytes`; artifacts are
+capped by `download` at their signed length.
 Not here: the node link (`edge_node.link`), verification (`tuf_fetch`, `download`).
 """
 
@@ -46,7 +48,24 @@ class HttpsRepositoryConfig:
     ca_file: Path | None = None  # PEM bundle for the server; None: the system's CAs
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
-    max_metadata_bytes: int = 16 << 20
+    # Per role, python-tuf's defaults (`tuf.ngclient.UpdaterConfig`), which ngclient
+    # enforces again on what it is handed; here they stop the read itself.
+    max_root_bytes: int = 512_000
+    max_timestamp_bytes: int = 16_384
+    max_snapshot_bytes: int = 2_000_000
+    max_targets_bytes: int = 5_000_000  # targets and delegated targets roles
+    max_metadata_bytes: int = 16 << 20  # any file, whatever its role
+
+    def metadata_limit(self, filename: str) -> int:
+        """The most bytes read for `filename` (`timestamp.json`, `3.snapshot.json`, …)."""
+        name = filename.removesuffix(".json")
+        role = name if name == "timestamp" else name.partition(".")[2]
+        per_role = {
+            "timestamp": self.max_timestamp_bytes,
+            "root": self.max_root_bytes,
+            "snapshot": self.max_snapshot_bytes,
+        }
+        return min(per_role.get(role, self.max_targets_bytes), self.max_metadata_bytes)
 
     def __post_init__(self) -> None:
         url = httpx.URL(self.base_url)
@@ -93,12 +112,19 @@ class HttpsRepository:
         if not filename or "/" in filename or filename in (".", ".."):
             raise LinkNotFoundError(f"{filename[:80]!r} is not a metadata file name")
         url = self._metadata_url + quote(filename, safe="")
-        limit = self._config.max_metadata_bytes
+        limit = self._config.metadata_limit(filename)
         try:
             async with self._http().stream("GET", url) as response:
                 if response.status_code != 200:
                     await response.aread()
                     raise _refused(response, url)
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > limit:
+                    raise LinkRequestError(
+                        f"{url}: metadata over {limit} bytes ({declared} declared)",
+                        limit=limit,
+                        url=url,
+                    )
                 body = bytearray()
                 async for chunk in response.aiter_bytes():
                     body += chunk

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, status
 
 from control_plane.access.roles import Role
 from control_plane.access.service import TokenInfo
 from control_plane.api.deps import AccessDep, ContextDep
+from control_plane.api.params import ZonedTime
 from control_plane.api.schemas import AuditOut, TokenCreate, TokenCreated, TokenOut
 
 router = APIRouter(prefix="/v1", tags=["access"])
@@ -48,7 +47,7 @@ def list_audit(
     access: AccessDep,
     limit: int = 100,
     action: str | None = None,
-    since: datetime | None = None,
+    since: ZonedTime | None = None,
 ) -> list[AuditOut]:
     entries = access.list_audit(ctx, limit=limit, action=action, since=since)
     return [AuditOut.model_validate(e, from_attributes=True) for e in entries]

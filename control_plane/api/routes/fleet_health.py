@@ -18,6 +18,7 @@ from control_plane.api.deps import (
     NodeInventoryDep,
     PrincipalDep,
 )
+from control_plane.api.params import RowId
 from control_plane.durations import parse_duration
 from control_plane.errors import InvalidInputError
 from control_plane.health.queries import Alert
@@ -173,7 +174,7 @@ def list_alerts(
 
 
 @router.post("/alerts/{alert_id}/clear")
-def clear_alert(alert_id: int, ctx: ContextDep, alerts: AlertClearingDep) -> AlertOut:
+def clear_alert(alert_id: RowId, ctx: ContextDep, alerts: AlertClearingDep) -> AlertOut:
     """Clear an alert by hand (operator, audited). It stays quiet until its condition
     ends; the condition coming back afterwards raises a new alert."""
     return _alert_out(alerts.clear_alert(ctx, alert_id))

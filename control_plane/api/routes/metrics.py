@@ -1,7 +1,8 @@
 """Prometheus ``/metrics``: fleet-level series only (no per-node or per-record labels).
 
 Labels are closed sets: node state (3), alert kind (6), record kind (2), transport (2),
-refusal reason (a fixed vocabulary in the link and node code). Each scrape reads the
+refusal reason (a fixed vocabulary in the link and node code), TUF role (4); and the
+fleet name on the metadata series (fleets are few, and named by operators). Each scrape reads the
 database once, at most every ``SNAPSHOT_TTL_S`` seconds (cached), so many scrapers cost
 little; the link counters are this process's own, read from memory. No token: the
 series carry counts, never names or ids.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request
@@ -23,6 +24,7 @@ from prometheus_client.registry import Collector
 from control_plane.health.processor import HealthProcessor
 from control_plane.health.queries import HealthQueries
 from control_plane.nodes.model import RefusalCounter
+from control_plane.registry.freshness import MetadataExpiry
 
 router = APIRouter(tags=["metrics"])
 
@@ -39,6 +41,9 @@ class LinkCounts(NamedTuple):
 # Transport name ("grpc", "mqtt") -> its counts now; the server registers what it runs.
 LinkSources = dict[str, Callable[[], LinkCounts]]
 
+# The newest served version of each role of each active fleet (RegistryService).
+MetadataSource = Callable[[], Sequence[MetadataExpiry]]
+
 
 class FleetCollector(Collector):
     def __init__(
@@ -47,8 +52,10 @@ class FleetCollector(Collector):
         processor: HealthProcessor,
         node_refusals: RefusalCounter,
         links: LinkSources | None = None,
+        metadata: MetadataSource | None = None,
     ) -> None:
         self._queries = queries
+        self._metadata = metadata
         # This replica's processor, for its own failed passes (even when it does not run).
         self._processor = processor
         self._node_refusals = node_refusals
@@ -61,6 +68,7 @@ class FleetCollector(Collector):
         with self._lock:
             if self._snapshot is None or time.monotonic() - self._taken > SNAPSHOT_TTL_S:
                 self._snapshot = self._queries.fleet_snapshot()
+                self._snapshot["metadata"] = list(self._metadata()) if self._metadata else []
                 self._taken = time.monotonic()
             return self._snapshot
 
@@ -104,6 +112,23 @@ class FleetCollector(Collector):
             "Passes of this replica's health processor that failed (retried)",
             value=self._processor.failed_passes,
         )
+        expiry = GaugeMetricFamily(
+            "edgefleet_tuf_metadata_expires_timestamp_seconds",
+            "When the newest served metadata of each role expires (Unix time), by fleet; "
+            "alert on (this - time()) for timestamp and snapshot",
+            labels=["fleet", "role"],
+        )
+        for md in fleet["metadata"]:
+            expiry.add_metric([md.fleet, md.role], md.expires_at.timestamp())
+        yield expiry
+        version = GaugeMetricFamily(
+            "edgefleet_tuf_metadata_version",
+            "Version of the newest served metadata of each role, by fleet",
+            labels=["fleet", "role"],
+        )
+        for md in fleet["metadata"]:
+            version.add_metric([md.fleet, md.role], md.version)
+        yield version
         yield from self._link_metrics()
 
     def _link_metrics(self) -> Iterator[Metric]:
@@ -139,10 +164,11 @@ def fleet_registry(
     processor: HealthProcessor,
     node_refusals: RefusalCounter,
     links: LinkSources | None = None,
+    metadata: MetadataSource | None = None,
 ) -> CollectorRegistry:
     """A registry of this app's own (not the process-global default)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(queries, processor, node_refusals, links))
+    registry.register(FleetCollector(queries, processor, node_refusals, links, metadata))
     return registry
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import stat
+from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from control_plane.services import Services
@@ -13,7 +16,7 @@ def test_health_and_ready(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json()["checks"] == {"database": "ok", "artifacts": "ok"}
+    assert ready.json()["checks"] == {"database": "ok", "artifacts": "ok", "tuf_metadata": "ok"}
 
 
 def test_openapi_lists_the_routes(client: TestClient) -> None:
@@ -92,6 +95,62 @@ def test_revoked_token_stops_working(client: TestClient) -> None:
     assert "revoked" in response.json()["detail"]
 
 
+def test_the_last_admin_token_cannot_be_revoked(client: TestClient) -> None:
+    me = next(t for t in client.get("/v1/tokens").json() if t["role"] == "admin")
+    response = client.delete(f"/v1/tokens/{me['id']}")
+    assert response.status_code == 409
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "last active admin token" in response.json()["detail"]
+    assert client.get("/v1/fleets").status_code == 200  # still works
+    refused = client.get("/v1/audit", params={"action": "token.revoke"}).json()
+    assert [e["outcome"] for e in refused] == ["refused"]
+    # With a second admin token the first may go; then the second is the last one.
+    second = client.post("/v1/tokens", json={"name": "admin-2", "role": "admin"}).json()
+    assert client.delete(f"/v1/tokens/{me['id']}").status_code == 200
+    client.headers["Authorization"] = f"Bearer {second['token']}"
+    assert client.delete(f"/v1/tokens/{second['id']}").status_code == 409
+
+
+def test_token_recover_writes_a_working_admin_token(
+    client: TestClient, services: Services, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from control_plane.cli.main import main
+
+    config = services.config
+    # Every admin token is gone (revoked in the database directly, as after an accident).
+    from sqlalchemy import update
+
+    from control_plane.storage.db import session_factory
+    from control_plane.storage.models import ApiTokenRow
+
+    with session_factory(services.engine).begin() as session:
+        session.execute(update(ApiTokenRow).values(revoked_at=services.clock.now()))
+    assert client.get("/v1/fleets").status_code == 401
+    argv = ["-o", "json", "token", "recover", "--data-dir", str(config.data_dir)]
+    assert main([*argv, "--database-url", config.database_url]) == 0
+    out = json.loads(capsys.readouterr().out)
+    token_file = config.data_dir / "admin-token"
+    assert out["token_file"] == str(token_file)
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    client.headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+    assert client.get("/v1/fleets").status_code == 200
+    audit = client.get("/v1/audit", params={"action": "token.create"}).json()
+    assert audit[0]["actor"] == "system"
+    assert audit[0]["target"] == "token:recovery-admin"
+
+
+def test_token_recover_refuses_a_dir_without_a_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from control_plane.cli.main import main
+
+    monkeypatch.delenv("EDGEFLEET_DATABASE_URL", raising=False)
+
+    assert main(["token", "recover", "--data-dir", str(tmp_path / "nothing")]) == 1
+    assert "no database at" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()
+
+
 def test_tokens_are_stored_hashed(client: TestClient, services: Services) -> None:
     created = client.post("/v1/tokens", json={"name": "x", "role": "viewer"}).json()
     listed = client.get("/v1/tokens").json()
@@ -125,3 +184,25 @@ def test_malformed_json_is_a_422_problem(client: TestClient) -> None:
     )
     assert response.status_code == 422
     assert response.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "params", "field"),
+    [
+        ("GET", "/v1/audit", {"since": "2026-12-01T10:00:00"}, ["query", "since"]),
+        ("POST", f"/v1/alerts/{1 << 63}/clear", {}, ["path", "alert_id"]),
+        ("POST", f"/v1/alerts/{10**30}/clear", {}, ["path", "alert_id"]),
+    ],
+)
+def test_values_the_database_cannot_take_are_a_422_naming_the_field(
+    client: TestClient, method: str, url: str, params: dict[str, str], field: list[str]
+) -> None:
+    response = client.request(method, url, params=params)
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    assert [e["loc"] for e in response.json()["errors"]] == [field]
+
+
+def test_a_zoned_since_and_the_largest_int64_id_are_fine(client: TestClient) -> None:
+    assert client.get("/v1/audit", params={"since": "2026-12-01T10:00:00+02:00"}).status_code == 200
+    assert client.post(f"/v1/alerts/{(1 << 63) - 1}/clear").status_code == 404

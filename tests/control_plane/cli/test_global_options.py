@@ -141,3 +141,25 @@ def test_node_run_hands_the_root_log_format_to_the_agent(tmp_path: Path) -> None
     assert done.returncode == 1, done.stderr
     (record,) = (json.loads(line) for line in done.stderr.splitlines())
     assert record["logger"] == "edge_node" and "holds no node identity" in record["msg"]
+
+
+@pytest.mark.parametrize(
+    ("server", "token", "warned"),
+    [
+        ("http://0.0.0.0:1", "eft_x", True),  # not loopback (Linux connects it locally)
+        ("http://cp.invalid:1", "eft_x", True),  # a name may resolve anywhere
+        ("http://127.0.0.1:1", "eft_x", False),
+        ("http://localhost:1", "eft_x", False),
+        ("http://[::1]:1", "eft_x", False),
+        ("https://0.0.0.0:1", "eft_x", False),
+        ("http://0.0.0.0:1", "", False),  # no token, nothing to leak
+    ],
+)
+def test_a_token_over_plain_http_to_another_machine_is_warned_about(
+    server: str, token: str, warned: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--server", server, "fleet", "list"]
+    code = main([*argv, "--token", token] if token else argv)
+    assert code == 1  # nothing listens there; the call fails either way
+    err = capsys.readouterr().err
+    assert ("sending the API token in clear text to " + server in err) is warned

@@ -457,7 +457,7 @@ async def test_an_oversized_message_is_resource_exhausted(
     await again.close()
 
 
-async def test_health_and_reflection_answer_on_both_ports(
+async def test_health_answers_on_both_ports_and_reflection_on_the_node_port_only(
     plane: GrpcPlane, node: EnrollmentFiles
 ) -> None:
     for port, credentials in (
@@ -471,6 +471,12 @@ async def test_health_and_reflection_answer_on_both_ports(
                 assert answer.status == health_pb2.HealthCheckResponse.SERVING
             reflect = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo()
             await reflect.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+            if port == plane.server.enroll_port:
+                # No client certificate there: nothing is listed to an unknown caller.
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await reflect.read()
+                assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+                continue
             listed = await reflect.read()
             await reflect.done_writing()
             names = {s.name for s in listed.list_services_response.service}

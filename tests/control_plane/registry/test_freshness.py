@@ -7,10 +7,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from securesystemslib.signer import Key
 from tuf.api.metadata import Metadata, Targets, Timestamp
 
 from control_plane.access.service import SYSTEM
+from control_plane.api.app import create_app
 from control_plane.clock import ManualClock
 from control_plane.errors import UnavailableError
 from control_plane.services import ServiceConfig, Services, build_services
@@ -136,3 +139,42 @@ def test_missing_online_keys_fail_loudly_and_are_never_replaced(
         assert list(keys_dir.iterdir()) == []
     finally:
         restarted.close()
+
+
+def test_a_stalled_freshness_loop_fails_readiness_before_nodes_refuse(
+    services: Services, clock: ManualClock, tmp_path: Path
+) -> None:
+    make_fleet(services, clock, tmp_path)
+    app = TestClient(create_app(services, run_background=False))
+    assert app.get("/readyz").json()["checks"]["tuf_metadata"] == "ok"
+    # Nobody re-signs (the loop is stalled): 18 h into the timestamp's day, 6 h are left,
+    # the margin (a quarter of 24 h). Nodes would still accept it, readiness does not.
+    clock.advance(timedelta(hours=18))
+    ready = app.get("/readyz")
+    assert ready.status_code == 503
+    reason = ready.json()["checks"]["tuf_metadata"]
+    assert reason.startswith("expiring: fleet parks: timestamp v1 expires at ")
+    assert reason.endswith(", within 6h")
+    clock.advance(timedelta(hours=7))
+    assert "timestamp v1 expired at" in app.get("/readyz").json()["checks"]["tuf_metadata"]
+    # The loop runs again: ready again.
+    assert services.registry.refresh_expiring() == ["parks"]
+    assert app.get("/readyz").status_code == 200
+
+
+def test_metrics_show_each_roles_expiry_per_fleet(
+    services: Services, clock: ManualClock, tmp_path: Path
+) -> None:
+    make_fleet(services, clock, tmp_path)
+    text = TestClient(create_app(services, run_background=False)).get("/metrics").text
+    expiry = {
+        (s.labels["fleet"], s.labels["role"]): s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "edgefleet_tuf_metadata_expires_timestamp_seconds"
+        for s in family.samples
+    }
+    now = clock.now().timestamp()
+    assert set(expiry) == {("parks", r) for r in ("root", "targets", "snapshot", "timestamp")}
+    assert expiry["parks", "timestamp"] == pytest.approx(now + 24 * 3600)
+    assert expiry["parks", "snapshot"] == pytest.approx(now + 7 * 24 * 3600)
+    assert expiry["parks", "targets"] == pytest.approx(now + 90 * 24 * 3600)

@@ -90,6 +90,17 @@ async def test_tampered_bytes_are_refused_and_deleted(tmp_path: Path) -> None:
         await download_target(link, TARGET, tmp_path, max_bytes=1 << 20)
     assert caught.value.reason == "hash-mismatch"
     assert not partial_path(tmp_path, TARGET.sha256).exists()
+    assert link.offsets == [0]  # a whole download that does not verify is not fetched again
+
+
+async def test_a_bad_result_after_a_resume_is_fetched_once_more_from_zero(
+    tmp_path: Path,
+) -> None:
+    partial_path(tmp_path, TARGET.sha256).write_bytes(b"x" * 2000)
+    link = CuttingLink(b"x" * len(DATA))
+    with pytest.raises(ArtifactHashError):
+        await download_target(link, TARGET, tmp_path, max_bytes=1 << 20)
+    assert link.offsets == [2000, 0]  # the prefix may have been the bad part: once more
 
 
 async def test_more_bytes_than_signed_are_refused(tmp_path: Path) -> None:

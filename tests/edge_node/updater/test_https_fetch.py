@@ -182,3 +182,57 @@ def test_plain_http_is_only_for_this_machine(url: str) -> None:
     HttpsRepositoryConfig("http://127.0.0.1:8080", "gates")
     HttpsRepositoryConfig("http://localhost:8080", "gates")
     HttpsRepositoryConfig("http://[::1]:8080", "gates")
+
+
+class _Endless(httpx.AsyncByteStream):
+    """A body that never ends (bounded here at 16 MiB); counts what it served."""
+
+    def __init__(self) -> None:
+        self.served = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while self.served < 16 << 20:
+            self.served += 1024
+            yield b" " * 1024
+
+
+async def test_an_endless_timestamp_is_cut_at_python_tufs_16_kib() -> None:
+    endless = _Endless()
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=endless)  # no Content-Length
+
+    repo = HttpsRepository(
+        HttpsRepositoryConfig(BASE, "gates"), transport=httpx.MockTransport(serve)
+    )
+    try:
+        with pytest.raises(LinkRequestError, match="over 16384 bytes"):
+            await repo.fetch_metadata("timestamp.json")
+    finally:
+        await repo.close()
+    assert endless.served <= 16384 + 1024
+
+
+@pytest.mark.parametrize(
+    ("filename", "limit"),
+    [
+        ("timestamp.json", 16_384),
+        ("7.root.json", 512_000),
+        ("12.snapshot.json", 2_000_000),
+        ("12.targets.json", 5_000_000),
+        ("3.cameras.north.json", 5_000_000),  # a delegated role
+    ],
+)
+async def test_each_role_is_capped_at_python_tufs_limit(filename: str, limit: int) -> None:
+    # The limits are ngclient's own defaults: a stock client refuses at the same size.
+    from tuf.ngclient import UpdaterConfig
+
+    assert UpdaterConfig().timestamp_max_length == 16_384
+    assert HttpsRepositoryConfig(BASE, "gates").metadata_limit(filename) == limit
+    server = FakeServer(metadata={filename: b"x" * (limit + 1)})
+    repo = repository(server)
+    try:
+        with pytest.raises(LinkRequestError, match=f"over {limit} bytes"):
+            await repo.fetch_metadata(filename)
+    finally:
+        await repo.close()
