@@ -59,6 +59,8 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         timestamp_ttl=settings.timestamp_ttl,
         refresh_interval_s=settings.refresh_interval_s,
         mqtt=settings.mqtt_bridge_config(),
+        broker_accounts=settings.mqtt_accounts,
+        broker_reconcile_interval_s=settings.mqtt_reconcile_interval_s,
         health=settings.health_config(),
         health_processor=settings.health_processor,
         results_per_node=settings.results_per_node,
