@@ -65,14 +65,8 @@ _NOT_FOUND: Final = ("Client not found", "Role not found")
 def node_acls(fleet: str, node_id: str) -> list[dict[str, Any]]:
     """A node's ACLs: publish its uplink, subscribe to its downlink, both literal."""
     return [
-        *(
-            {"acltype": "publishClientSend", "topic": node_topic(fleet, node_id, leaf)}
-            for leaf in UPLINK_LEAVES
-        ),
-        *(
-            {"acltype": "subscribeLiteral", "topic": node_topic(fleet, node_id, leaf)}
-            for leaf in DOWNLINK_LEAVES
-        ),
+        *(_allow("publishClientSend", node_topic(fleet, node_id, leaf)) for leaf in UPLINK_LEAVES),
+        *(_allow("subscribeLiteral", node_topic(fleet, node_id, leaf)) for leaf in DOWNLINK_LEAVES),
     ]
 
 
@@ -80,17 +74,19 @@ def control_plane_acls(share_group: str) -> list[dict[str, Any]]:
     """The control plane's: its shared subscriptions and the downlink of every node."""
     group = check_segment(share_group, "share group")
     return [
-        {"acltype": "subscribePattern", "topic": f"$share/{group}/{ROOT}/#"},
-        {"acltype": "publishClientReceive", "topic": f"{ROOT}/#"},
-        *(
-            {"acltype": "publishClientSend", "topic": f"{ROOT}/+/+/{leaf.value}"}
-            for leaf in DOWNLINK_LEAVES
-        ),
+        _allow("subscribePattern", f"$share/{group}/{ROOT}/#"),
+        _allow("publishClientReceive", f"{ROOT}/#"),
+        *(_allow("publishClientSend", f"{ROOT}/+/+/{leaf.value}") for leaf in DOWNLINK_LEAVES),
     ]
 
 
+def _allow(acltype: str, topic: str) -> dict[str, Any]:
+    # The plugin's default is deny: an ACL without "allow" forbids.
+    return {"acltype": acltype, "topic": topic, "allow": True}
+
+
 def _canonical(acls: list[dict[str, Any]]) -> set[tuple[str, str, bool]]:
-    return {(str(a["acltype"]), str(a["topic"]), bool(a.get("allow", True))) for a in acls}
+    return {(str(a["acltype"]), str(a["topic"]), bool(a.get("allow", False))) for a in acls}
 
 
 class DynsecAccounts:
@@ -133,6 +129,20 @@ class DynsecAccounts:
     # ------------------------------------------------------------ the port
 
     def ensure_control_plane(self) -> bool:
+        commands = self._control_plane_changes()
+        if not commands:
+            return False
+        # Changing the role or the client's roles drops every connection of our account,
+        # this one too, often before the answer is out: send, then read back.
+        self._send_and_drop(commands)
+        if self._control_plane_changes():
+            raise BrokerAccountsUnavailableError(
+                f"the broker did not take the control plane's role {CONTROL_PLANE_ROLE}"
+            )
+        log.info("MQTT broker: role %s set on %s", CONTROL_PLANE_ROLE, self._username)
+        return True
+
+    def _control_plane_changes(self) -> list[dict[str, Any]]:
         wanted = control_plane_acls(self._config.share_group)
         role, client = self._call(
             [
@@ -141,6 +151,11 @@ class DynsecAccounts:
             ],
             tolerate=_NOT_FOUND,
         )
+        if "error" in client:
+            raise BrokerAccountsUnavailableError(
+                f"the broker has no dynamic-security client {self._username!r} "
+                "(the control plane's own account must be the plugin's admin)"
+            )
         commands: list[dict[str, Any]] = []
         if "error" in role:
             commands.append(
@@ -153,11 +168,6 @@ class DynsecAccounts:
         roles = {
             r.get("rolename") for r in client.get("data", {}).get("client", {}).get("roles", [])
         }
-        if "error" in client:
-            raise BrokerAccountsUnavailableError(
-                f"the broker has no dynamic-security client {self._username!r} "
-                "(the control plane's own account must be the plugin's admin)"
-            )
         if CONTROL_PLANE_ROLE not in roles:
             commands.append(
                 {
@@ -166,12 +176,7 @@ class DynsecAccounts:
                     "rolename": CONTROL_PLANE_ROLE,
                 }
             )
-        if commands:
-            self._call(commands)
-            log.info(
-                "MQTT broker: control plane role %s set on %s", CONTROL_PLANE_ROLE, self._username
-            )
-        return bool(commands)
+        return commands
 
     def add_node(self, node_id: str, fleet: str, password: str, *, now: datetime) -> None:
         role = node_role(node_id)
@@ -257,6 +262,19 @@ class DynsecAccounts:
                     broker_error=str(error),
                 )
         return answers
+
+    def _send_and_drop(self, commands: list[dict[str, Any]]) -> None:
+        """Publish `commands` once and wait for their answer or for the broker to drop
+        this connection, whichever comes first; then close it."""
+        with self._lock:
+            client = self._connected()
+            info = client.publish(CONTROL_TOPIC, json.dumps({"commands": commands}), qos=1)
+            deadline = time.monotonic() + self._timeout_s
+            while self._ready.is_set() and time.monotonic() < deadline:
+                if info.is_published():
+                    break
+                time.sleep(0.01)
+            self._drop()
 
     def _call_batch(self, commands: list[dict[str, Any]]) -> list[dict[str, Any]]:
         delay = self._backoff_s
