@@ -53,6 +53,11 @@ class ServerSettings(BaseSettings):
         description="dynsec: the control plane, through Mosquitto's dynamic security "
         "plugin; file: `edgefleet mqtt acl` and a broker reload",
     )
+    # The bridge's shared-subscription group. Over the file export, where Mosquitto's ACL
+    # file does not check subscriptions, an unguessable name keeps nodes out of it.
+    mqtt_share_group: str = Field(
+        default="edgefleet-cp", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+    )
     mqtt_reconcile_interval_s: float = Field(default=300.0, ge=1, le=86_400)
     # TLS to the broker (the bridge and the accounts connection).
     mqtt_tls: bool = False
@@ -211,6 +216,7 @@ class ServerSettings(BaseSettings):
             username=self.mqtt_username,
             password=password,
             client_id=self.mqtt_client_id,
+            share_group=self.mqtt_share_group,
             tls=self.mqtt_tls,
             ca_file=self.mqtt_ca_file,
             cert_file=self.mqtt_cert_file,

@@ -432,7 +432,8 @@ class MqttBridge:
         if reason_code.is_failure:
             self.counts.add("connect-refused")
             log.error(
-                "the MQTT broker refused the bridge: %s (is %s in its password file? run "
+                "the MQTT broker refused the bridge: %s (does it know %s? with dynamic "
+                "security it must be the plugin's admin; with the file export run "
                 "`edgefleet mqtt acl` and reload the broker); retrying",
                 reason_code,
                 self._config.username,

@@ -40,8 +40,10 @@ from tests.control_plane.link.mqtt_helpers import (
     create_fleet,
     enroll_mqtt_node,
     start_bridge,
+    write_acl,
 )
 from tests.control_plane.link.test_mqtt_bridge import acked_ids, batch, wire_record
+from tests.edge_node.tls_support import make_pki
 from tests.mqtt_support import Broker, BrokerFactory, broker_factory  # noqa: F401
 
 pytestmark = pytest.mark.anyio
@@ -333,3 +335,114 @@ def test_the_reconcile_removes_repairs_and_reports(
     again = services.nodes.broker_logins.reconcile()
     assert again.plan.remove == () and not again.plan.repair and not again.control_plane_changed
     assert services.nodes.broker_logins.missing == 1
+
+
+# ------------------------------------------------- the file export, for other brokers
+
+
+async def test_the_file_export_with_username_as_client_id_and_a_secret_share_group(
+    service_config: ServiceConfig,
+    broker_factory: BrokerFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """What the file export can guarantee on Mosquitto 2.0 (ADR 0043): with
+    `use_username_as_clientid` a node's login can take no other session; its ACL file
+    grants every subscription, so only an unguessable share group keeps a node from
+    taking a share of the control plane's messages."""
+    services = build_services(service_config)
+    try:
+        fleet = create_fleet(services, "gates")
+        thief, node = enroll_mqtt_node(services, fleet), enroll_mqtt_node(services, fleet)
+        passwd, acl = write_acl(services, tmp_path / "files")
+        broker = broker_factory(
+            passwd=passwd, acl=acl, persistence=False, extra=["use_username_as_clientid true"]
+        )
+        bridge = start_bridge(services, bridge_config(broker, share_group="cp-5f0c1e9a77d2"))
+        link = MqttNodeLink(node.link_config(broker))
+        await link.connect(link_pb2.Hello())
+        probes = [
+            Probe(broker, thief.node_id, thief.password, stolen)
+            for stolen in (node.node_id, bridge.client_id)
+        ]
+        try:
+            # Renamed to its own id: the second took the first's session, nobody else's.
+            assert [p.connack for p in probes] == [0, 0]
+            assert probes[-1].subscribe(
+                *(f"$share/edgefleet-cp/edgefleet/v1/+/+/{leaf}" for leaf in ("health", "events"))
+            ) == [1, 1]  # granted: the ACL file does not check subscriptions
+            records = [wire_record(link_pb2.RECORD_KIND_EVENT, i) for i in range(1, 9)]
+            for record in records:
+                await link.send(batch([record]))
+            ids = {r.id for r in records}
+            assert await acked_ids(link, ids) == ids
+            assert services.records.count(node.node_id) == 8
+            assert bridge.counts["disconnects"] == 0
+        finally:
+            for probe in probes:
+                probe.close()
+            await link.close()
+            bridge.stop()
+    finally:
+        services.close()
+
+
+# ------------------------------------------------------------------- TLS to the broker
+
+
+def test_the_bridge_talks_tls_with_a_client_certificate(
+    service_config: ServiceConfig,
+    broker_factory: BrokerFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    pki = make_pki()
+    files = {
+        name: tmp_path / "pki" / name
+        for name in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")
+    }
+    (tmp_path / "pki").mkdir()
+    for name, data in zip(
+        files,
+        (
+            pki.ca_pem,
+            pki.server_cert_pem,
+            pki.server_key_pem,
+            pki.client.certificate_pem,
+            pki.client.key_pem,
+        ),
+        strict=True,
+    ):
+        files[name].write_bytes(data)
+    broker = broker_factory(
+        persistence=False,
+        dynsec=dynsec_state(tmp_path / "dynsec.json"),
+        listener=[
+            f"cafile {files['ca.pem']}",
+            f"certfile {files['server.pem']}",
+            f"keyfile {files['server.key']}",
+            "require_certificate true",
+        ],
+    )
+    tls = {
+        "tls": True,
+        "ca_file": files["ca.pem"],
+        "cert_file": files["client.pem"],
+        "key_file": files["client.key"],
+    }
+    services = dynsec_services(service_config, broker, **tls)
+    try:
+        services.nodes.broker_logins.reconcile()  # the accounts connection over TLS too
+        bridge = start_bridge(services, bridge_config(broker, **tls))
+        bridge.stop()
+        # Without its certificate, or without TLS at all, the broker lets it in nowhere.
+        for config in (
+            bridge_config(broker, tls=True, ca_file=files["ca.pem"], client_id="cp-nocert"),
+            bridge_config(broker, client_id="cp-plain"),
+        ):
+            refused = MqttBridge(
+                services.node_inbox("mqtt", auth_cache_s=0), config, data_dir=tmp_path
+            )
+            refused.start()
+            assert not refused.wait_connected(1.5)
+            refused.stop()
+    finally:
+        services.close()
