@@ -174,6 +174,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         services.health.processor,
         services.nodes.refusals,
         app.state.link_counts,
+        services.nodes.broker_logins,
     )
     app.add_middleware(
         BodyLimitMiddleware,

@@ -18,8 +18,10 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.subscribeoptions import SubscribeOptions
+from prometheus_client import generate_latest
 from sqlalchemy import update
 
+from control_plane.api.routes.metrics import fleet_registry
 from control_plane.errors import UnavailableError
 from control_plane.link.broker_accounts import node_role
 from control_plane.link.mqtt_acl import mosquitto_password_hash
@@ -335,6 +337,15 @@ def test_the_reconcile_removes_repairs_and_reports(
     again = services.nodes.broker_logins.reconcile()
     assert again.plan.remove == () and not again.plan.repair and not again.control_plane_changed
     assert services.nodes.broker_logins.missing == 1
+    registry = fleet_registry(
+        services.health.queries,
+        services.health.processor,
+        services.nodes.refusals,
+        broker_logins=services.nodes.broker_logins,
+    )
+    exposed = generate_latest(registry).decode()
+    assert "edgefleet_mqtt_logins_missing 1.0" in exposed
+    assert "edgefleet_mqtt_reconcile_failed_passes_total 0.0" in exposed
 
 
 # ------------------------------------------------- the file export, for other brokers
