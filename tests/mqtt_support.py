@@ -24,7 +24,16 @@ from paho.mqtt.enums import CallbackAPIVersion
 from tests.conftest import free_port, missing_service, wait_for_port
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-DYNSEC_PLUGIN = Path("/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so")
+# Where Debian (any architecture) and a source install put the dynamic security plugin.
+DYNSEC_PLUGIN = next(
+    (
+        path
+        for pattern in ("lib/*/mosquitto_dynamic_security.so", "lib/mosquitto_dynamic_security.so")
+        for root in (Path("/usr"), Path("/usr/local"))
+        for path in sorted(root.glob(pattern))
+    ),
+    Path("/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"),
+)
 
 
 class Broker:
