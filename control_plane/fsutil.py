@@ -11,7 +11,14 @@ import secrets
 from pathlib import Path
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int, exclusive: bool = False) -> None:
+def atomic_write(
+    path: Path,
+    data: bytes,
+    *,
+    mode: int,
+    exclusive: bool = False,
+    owner: tuple[int, int] | None = None,
+) -> None:
     """Write `data` to `path` so a crash leaves either the old file or the new one.
 
     The temp file is created with `mode` (never wider), fsynced, moved into place and
@@ -23,6 +30,8 @@ def atomic_write(path: Path, data: bytes, *, mode: int, exclusive: bool = False)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
     try:
         try:
+            if owner is not None:
+                os.fchown(fd, *owner)
             # umask may have narrowed the mode; it never widens it, so this only restores it.
             os.fchmod(fd, mode)
             view = memoryview(data)

@@ -60,6 +60,8 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         refresh_interval_s=settings.refresh_interval_s,
         ready_margin_fraction=settings.ready_margin_fraction,
         mqtt=settings.mqtt_bridge_config(),
+        broker_accounts=settings.mqtt_accounts,
+        broker_reconcile_interval_s=settings.mqtt_reconcile_interval_s,
         health=settings.health_config(),
         health_processor=settings.health_processor,
         results_per_node=settings.results_per_node,

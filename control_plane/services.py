@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import anyio.to_thread
@@ -24,6 +25,7 @@ from control_plane.clock import Clock, SystemClock
 from control_plane.director.assignments import load_or_create_director_key
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
+from control_plane.errors import InvalidInputError, UnavailableError
 from control_plane.events.query import EventsConfig
 from control_plane.events.store import EventStore
 from control_plane.fsutil import make_private_dirs
@@ -33,11 +35,12 @@ from control_plane.health.processor import HealthProcessor
 from control_plane.health.queries import HealthQueries
 from control_plane.health.retention import HealthRetention
 from control_plane.identity.ca import CertificateAuthority
+from control_plane.link.broker_accounts import BrokerAccounts, FileExportAccounts
 from control_plane.link.desired import MqttDelivery
 from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
 from control_plane.link.hub import LinkHub
 from control_plane.link.ingest import RecordIngest
-from control_plane.link.mqtt_bridge import MqttBridge, MqttBridgeConfig
+from control_plane.link.mqtt_bridge import MqttBridge, MqttBridgeConfig, control_plane_password
 from control_plane.link.node_inbox import NodeInbox
 from control_plane.link.records import IngestLimits
 from control_plane.nodes.model import NodeConfig
@@ -70,6 +73,10 @@ class ServiceConfig:
     health_processor: bool = True
     # The MQTT bridge runs (in the API's lifespan) only when this is set.
     mqtt: MqttBridgeConfig | None = None
+    # Who keeps the broker's node logins (ADR 0043): "dynsec", the control plane through
+    # Mosquitto's dynamic security plugin (needs `mqtt`); "file", `edgefleet mqtt acl`.
+    broker_accounts: Literal["file", "dynsec"] = "file"
+    broker_reconcile_interval_s: float = 300.0
     # Sampled inference results kept per node (node_results).
     results_per_node: int = 100
     # The event store's retention and pruning (every replica prunes: deletes are idempotent).
@@ -182,7 +189,19 @@ class Services:
             logging.getLogger(__name__).exception("releasing rollout leases failed")
         if isinstance(self.notifier, WebhookNotifier):
             self.notifier.close()
+        self.nodes.broker_logins.accounts.close()
         self.engine.dispose()
+
+
+def broker_accounts(config: ServiceConfig) -> BrokerAccounts:
+    """The broker-accounts adapter the config names; connects on first use."""
+    if config.broker_accounts == "file":
+        return FileExportAccounts()
+    if config.mqtt is None:
+        raise InvalidInputError("broker accounts over dynamic security need the MQTT bridge")
+    from control_plane.link.mqtt_dynsec import DynsecAccounts
+
+    return DynsecAccounts(config.mqtt, control_plane_password(config.data_dir, config.mqtt))
 
 
 def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Services:
@@ -208,7 +227,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     access = AccessService(sessions, clock)
     access.bootstrap_admin(config.data_dir / "admin-token")
     ca = CertificateAuthority.load_or_create(config.data_dir / "ca", now=clock.now())
-    nodes = build_node_services(sessions, ca, clock, config.nodes)
+    nodes = build_node_services(sessions, ca, clock, config.nodes, accounts=broker_accounts(config))
     delivery = FanOutDelivery()
     health = build_health(sessions, clock, config.health)
     director = DirectorService(
@@ -294,6 +313,15 @@ async def bridge_running(services: Services) -> AsyncIterator[MqttBridge | None]
     if services.config.mqtt is None:
         yield None
         return
+    accounts = services.nodes.broker_logins.accounts
+    if accounts.manages_logins:
+        # Before the bridge subscribes: its shared subscriptions need its role.
+        try:
+            await anyio.to_thread.run_sync(accounts.ensure_control_plane)
+        except UnavailableError as exc:
+            logging.getLogger(__name__).warning(
+                "could not set the control plane's broker role (the reconcile retries): %s", exc
+            )
     bridge = mqtt_bridge(services, services.config.mqtt)
     bridge.start()
     delivery = MqttDelivery(bridge)

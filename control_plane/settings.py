@@ -54,8 +54,27 @@ class ServerSettings(BaseSettings):
         default=None, description="default: <data_dir>/mqtt/control-plane-password"
     )
     mqtt_client_id: str | None = Field(
-        default=None, max_length=64, description="stable per replica; default: host name"
+        default=None,
+        max_length=64,
+        description="stable per replica; default: <mqtt_username>-<host name>",
     )
+    # Who keeps the nodes' broker logins (ADR 0043).
+    mqtt_accounts: Literal["file", "dynsec"] = Field(
+        default="file",
+        description="dynsec: the control plane, through Mosquitto's dynamic security "
+        "plugin; file: `edgefleet mqtt acl` and a broker reload",
+    )
+    # The bridge's shared-subscription group. Over the file export, where Mosquitto's ACL
+    # file does not check subscriptions, an unguessable name keeps nodes out of it.
+    mqtt_share_group: str = Field(
+        default="edgefleet-cp", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+    )
+    mqtt_reconcile_interval_s: float = Field(default=300.0, ge=1, le=86_400)
+    # TLS to the broker (the bridge and the accounts connection).
+    mqtt_tls: bool = False
+    mqtt_ca_file: Path | None = Field(default=None, description="default: the system's CAs")
+    mqtt_cert_file: Path | None = Field(default=None, description="client certificate (PEM)")
+    mqtt_key_file: Path | None = Field(default=None, description="its private key (PEM)")
 
     # gRPC node link: off unless `grpc` (HOST:PORT of the mTLS node port) is set.
     grpc: str | None = Field(default=None, description="HOST:PORT of the nodes' mTLS gRPC port")
@@ -175,6 +194,14 @@ class ServerSettings(BaseSettings):
     def _grpc_enroll_needs_grpc(self) -> ServerSettings:
         if self.grpc_enroll is not None and self.grpc is None:
             raise ValueError("grpc_enroll needs grpc (the node port) as well")
+        if self.mqtt_accounts == "dynsec" and self.mqtt is None:
+            raise ValueError("mqtt_accounts=dynsec needs mqtt (the broker) as well")
+        if not self.mqtt_tls and any(
+            f is not None for f in (self.mqtt_ca_file, self.mqtt_cert_file, self.mqtt_key_file)
+        ):
+            raise ValueError("mqtt_ca_file, mqtt_cert_file and mqtt_key_file need mqtt_tls")
+        if (self.mqtt_cert_file is None) != (self.mqtt_key_file is None):
+            raise ValueError("mqtt_cert_file and mqtt_key_file go together")
         return self
 
     def grpc_link_config(self) -> GrpcLinkConfig | None:
@@ -223,6 +250,11 @@ class ServerSettings(BaseSettings):
             username=self.mqtt_username,
             password=password,
             client_id=self.mqtt_client_id,
+            share_group=self.mqtt_share_group,
+            tls=self.mqtt_tls,
+            ca_file=self.mqtt_ca_file,
+            cert_file=self.mqtt_cert_file,
+            key_file=self.mqtt_key_file,
         )
 
     @property

@@ -13,8 +13,9 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -23,6 +24,16 @@ from paho.mqtt.enums import CallbackAPIVersion
 from tests.conftest import free_port, missing_service, wait_for_port
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+# Where Debian (any architecture) and a source install put the dynamic security plugin.
+DYNSEC_PLUGIN = next(
+    (
+        path
+        for pattern in ("lib/*/mosquitto_dynamic_security.so", "lib/mosquitto_dynamic_security.so")
+        for root in (Path("/usr"), Path("/usr/local"))
+        for path in sorted(root.glob(pattern))
+    ),
+    Path("/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"),
+)
 
 
 class Broker:
@@ -35,21 +46,33 @@ class Broker:
         passwd: Path | None = None,
         acl: Path | None = None,
         persistence: bool = True,
+        dynsec: Path | None = None,
+        listener: Sequence[str] = (),
+        extra: Sequence[str] = (),
     ) -> None:
+        """`dynsec`: the dynamic security plugin's state file (no passwd/acl then);
+        `listener`: lines for the listener (TLS); `extra`: further lines."""
         self.directory = directory
         self.port = free_port()
         self.passwd = passwd
         self.acl = acl
         self.persistence = persistence
+        self.dynsec = dynsec
+        self.listener = tuple(listener)
+        self.extra = tuple(extra)
         self.proc: subprocess.Popen[bytes] | None = None
         directory.mkdir(parents=True, exist_ok=True)
         self.config = directory / "mosquitto.conf"
         self.log = directory / "mosquitto.log"
 
     def _write_config(self) -> None:
+        secured = self.passwd is not None or self.dynsec is not None
         lines = [
+            "per_listener_settings false",
+            f"allow_anonymous {'false' if secured else 'true'}",
             f"listener {self.port} 127.0.0.1",
-            f"allow_anonymous {'false' if self.passwd else 'true'}",
+            *self.listener,
+            *self.extra,
             "max_queued_messages 100000",
             "log_dest stderr",
             "log_type error",
@@ -63,6 +86,8 @@ class Broker:
             lines.append(f"password_file {self.passwd}")
         if self.acl is not None:
             lines.append(f"acl_file {self.acl}")
+        if self.dynsec is not None:
+            lines += [f"plugin {DYNSEC_PLUGIN}", f"plugin_opt_config_file {self.dynsec}"]
         if self.persistence:
             lines += [
                 "persistence true",
@@ -74,6 +99,8 @@ class Broker:
     def start(self) -> Broker:
         if not Path(MOSQUITTO).exists():
             missing_service(f"mosquitto ({MOSQUITTO})")
+        if self.dynsec is not None and not DYNSEC_PLUGIN.exists():
+            missing_service(f"mosquitto's dynamic security plugin ({DYNSEC_PLUGIN})")
         self._write_config()
         log = self.log.open("ab")
         try:
@@ -130,13 +157,22 @@ def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:
     started: list[Broker] = []
 
     def make(
-        *, passwd: Path | None = None, acl: Path | None = None, persistence: bool = True
+        *,
+        passwd: Path | None = None,
+        acl: Path | None = None,
+        persistence: bool = True,
+        start: bool = True,
+        **options: Any,
     ) -> Broker:
         broker = Broker(
-            tmp_path / f"broker-{len(started)}", passwd=passwd, acl=acl, persistence=persistence
+            tmp_path / f"broker-{len(started)}",
+            passwd=passwd,
+            acl=acl,
+            persistence=persistence,
+            **options,
         )
         started.append(broker)
-        return broker.start()
+        return broker.start() if start else broker
 
     try:
         yield make

@@ -59,6 +59,7 @@ PURE_CORES = (
     "edge_node/updater/watchdog.py",
     "edge_node/updater/host.py",
     "control_plane/link/mqtt_topics.py",
+    "control_plane/link/broker_accounts.py",
     "control_plane/link/wire.py",
     "control_plane/link/records.py",
     "control_plane/nodes/model.py",

@@ -140,6 +140,13 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
                     tasks.start_soon(_health_loop, services.health.processor)
                 if config.rollout_controller:
                     tasks.start_soon(_rollout_loop, services.rollouts)
+                if services.nodes.broker_logins.accounts.manages_logins:
+                    tasks.start_soon(
+                        _every,
+                        config.broker_reconcile_interval_s,
+                        services.nodes.broker_logins.reconcile,
+                        "reconciling the broker's node logins",
+                    )
             yield
             tasks.cancel_scope.cancel()
 
@@ -178,6 +185,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
         services.nodes.refusals,
         app.state.link_counts,
         services.registry.metadata_expiries,
+        services.nodes.broker_logins,
     )
     app.add_middleware(
         BodyLimitMiddleware,

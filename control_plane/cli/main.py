@@ -105,6 +105,14 @@ def server(
     mqtt_password_file: Annotated[
         Path | None, typer.Option(help="default: <data-dir>/mqtt/control-plane-password")
     ] = None,
+    mqtt_accounts: Annotated[
+        str | None,
+        typer.Option(
+            help="who keeps the nodes' broker logins: dynsec (the control plane, through "
+            "Mosquitto's dynamic security plugin) or file (`edgefleet mqtt acl`) "
+            "[default: file]"
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane (REST API, TUF repository, freshness re-signing)."""
     from pydantic import ValidationError
@@ -127,6 +135,7 @@ def server(
         "mqtt": mqtt,
         "mqtt_username": mqtt_username,
         "mqtt_password_file": mqtt_password_file,
+        "mqtt_accounts": mqtt_accounts,
         "log_format": cli_context(ctx).log_format,
     }
     merged = settings.model_dump() | {k: v for k, v in updates.items() if v is not None}

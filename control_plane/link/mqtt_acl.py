@@ -174,13 +174,45 @@ def render_acl_file(
     return "\n".join(out) + "\n"
 
 
-def write_broker_files(out_dir: Path, passwd: str, acl: str) -> BrokerFiles:
-    """Write ``passwd`` (0600) and ``acl`` (0644) into `out_dir`, each atomically."""
+def write_broker_files(
+    out_dir: Path, passwd: str, acl: str, *, group: str | int | None = None
+) -> BrokerFiles:
+    """Write ``passwd`` and ``acl`` (0644) into `out_dir`, each atomically.
+
+    ``passwd`` is 0600, or 0640 with group `group` (the broker's, e.g. ``mosquitto``,
+    which reads it after dropping root). Without `group`, a ``passwd`` already there
+    keeps its group and its group read bit, and, when we run as root, its owner: a
+    regenerated file stays readable by the broker that read the old one.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     files = BrokerFiles(passwd=out_dir / "passwd", acl=out_dir / "acl")
-    atomic_write(files.passwd, passwd.encode("utf-8"), mode=0o600)
+    mode, owner = 0o600, None
+    if group is not None:
+        mode, owner = 0o640, (-1, _gid(group))
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            old = files.passwd.stat()
+            mode = 0o600 | (old.st_mode & 0o040)
+            owner = (old.st_uid if os.geteuid() == 0 else -1, old.st_gid)
+    try:
+        atomic_write(files.passwd, passwd.encode("utf-8"), mode=mode, owner=owner)
+    except PermissionError as exc:
+        raise InvalidInputError(
+            f"cannot give {files.passwd} the group {group!r} (not a member?): {exc}"
+        ) from exc
     atomic_write(files.acl, acl.encode("utf-8"), mode=0o644)
     return files
+
+
+def _gid(group: str | int) -> int:
+    if isinstance(group, int):
+        return group
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise InvalidInputError(f"no group named {group!r}", group=group) from None
 
 
 def load_or_create_password(path: Path) -> str:

@@ -52,6 +52,7 @@ import contextlib
 import logging
 import queue
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -102,6 +103,7 @@ __all__ = [
     "Counters",
     "MqttBridge",
     "MqttBridgeConfig",
+    "apply_tls",
     "control_plane_account",
     "control_plane_password",
 ]
@@ -122,8 +124,15 @@ class MqttBridgeConfig:
     username: str | None = CONTROL_PLANE_MQTT_USER
     # None: the password kept in <data dir>/mqtt/control-plane-password (made on first use).
     password: str | None = field(default=None, repr=False)
-    # Stable per replica, so a restarted replica resumes its session. None: the host name.
+    # Stable per replica, so a restarted replica resumes its session. None: the account's
+    # name and the host name. Nodes cannot take it: their logins are bound to their own ids.
     client_id: str | None = None
+    # TLS to the broker: the broker's certificate and host name are checked against
+    # `ca_file` (None: the system's CAs); `cert_file`/`key_file` add a client certificate.
+    tls: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
     share_group: str = SHARE_GROUP
     session_expiry_s: int = 24 * 3600
     keepalive_s: int = 30
@@ -144,7 +153,28 @@ class MqttBridgeConfig:
     auth_cache_s: float = 5.0
 
     def resolved_client_id(self) -> str:
-        return self.client_id or f"edgefleet-cp-{socket.gethostname()}"[:64]
+        account = self.username or CONTROL_PLANE_MQTT_USER
+        return self.client_id or f"{account}-{socket.gethostname()}"[:64]
+
+
+def apply_tls(client: mqtt.Client, config: MqttBridgeConfig) -> None:
+    """TLS on `client` when `config.tls`: certificate and host name checked, TLS 1.2+."""
+    if not config.tls:
+        if config.cert_file is not None or config.ca_file is not None:
+            raise InvalidInputError("an MQTT CA or client certificate needs tls enabled")
+        return
+    if (config.cert_file is None) != (config.key_file is None):
+        raise InvalidInputError("an MQTT client certificate needs both cert_file and key_file")
+    context = ssl.create_default_context(
+        cafile=str(config.ca_file) if config.ca_file is not None else None
+    )
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if config.cert_file is not None and config.key_file is not None:
+        try:
+            context.load_cert_chain(str(config.cert_file), str(config.key_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidInputError(f"cannot load the MQTT client certificate: {exc}") from exc
+    client.tls_set_context(context)
 
 
 def control_plane_password(data_dir: Path, config: MqttBridgeConfig | None) -> str:
@@ -217,6 +247,7 @@ class MqttBridge:
             protocol=mqtt.MQTTv5,
             manual_ack=True,
         )
+        apply_tls(client, config)
         if config.username:
             password = control_plane_password(self._data_dir, config)
             client.username_pw_set(config.username, password)
@@ -247,9 +278,10 @@ class MqttBridge:
         )
         client.loop_start()
         log.info(
-            "MQTT bridge connecting to %s:%d as %s",
+            "MQTT bridge connecting to %s:%d%s as %s",
             config.host,
             config.port,
+            " (TLS)" if config.tls else "",
             self.client_id,
             extra={"client_id": self.client_id},
         )
@@ -400,7 +432,8 @@ class MqttBridge:
         if reason_code.is_failure:
             self.counts.add("connect-refused")
             log.error(
-                "the MQTT broker refused the bridge: %s (is %s in its password file? run "
+                "the MQTT broker refused the bridge: %s (does it know %s? with dynamic "
+                "security it must be the plugin's admin; with the file export run "
                 "`edgefleet mqtt acl` and reload the broker); retrying",
                 reason_code,
                 self._config.username,

@@ -22,6 +22,7 @@ from control_plane.identity.bootstrap import (
     looks_like_bootstrap_token,
 )
 from control_plane.identity.ca import CertificateAuthority, IssuedCert
+from control_plane.link.broker_accounts import BrokerAccounts, FileExportAccounts
 from control_plane.link.mqtt_acl import mosquitto_password_hash, new_mqtt_password
 from control_plane.nodes.model import Enrollment, NodeConfig, NodeRefusals, checked_agent
 from control_plane.nodes.rows import (
@@ -46,12 +47,14 @@ class Enrollments:
         clock: Clock,
         refusals: NodeRefusals,
         config: NodeConfig | None = None,
+        accounts: BrokerAccounts | None = None,
     ) -> None:
         self._sessions = sessions
         self._ca = ca
         self._clock = clock
         self._refusals = refusals
         self._config = config or NodeConfig()
+        self._accounts: BrokerAccounts = accounts or FileExportAccounts()
 
     def enroll(
         self,
@@ -73,9 +76,52 @@ class Enrollments:
                 raise BootstrapTokenError("not a bootstrap token", reason="token-malformed")
             agent_version, transport = checked_agent(agent_version, transport)
             self._ca.check_csr(csr_pem)
+            if transport == "mqtt" and self._accounts.manages_logins:
+                return self._enroll_with_login(token, csr_pem, agent_version, request_id)
             return self._enroll(token, csr_pem, agent_version, transport, request_id)
         except EdgefleetError as exc:
             self._refusals.refused("enroll", exc)
+            raise
+
+    def _enroll_with_login(
+        self, token: str, csr_pem: bytes, agent_version: str | None, request_id: str | None
+    ) -> Enrollment:
+        """An MQTT enrollment whose broker login the control plane creates (ADR 0043).
+
+        The login is made before the transaction, so no database lock is held across a
+        call to the broker, and only for a token that checks out: an unreachable broker
+        fails the enrollment with the token still unused (the node tries again). Should
+        the transaction then fail, the login is removed again (and, failing that, by the
+        reconcile once it is older than its grace).
+        """
+        now = self._clock.now()
+        with self._sessions() as session:
+            row = session.scalar(
+                select(BootstrapTokenRow).where(
+                    BootstrapTokenRow.token_hash == hash_bootstrap_token(token)
+                )
+            )
+            if row is None:
+                raise BootstrapTokenError("unknown bootstrap token", reason="token-unknown")
+            check_bootstrap_token(
+                BootstrapTokenState(row.id, row.expires_at, row.used_at, row.revoked_at), now
+            )
+            fleet = fleet_name(session, row.fleet_id)
+            node_id = unused_node_id(session)
+        password = new_mqtt_password()
+        self._accounts.add_node(node_id, fleet, password, now=now)
+        try:
+            return self._enroll(
+                token, csr_pem, agent_version, "mqtt", request_id, login=(node_id, password)
+            )
+        except BaseException:
+            try:
+                self._accounts.remove_node(node_id)
+            except Exception:
+                log.warning(
+                    "could not remove the broker login of a failed enrollment; the reconcile will",
+                    extra={"node_id": node_id},
+                )
             raise
 
     def _enroll(
@@ -85,7 +131,10 @@ class Enrollments:
         agent_version: str | None,
         transport: str | None,
         request_id: str | None,
+        *,
+        login: tuple[str, str] | None = None,
     ) -> Enrollment:
+        """`login`: the node id and MQTT password a broker login was already made for."""
         now = self._clock.now()
         with write_session(self._sessions) as session:
             row = session.scalar(
@@ -99,12 +148,17 @@ class Enrollments:
                 BootstrapTokenState(row.id, row.expires_at, row.used_at, row.revoked_at), now
             )
             fleet = fleet_name(session, row.fleet_id)
-            node_id = unused_node_id(session)
+            if login is not None and session.get(NodeRow, login[0]) is not None:
+                raise RuntimeError("the node id chosen for the broker login was taken")
+            node_id = login[0] if login is not None else unused_node_id(session)
             issued = self._ca.issue_node_certificate(
                 csr_pem, node_id=node_id, fleet=fleet, now=now, ttl=self._config.cert_ttl
             )
             labels = {str(k): str(v) for k, v in row.labels.items()}
-            mqtt_password = new_mqtt_password() if transport == "mqtt" else None
+            if login is not None:
+                mqtt_password: str | None = login[1]
+            else:
+                mqtt_password = new_mqtt_password() if transport == "mqtt" else None
             session.add(
                 NodeRow(
                     id=node_id,

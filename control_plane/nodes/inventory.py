@@ -6,6 +6,7 @@ through `presence`, enrollment through `enrollment`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from control_plane.access.roles import Role
 from control_plane.access.service import AuditedMutations, RequestContext
 from control_plane.clock import Clock
+from control_plane.errors import UnavailableError
 from control_plane.identity.bootstrap import LabelSelector, validate_labels
+from control_plane.link.broker_accounts import BrokerAccounts, FileExportAccounts
 from control_plane.link.mqtt_acl import NodeMqttAccount
 from control_plane.nodes.model import FleetMember, Node
 from control_plane.nodes.presence import NodePresence
@@ -24,14 +27,21 @@ from control_plane.storage.models import FleetRow, NodeRow
 
 __all__ = ["NodeInventory"]
 
+log = logging.getLogger(__name__)
+
 
 class NodeInventory:
     def __init__(
-        self, sessions: sessionmaker[Session], clock: Clock, presence: NodePresence
+        self,
+        sessions: sessionmaker[Session],
+        clock: Clock,
+        presence: NodePresence,
+        accounts: BrokerAccounts | None = None,
     ) -> None:
         self._sessions = sessions
         self._clock = clock
         self._presence = presence
+        self._accounts: BrokerAccounts = accounts or FileExportAccounts()
         self._mutations = AuditedMutations(sessions, clock)
 
     # ------------------------------------------------------------------- reads
@@ -89,7 +99,12 @@ class NodeInventory:
     # --------------------------------------------------------------- mutations
 
     def revoke(self, ctx: RequestContext, node_id: str) -> Node:
-        """The node is refused from its next message on; idempotent."""
+        """The node is refused from its next message on; idempotent.
+
+        Its broker login (where the control plane manages them) is removed after the
+        commit, which drops its connection; a broker that cannot be reached leaves that to
+        the reconcile, and the bridge refuses the node's messages meanwhile.
+        """
         with self._mutations.mutation(
             ctx, "node.revoke", f"node:{node_id}", needs=Role.OPERATOR
         ) as session:
@@ -100,6 +115,16 @@ class NodeInventory:
             self._presence.forget(node_id)
             session.flush()
             node = node_value(row, fleet_name(session, row.fleet_id))
+            has_login = row.mqtt_password_hash is not None
+        if has_login and self._accounts.manages_logins:
+            try:
+                self._accounts.remove_node(node_id)
+            except UnavailableError as exc:
+                log.warning(
+                    "revoked node keeps its broker login until the next reconcile: %s",
+                    exc,
+                    extra={"node_id": node_id},
+                )
         return node
 
     def set_labels(self, ctx: RequestContext, node_id: str, labels: Mapping[str, str]) -> Node:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from control_plane.health.processor import HealthProcessor
 from control_plane.health.queries import HealthQueries
+from control_plane.nodes.broker_logins import BrokerLogins
 from control_plane.nodes.model import RefusalCounter
 from control_plane.registry.freshness import MetadataExpiry
 
@@ -53,9 +54,11 @@ class FleetCollector(Collector):
         node_refusals: RefusalCounter,
         links: LinkSources | None = None,
         metadata: MetadataSource | None = None,
+        broker_logins: BrokerLogins | None = None,
     ) -> None:
         self._queries = queries
         self._metadata = metadata
+        self._broker_logins = broker_logins
         # This replica's processor, for its own failed passes (even when it does not run).
         self._processor = processor
         self._node_refusals = node_refusals
@@ -130,6 +133,18 @@ class FleetCollector(Collector):
             version.add_metric([md.fleet, md.role], md.version)
         yield version
         yield from self._link_metrics()
+        logins = self._broker_logins
+        if logins is not None and logins.accounts.manages_logins:
+            yield GaugeMetricFamily(
+                "edgefleet_mqtt_logins_missing",
+                "Enrolled MQTT nodes the broker has no login for, at the last reconcile",
+                value=logins.missing,
+            )
+            yield CounterMetricFamily(
+                "edgefleet_mqtt_reconcile_failed_passes",
+                "Reconciles of the broker's logins that failed on this replica (retried)",
+                value=logins.failed_passes,
+            )
 
     def _link_metrics(self) -> Iterator[Metric]:
         refused = CounterMetricFamily(
@@ -165,10 +180,13 @@ def fleet_registry(
     node_refusals: RefusalCounter,
     links: LinkSources | None = None,
     metadata: MetadataSource | None = None,
+    broker_logins: BrokerLogins | None = None,
 ) -> CollectorRegistry:
     """A registry of this app's own (not the process-global default)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(queries, processor, node_refusals, links, metadata))
+    registry.register(
+        FleetCollector(queries, processor, node_refusals, links, metadata, broker_logins)
+    )
     return registry
 
 

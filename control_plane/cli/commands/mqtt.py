@@ -22,12 +22,18 @@ mqtt_app = typer.Typer(
 def acl(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="directory for `passwd` (0600) and `acl`")],
+    group: Annotated[
+        str | None,
+        typer.Option(help="the broker's group (e.g. mosquitto): `passwd` becomes 0640 with it"),
+    ] = None,
 ) -> None:
     """Write Mosquitto's `passwd` and `acl` files for every unrevoked MQTT node (admin).
 
-    Point mosquitto.conf's `password_file` and `acl_file` at them, set
-    `allow_anonymous false`, and send the broker SIGHUP after each run (enrollments and
-    revocations change the files).
+    For brokers the control plane does not manage (`--mqtt-accounts file`). Point
+    mosquitto.conf's `password_file` and `acl_file` at them, set `allow_anonymous false`
+    and `use_username_as_clientid true`, and send the broker SIGHUP after each run
+    (enrollments and revocations change the files). Without `--group`, a `passwd`
+    already there keeps its owner, group and group read bit.
     """
     from control_plane.link.mqtt_acl import (
         render_acl_file,
@@ -45,7 +51,7 @@ def acl(
         nodes,
         header=f"Written by `edgefleet mqtt acl` from {cli.server}; do not edit by hand.",
     )
-    files = write_broker_files(out, passwd, acl_text)
+    files = write_broker_files(out, passwd, acl_text, group=group)
     summary = {
         "passwd": str(files.passwd),
         "acl": str(files.acl),

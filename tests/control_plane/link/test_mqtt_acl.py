@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import stat
 import subprocess
@@ -126,6 +127,28 @@ def test_files_are_written_atomically_with_tight_modes(tmp_path: Path) -> None:
     write_broker_files(tmp_path / "out", "c:d\n", "user c\n")
     assert files.passwd.read_text() == "c:d\n"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["acl", "passwd"]
+
+
+def test_the_passwd_file_is_readable_by_the_brokers_group_and_keeps_it(tmp_path: Path) -> None:
+    """The packaged broker reads `passwd` as user `mosquitto` after dropping root: a file
+    only its writer can read, or whose owner a rewrite resets, locks every node out."""
+    gid = os.getgid()
+    files = write_broker_files(tmp_path / "out", "a:b\n", "user a\n", group=gid)
+    assert stat.S_IMODE(files.passwd.stat().st_mode) == 0o640
+    assert files.passwd.stat().st_gid == gid
+    if os.geteuid() == 0:  # as root, the owner an operator gave the file stays too
+        os.chown(files.passwd, 65534, 65534)
+    before = files.passwd.stat()
+    write_broker_files(tmp_path / "out", "c:d\n", "user c\n")  # no --group this time
+    after = files.passwd.stat()
+    assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (
+        before.st_uid,
+        before.st_gid,
+        0o640,
+    )
+    assert files.passwd.read_text() == "c:d\n"
+    with pytest.raises(InvalidInputError, match="no group named"):
+        write_broker_files(tmp_path / "out", "a:b\n", "", group="no-such-group-edgefleet")
 
 
 def test_the_control_planes_password_is_made_once(tmp_path: Path) -> None:

@@ -137,6 +137,30 @@ def test_server_settings_for_the_bridge(tmp_path: Path) -> None:
         ServerSettings(mqtt="b:1", mqtt_password_file=tmp_path / "nope").mqtt_bridge_config()
 
 
+def test_server_settings_for_broker_accounts_and_tls(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    settings = ServerSettings(
+        mqtt="broker.local:8883",
+        mqtt_accounts="dynsec",
+        mqtt_tls=True,
+        mqtt_ca_file=ca,
+        mqtt_share_group="cp-1a2b3c",
+    )
+    config = settings.mqtt_bridge_config()
+    assert config is not None
+    assert (config.tls, config.ca_file, config.share_group) == (True, ca, "cp-1a2b3c")
+    assert config.resolved_client_id().startswith("edgefleet-control-plane-")
+    assert ServerSettings().mqtt_accounts == "file"
+    with pytest.raises(ValueError, match="needs mqtt"):
+        ServerSettings(mqtt_accounts="dynsec")
+    with pytest.raises(ValueError, match="need mqtt_tls"):
+        ServerSettings(mqtt="b:1", mqtt_ca_file=ca)
+    with pytest.raises(ValueError, match="go together"):
+        ServerSettings(mqtt="b:1", mqtt_tls=True, mqtt_cert_file=ca)
+    with pytest.raises(ValueError, match="pattern"):
+        ServerSettings(mqtt="b:1", mqtt_share_group="$share/#")
+
+
 def test_the_api_lifespan_runs_the_bridge_when_configured(
     service_config: ServiceConfig,
     broker_factory: BrokerFactory,  # noqa: F811
