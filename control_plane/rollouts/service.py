@@ -44,7 +44,6 @@ from control_plane.errors import (
     PolicyError,
 )
 from control_plane.health.queries import HealthQueries
-from control_plane.health.report import MalformedReportError, parse_report
 from control_plane.nodes.inventory import NodeInventory
 from control_plane.registry.service import RegistryService
 from control_plane.rollouts.machine import Command, CommandKind, NodeReport, Observations, step
@@ -73,7 +72,6 @@ from control_plane.rollouts.store import (
 from control_plane.rollouts.verdicts import Judgement, NoGates, VerdictSource
 from control_plane.storage.models import (
     FleetRow,
-    NodeRecordRow,
     RolloutActionRow,
     RolloutDecisionRow,
     RolloutNodeRow,
@@ -694,38 +692,28 @@ class RolloutService:
 
     def _shadow_reports(self, state: RolloutState, now: datetime) -> dict[str, NodeReport]:
         """What the shadow nodes in flight say of the candidate: the `shadow` section of
-        each one's newest health report (the health store keeps only its numbers)."""
+        each one's newest processed health report (`health_latest.shadow`, one query for
+        all of them); a report made before the node's shadow assignment says nothing."""
         flying = {
             node_id: r
             for node_id, r in state.nodes.items()
             if r.track == "shadow" and r.shadowing and r.phase in _IN_FLIGHT
         }
+        if not flying:
+            return {}
         reports: dict[str, NodeReport] = {}
-        with self._sessions() as session:
-            for node_id, record in sorted(flying.items()):
-                row = session.execute(
-                    select(NodeRecordRow.payload, NodeRecordRow.created_at)
-                    .where(NodeRecordRow.node_id == node_id, NodeRecordRow.kind == "health")
-                    .order_by(NodeRecordRow.received_at.desc())
-                    .limit(1)
-                ).first()
-                if row is None:
-                    continue
-                payload, created_at = row
-                try:
-                    point = parse_report(payload, created_at=created_at)
-                except MalformedReportError:
-                    continue
-                report = shadow_report(
-                    point.shadow,
-                    reported_at=point.at,
-                    model=state.spec.model,
-                    version=state.spec.version,
-                    started=record.started_at or record.since,
-                    now=now,
-                )
-                if report is not None:
-                    reports[node_id] = report
+        for node_id, latest in sorted(self._health.latest(sorted(flying)).items()):
+            record = flying[node_id]
+            report = shadow_report(
+                latest.shadow,
+                reported_at=latest.at,
+                model=state.spec.model,
+                version=state.spec.version,
+                started=record.started_at or record.since,
+                now=now,
+            )
+            if report is not None:
+                reports[node_id] = report
         return reports
 
     # --------------------------------------------------------------- actions

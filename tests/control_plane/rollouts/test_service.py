@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from control_plane.access.service import AccessService
 from control_plane.errors import (
@@ -334,6 +335,49 @@ def test_a_shadow_stage_runs_the_candidate_beside_then_the_canaries_take_it(
     assert "assign" in kinds
     assert set(world.fleet.serving().values()) == {"1.1.0"}
     assert set(world.candidate_pins().values()) == {1}
+
+
+def test_the_shadow_nodes_reports_are_read_in_one_query(world: World) -> None:
+    """What the shadow nodes say of the candidate comes from their newest processed
+    report's `shadow` section (`health_latest`), all of them in one statement; a report
+    made before a node's shadow assignment says nothing."""
+    make_fleet(world, 4)
+    world.verdicts.decide = lambda state: None  # the shadow stage stays
+    service = world.service()
+    created = service.create(RELEASE, "gates", request(stages="shadow:3,100%"))
+    world.run(service, until=lambda s: _running_shadows(world, s, created.id) == 3, steps=20)
+    state = service.state(created.id)
+    engine = world.sessions.kw["bind"]
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        if str(args[2]).lstrip().upper().startswith("SELECT"):
+            statements.append(str(args[2]))
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        reports = service._shadow_reports(state, world.clock.now())
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(statements) == 1, statements
+    assert "health_latest" in statements[0]
+    assert len(reports) == 3
+    assert all(r.shadow and r.phase == "active" and r.samples for r in reports.values())
+    later = world.clock.now() + TICK
+    assigned_later = replace(
+        state,
+        nodes={n: replace(r, started_at=later) for n, r in state.nodes.items()},
+    )
+    assert service._shadow_reports(assigned_later, later) == {}
+
+
+def _running_shadows(world: World, service: RolloutService, rollout_id: str) -> int:
+    state = service.state(rollout_id)
+    shadows = sorted(n for n, r in state.nodes.items() if r.track == "shadow")
+    latest = world.health.queries.latest(shadows)
+    return sum(
+        1 for h in latest.values() if h.shadow is not None and h.shadow.get("state") == "running"
+    )
 
 
 def test_a_failing_shadow_candidate_never_reaches_a_box(world: World) -> None:
