@@ -46,10 +46,23 @@ from control_plane.errors import (
 from control_plane.health.queries import HealthQueries
 from control_plane.nodes.inventory import NodeInventory
 from control_plane.registry.service import RegistryService
-from control_plane.rollouts.machine import Command, CommandKind, NodeReport, Observations, step
+from control_plane.rollouts.machine import (
+    UNFINISHED,
+    Command,
+    CommandKind,
+    NodeReport,
+    Observations,
+    step,
+)
 from control_plane.rollouts.machine import apply_command as apply_rollout_command
 from control_plane.rollouts.notify import Notifier, NullNotifier
-from control_plane.rollouts.observe import ObservedNode, fleet_node, observe, shadow_report
+from control_plane.rollouts.observe import (
+    ObservedNode,
+    fleet_node,
+    observe,
+    running_version,
+    shadow_report,
+)
 from control_plane.rollouts.plan import (
     Conflict,
     FleetNode,
@@ -72,6 +85,7 @@ from control_plane.rollouts.store import (
 from control_plane.rollouts.verdicts import Judgement, NoGates, VerdictSource
 from control_plane.storage.models import (
     FleetRow,
+    NodeRow,
     RolloutActionRow,
     RolloutDecisionRow,
     RolloutNodeRow,
@@ -611,6 +625,8 @@ class RolloutService:
                     row.status == "done" and row.following
                 ):
                     return None
+                if row.status == "done" and not _done_has_work(session, row, fleet):
+                    return "done"  # nothing moves and nobody new: not worth a step
                 revision, previous = row.revision, row.verdict
                 sequences: dict[str, int | None] = {}
                 state = load_state(session, row, sequences)
@@ -917,6 +933,40 @@ class RolloutService:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _done_has_work(session: Session, row: RolloutRow, fleet: str) -> bool:
+    """Whether a done rollout that follows has anything to step (ADR 0034): a node of it
+    not final yet (queued, or in flight short of healthy: a late one), or an unrevoked
+    node of its fleet outside it (or gone from it) that matches its selector and does
+    not run its version. Two plain queries; the second reads only the nodes outside."""
+    unfinished = session.scalar(
+        select(
+            exists().where(
+                RolloutNodeRow.rollout_id == row.id, RolloutNodeRow.phase.in_(UNFINISHED)
+            )
+        )
+    )
+    if unfinished:
+        return True
+    spec = RolloutSpec.from_dict(row.spec, where=f"rollout {row.id}.spec")
+    inside = exists().where(
+        RolloutNodeRow.rollout_id == row.id,
+        RolloutNodeRow.node_id == NodeRow.id,
+        RolloutNodeRow.phase != "left",
+    )
+    outside = (
+        select(NodeRow.labels, NodeRow.reported_state)
+        .join(FleetRow, FleetRow.id == NodeRow.fleet_id)
+        .where(FleetRow.name == fleet, NodeRow.revoked_at.is_(None), ~inside)
+    )
+    for labels, reported in session.execute(outside):
+        named = {str(k): str(v) for k, v in (labels or {}).items()}
+        if spec.selector.matches(named) and (
+            running_version(reported or {}, spec.model) != spec.version
+        ):
+            return True
+    return False
 
 
 def _with_fleet(session: Session, number: int) -> tuple[RolloutRow, str] | None:

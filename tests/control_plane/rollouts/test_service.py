@@ -18,6 +18,7 @@ from control_plane.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
+from control_plane.rollouts import service as service_module
 from control_plane.rollouts.service import RolloutService, TickReport
 from control_plane.rollouts.state import RolloutState
 from control_plane.rollouts.store import load_state, node_sequences
@@ -313,6 +314,47 @@ def test_two_replicas_ticking_at_once_step_each_rollout_once(world: World) -> No
     pins = world.candidate_pins()
     assert sorted(pins.values()) == [0, 0, 1, 1, 1, 1]  # sites a and b once each, c never
     assert won["a"] and won["b"]  # both replicas took turns
+
+
+def test_a_done_rollout_steps_only_for_nodes_that_come_later(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once done, the rollout's healthy nodes are final (no rollback after done; health
+    alerts cover them): a tick with no newcomer does not even load its state, so nodes
+    that go quiet stay healthy and the revision does not move. A node that enrols later
+    and matches is taken in and followed until healthy."""
+    make_fleet(world, 3)
+    service = world.service()
+    created = service.create(RELEASE, "gates", request(stages="1,100%"))
+    world.run(service, until=status(created.id, "done"))
+    service.tick()
+    loads: list[int] = []
+    real_load = service_module.load_state
+
+    def counting(session: Any, row: RolloutRow, *args: Any) -> RolloutState:
+        loads.append(row.id)
+        return real_load(session, row, *args)
+
+    monkeypatch.setattr(service_module, "load_state", counting)
+    with world.sessions() as session:
+        revision = session.get(RolloutRow, int(created.id)).revision  # type: ignore[union-attr]
+    for agent in world.fleet.agents.values():
+        agent.behaviour = "silent"  # no more samples: a watched node would turn unhealthy
+    for _ in range(15):  # past the 10 min sample freshness
+        assert created.id in service.tick().stepped
+        world.clock.advance(TICK)
+    assert loads == []
+    with world.sessions() as session:
+        assert session.get(RolloutRow, int(created.id)).revision == revision  # type: ignore[union-attr]
+    assert {r.phase for r in service.state(created.id).nodes.values()} == {"healthy"}
+
+    late = world.add_node({"site": "a"})
+    world.run(service, until=lambda s: s.state(created.id).nodes.get(late) is not None)
+    assert loads  # stepped for the newcomer
+    world.run(service, until=lambda s: s.state(created.id).nodes[late].phase == "healthy")
+    assert world.fleet.agents[late].serving == "1.1.0"
+    assert service.get(created.id).state.status == "done"
+    assert {r.phase for r in service.state(created.id).nodes.values()} == {"healthy"}
 
 
 def test_a_shadow_stage_runs_the_candidate_beside_then_the_canaries_take_it(
