@@ -100,6 +100,7 @@ __all__ = [
     "RolloutRequest",
     "RolloutService",
     "RolloutSummary",
+    "ShadowNodeInfo",
     "TickReport",
 ]
 
@@ -114,6 +115,7 @@ ACTIVE_STATUSES: Final[tuple[RolloutStatus, ...]] = (
 )
 """Statuses that hold their nodes: a new rollout for the same nodes and model is refused."""
 _JUDGED: Final = frozenset({"running", "baking", "paused"})
+_MAX_SHADOW_SHOWN: Final = 50  # shadow nodes a rollout's view lists
 _IN_FLIGHT: Final = frozenset(
     {"assigned", "downloading", "activating", "active-unhealthy", "healthy"}
 )
@@ -221,10 +223,26 @@ class RolloutSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowNodeInfo:
+    """A node of the shadow stage: its phase in the rollout, and what its newest processed
+    health report says of the candidate (`state`: downloading, self-testing, running or
+    failed; empty before it reported one of this candidate since its assignment)."""
+
+    node_id: str
+    phase: str
+    state: str = ""
+    frames_compared: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RolloutInfo:
     """One rollout as `status` and `watch` show it. `state` carries no node records (the
-    counts are `counts`, per phase, and `stage_counts`, per canary stage and phase);
-    `verdict` is the gates' latest evaluation; `decisions` the newest, oldest first."""
+    counts are `counts`, per phase, and `stage_counts`, per stage and phase: a node is
+    counted in the shadow stage, `0`, while it shadows or after it failed there, else in
+    its canary stage); `shadow_nodes` the shadow stage's nodes (at most
+    `_MAX_SHADOW_SHOWN`); `verdict` is the gates' latest evaluation; `decisions` the
+    newest, oldest first."""
 
     id: str
     fleet: str
@@ -239,6 +257,7 @@ class RolloutInfo:
     verdict: Mapping[str, Any] | None
     decisions: tuple[Decision, ...]
     pending_actions: int
+    shadow_nodes: tuple[ShadowNodeInfo, ...] = ()
 
 
 @dataclass(slots=True)
@@ -462,13 +481,24 @@ class RolloutService:
                 .limit(decisions)
             ).all()
             stage_counts: dict[str, dict[str, int]] = {}
-            for stage, phase, count in session.execute(
-                select(RolloutNodeRow.stage, RolloutNodeRow.phase, func.count())
+            for stage, track, phase, count in session.execute(
+                select(
+                    RolloutNodeRow.stage, RolloutNodeRow.track, RolloutNodeRow.phase, func.count()
+                )
                 .where(RolloutNodeRow.rollout_id == number)
-                .group_by(RolloutNodeRow.stage, RolloutNodeRow.phase)
+                .group_by(RolloutNodeRow.stage, RolloutNodeRow.track, RolloutNodeRow.phase)
             ):
-                key = "none" if stage is None else str(stage)
-                stage_counts.setdefault(key, {})[phase] = count
+                # A shadow node's `stage` is the canary stage it joins once the shadow
+                # stage passed; while its phase is about the shadow it is the shadow's.
+                key = "0" if track == "shadow" else "none" if stage is None else str(stage)
+                per_phase = stage_counts.setdefault(key, {})
+                per_phase[phase] = per_phase.get(phase, 0) + count
+            shadowed = session.execute(
+                select(RolloutNodeRow.node_id, RolloutNodeRow.phase, RolloutNodeRow.started_at)
+                .where(RolloutNodeRow.rollout_id == number, RolloutNodeRow.track == "shadow")
+                .order_by(RolloutNodeRow.rank)
+                .limit(_MAX_SHADOW_SHOWN)
+            ).all()
             pending = session.scalar(
                 select(func.count())
                 .select_from(RolloutActionRow)
@@ -493,7 +523,41 @@ class RolloutService:
                 verdict=row.verdict,
                 decisions=tuple(decision_of(d, str(row.id)) for d in reversed(newest)),
                 pending_actions=pending or 0,
+                shadow_nodes=self._shadow_nodes(state, shadowed),
             )
+
+    def _shadow_nodes(self, state: RolloutState, rows: Sequence[Any]) -> tuple[ShadowNodeInfo, ...]:
+        """The shadow stage's nodes with what their newest processed report says of the
+        candidate (a report of another candidate, or from before the assignment, says
+        nothing)."""
+        if not rows:
+            return ()
+        latest = self._health.latest([node_id for node_id, _, _ in rows])
+        candidate = f"{state.spec.model}@{state.spec.version}"
+        found = []
+        for node_id, phase, started_at in rows:
+            health = latest.get(node_id)
+            section = health.shadow if health is not None else None
+            fresh = (
+                health is not None
+                and isinstance(section, Mapping)
+                and section.get("candidate") == candidate
+                and (started_at is None or health.at >= started_at)
+            )
+            if not fresh or section is None:
+                found.append(ShadowNodeInfo(node_id, phase))
+                continue
+            compared = section.get("frames_compared")
+            found.append(
+                ShadowNodeInfo(
+                    node_id,
+                    phase,
+                    str(section.get("state") or ""),
+                    compared if isinstance(compared, int) else None,
+                    str(section.get("reason") or section.get("detail") or ""),
+                )
+            )
+        return tuple(found)
 
     def state(self, rollout_id: str) -> RolloutState:
         """The whole state, node records included (tests, the dashboard's detail)."""
