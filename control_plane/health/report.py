@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from protos.bundle.agreement import ABS_DIFF_LEVELS, COSINE_LEVELS
 from protos.health_schema import SCHEMA_PREFIX, conform_report
 from protos.latency_sketch import LatencySketch, SketchError
 
@@ -40,12 +41,25 @@ __all__ = [
     "HealthPoint",
     "MalformedReportError",
     "parse_report",
+    "shadow_abs_diff_metric",
+    "shadow_cosine_metric",
 ]
 
 LATENCY_KINDS: Final = ("end_to_end", "compute", "queue")
 _PERCENTILES: Final = ("p50_ms", "p95_ms", "p99_ms", "max_ms")
 MAX_VERSIONS: Final = 16
 MAX_PAYLOAD_BYTES: Final = 512 * 1024
+
+
+def shadow_cosine_metric(level: float) -> str:
+    """The metric of raw frames with a cosine similarity of at least `level`."""
+    return f"shadow_cosine_at_least_{level:g}"
+
+
+def shadow_abs_diff_metric(level: float) -> str:
+    """The metric of raw frames with a largest absolute difference of at most `level`."""
+    return f"shadow_abs_diff_at_most_{level:g}"
+
 
 METRICS: Final = {
     "uptime_s": "seconds since the agent started",
@@ -99,6 +113,14 @@ METRICS: Final = {
     "shadow_mean_score_diff": "detection: mean score difference of matched boxes",
     "shadow_max_abs_diff": "raw: largest absolute output difference",
     "shadow_min_cosine": "raw: lowest cosine similarity of the outputs",
+    **{
+        shadow_cosine_metric(level): f"raw: frames with a cosine similarity of at least {level:g}"
+        for level in COSINE_LEVELS
+    },
+    **{
+        shadow_abs_diff_metric(level): f"raw: frames with a largest difference of at most {level:g}"
+        for level in ABS_DIFF_LEVELS
+    },
     "shadow_p99_ms": "the shadow candidate's P99 inference time (its CPU time)",
     "shadow_rss_delta_bytes": "RSS growth while the candidate loaded and self-tested",
 }
@@ -308,6 +330,14 @@ def _shadow(section: object, metrics: dict[str, float]) -> dict[str, Any] | None
     if isinstance(agreement, Mapping):
         for name in _SHADOW_AGREEMENT:
             _put(metrics, f"shadow_{name}", agreement.get(name))
+        for levels, counts, metric in (
+            (COSINE_LEVELS, agreement.get("cosine_at_least"), shadow_cosine_metric),
+            (ABS_DIFF_LEVELS, agreement.get("abs_diff_at_most"), shadow_abs_diff_metric),
+        ):
+            # Counted at the levels this control plane knows, in their order, or not at all.
+            if isinstance(counts, list) and len(counts) == len(levels):
+                for level, count in zip(levels, counts, strict=True):
+                    _put(metrics, metric(level), count)
     return shadow
 
 

@@ -19,13 +19,15 @@ classes only).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from control_plane.health.report import shadow_abs_diff_metric, shadow_cosine_metric
 from control_plane.rollouts.gates import Counters, NodeSamples, Samples, ShadowCounts
 from control_plane.rollouts.state import RolloutState
+from protos.bundle.agreement import ABS_DIFF_LEVELS, COSINE_LEVELS
 
 __all__ = ["Point", "p99_s", "stage_samples"]
 
@@ -110,10 +112,23 @@ def _rss(points: Sequence[Point], origin: datetime) -> list[tuple[float, float]]
     return out
 
 
+def _levels(
+    point: Point, levels: Sequence[float], metric: Callable[[float], str], frames: int
+) -> dict[float, int]:
+    """The point's raw frame counts per level (clamped to the frames compared); empty
+    unless every level was counted."""
+    counts = {level: _metric(point, metric(level)) for level in levels}
+    if any(count is None for count in counts.values()):
+        return {}
+    return {level: min(max(int(count or 0), 0), frames) for level, count in counts.items()}
+
+
 def _shadow_counts(points: Sequence[Point]) -> ShadowCounts | None:
     """The newest point's agreement figures as counts. The store keeps ratios over the
     frames compared, not box counts: boxes are counted as the frames compared, and a
-    matched box's score as agreeing (score agreement is not measured this way)."""
+    matched box's score as agreeing (score agreement is not measured this way). Raw
+    frames are counted by the node at fixed levels (`cosine_at_least`, `abs_diff_at_most`);
+    a report without those counts has no raw frames to judge."""
     for p in reversed(points):
         frames = int(_metric(p, "shadow_frames_compared") or 0)
         if frames <= 0:
@@ -122,6 +137,8 @@ def _shadow_counts(points: Sequence[Point]) -> ShadowCounts | None:
         classified = frames if top1 is not None else 0
         boxes = frames if recall is not None else 0
         matched = round(min(max(recall or 0.0, 0.0), 1.0) * boxes)
+        cosine = _levels(p, COSINE_LEVELS, shadow_cosine_metric, frames)
+        abs_diff = _levels(p, ABS_DIFF_LEVELS, shadow_abs_diff_metric, frames)
         return ShadowCounts(
             frames=frames,
             classified=classified,
@@ -129,6 +146,9 @@ def _shadow_counts(points: Sequence[Point]) -> ShadowCounts | None:
             boxes_reference=boxes,
             boxes_matched=matched,
             scores_agreed=matched,
+            raw=frames if cosine or abs_diff else 0,
+            cosine_at_least=cosine,
+            abs_diff_at_most=abs_diff,
         )
     return None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Final, Literal, NamedTuple, get_args
 
@@ -23,6 +23,7 @@ import numpy as np
 from scipy import stats
 
 from control_plane.errors import InvalidInputError
+from protos.bundle.agreement import ABS_DIFF_LEVELS, COSINE_LEVELS
 from protos.fields import Fields, optional
 
 __all__ = [
@@ -189,23 +190,41 @@ class CountGate:
 @dataclass(frozen=True, slots=True)
 class AgreementGate:
     """The shadow stage: how often the candidate agrees with the active model on the same
-    frames (top-1 label; boxes IoU-matched: recall, then score agreement of the matched).
-    Fails when an agreement is significantly below its minimum (one-sided binomial test),
-    pooled or on one shadow node."""
+    frames (top-1 label; boxes IoU-matched: recall, then score agreement of the matched;
+    raw outputs: frames whose cosine similarity is at least ``raw_cosine`` and, when
+    ``raw_max_abs_diff`` is set, frames whose largest absolute difference is at most it,
+    both chosen among the levels the node counts at, `COSINE_LEVELS` and
+    `ABS_DIFF_LEVELS`). Fails when an agreement is significantly below its minimum
+    (one-sided binomial test), pooled or on one shadow node."""
 
     enabled: bool = True
     min_top1: float = 0.95
     min_box_recall: float = 0.90
     min_score_agreement: float = 0.90
+    raw_cosine: float = 0.999
+    min_raw_cosine: float = 0.95
+    raw_max_abs_diff: float | None = None
+    min_raw_abs_diff: float = 0.95
     consecutive_failures: int | None = None
 
     def _check(self, where: str) -> None:
         _check_common(where, self.enabled, self.consecutive_failures)
-        for name in ("min_top1", "min_box_recall", "min_score_agreement"):
+        for name in (
+            "min_top1",
+            "min_box_recall",
+            "min_score_agreement",
+            "min_raw_cosine",
+            "min_raw_abs_diff",
+        ):
             value = getattr(self, name)
             _F.check_fraction(f"{where}.{name}", value)
             if value in (0, 1):
                 raise _F.fail(f"{where}.{name}", "must be strictly between 0 and 1", value)
+        for name, levels in (("raw_cosine", COSINE_LEVELS), ("raw_max_abs_diff", ABS_DIFF_LEVELS)):
+            value = getattr(self, name)
+            if value is not None and value not in levels:
+                counted = ", ".join(f"{level:g}" for level in levels)
+                raise _F.fail(f"{where}.{name}", f"must be one of {counted}", value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +341,7 @@ _CONVERT: Final[Mapping[str, Callable[[str, Any], Any]]] = {
     "int": _F.to_int,
     "float": _number,
     "int | None": optional(_F.to_int),
+    "float | None": optional(_number),
 }
 _SECTIONS: Final[Mapping[str, type]] = {
     cls.__name__: cls
@@ -404,7 +424,11 @@ class ShadowCounts:
     """One shadow node's comparisons of the candidate with the active model.
     ``classified``: frames with a top-1 label from both (``top1_agreed`` of them the same);
     ``boxes_reference``: the active model's boxes, ``boxes_matched`` of them found by the
-    candidate (IoU-matched, same label), ``scores_agreed`` of those with a close score."""
+    candidate (IoU-matched, same label), ``scores_agreed`` of those with a close score;
+    ``raw``: frames of raw outputs compared, ``cosine_at_least`` of them per level of
+    `COSINE_LEVELS` (a cosine similarity at least the level) and ``abs_diff_at_most`` per
+    level of `ABS_DIFF_LEVELS` (a largest absolute difference at most the level); empty
+    when the node did not count them."""
 
     frames: int = 0
     classified: int = 0
@@ -412,18 +436,31 @@ class ShadowCounts:
     boxes_reference: int = 0
     boxes_matched: int = 0
     scores_agreed: int = 0
+    raw: int = 0
+    cosine_at_least: Mapping[float, int] = field(default_factory=dict)
+    abs_diff_at_most: Mapping[float, int] = field(default_factory=dict)
 
     def _check(self, where: str) -> None:
-        for item in fields(self):
+        for item in fields(self)[:7]:
             _F.check_int(f"{where}.{item.name}", getattr(self, item.name), 0, 10**15)
         for part, whole in (
             ("classified", "frames"),
             ("top1_agreed", "classified"),
             ("boxes_matched", "boxes_reference"),
             ("scores_agreed", "boxes_matched"),
+            ("raw", "frames"),
         ):
             if getattr(self, part) > getattr(self, whole):
                 raise _F.fail(f"{where}.{part}", f"must be at most {whole}", getattr(self, part))
+        for name, levels in (
+            ("cosine_at_least", COSINE_LEVELS),
+            ("abs_diff_at_most", ABS_DIFF_LEVELS),
+        ):
+            counts = getattr(self, name)
+            if not isinstance(counts, Mapping) or not set(counts) <= set(levels):
+                raise _F.fail(f"{where}.{name}", "must map counted levels to counts", counts)
+            for level, count in counts.items():
+                _F.check_int(f"{where}.{name}[{level:g}]", count, 0, self.raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1300,33 +1337,53 @@ def _count_gate(field_name: str, what: str) -> _Judge:
 
 class _Agreement(NamedTuple):
     label: str
-    agreed: Callable[[ShadowCounts], int]
-    compared: Callable[[ShadowCounts], int]
+    agreed: Callable[[ShadowCounts, AgreementGate], int]
+    compared: Callable[[ShadowCounts, AgreementGate], int]
     minimum: Callable[[AgreementGate], float]
     least: Callable[[MinSamples], int]
+
+
+def _raw_counted(counts: Mapping[float, int], level: float | None, raw: int) -> int:
+    """The raw frames compared when the node counted them at `level` (else none)."""
+    return raw if level is not None and level in counts else 0
 
 
 _AGREEMENTS: Final = (
     _Agreement(
         "top1",
-        lambda s: s.top1_agreed,
-        lambda s: s.classified,
+        lambda s, g: s.top1_agreed,
+        lambda s, g: s.classified,
         lambda g: g.min_top1,
         lambda m: m.shadow_frames,
     ),
     _Agreement(
         "box_recall",
-        lambda s: s.boxes_matched,
-        lambda s: s.boxes_reference,
+        lambda s, g: s.boxes_matched,
+        lambda s, g: s.boxes_reference,
         lambda g: g.min_box_recall,
         lambda m: m.shadow_boxes,
     ),
     _Agreement(
         "score_agreement",
-        lambda s: s.scores_agreed,
-        lambda s: s.boxes_matched,
+        lambda s, g: s.scores_agreed,
+        lambda s, g: s.boxes_matched,
         lambda g: g.min_score_agreement,
         lambda m: m.shadow_boxes,
+    ),
+    # Raw outputs, frame by frame: a share of frames close enough, as top-1 is.
+    _Agreement(
+        "raw_cosine",
+        lambda s, g: s.cosine_at_least.get(g.raw_cosine, 0),
+        lambda s, g: _raw_counted(s.cosine_at_least, g.raw_cosine, s.raw),
+        lambda g: g.min_raw_cosine,
+        lambda m: m.shadow_frames,
+    ),
+    _Agreement(
+        "raw_abs_diff",
+        lambda s, g: s.abs_diff_at_most.get(g.raw_max_abs_diff or 0.0, 0),
+        lambda s, g: _raw_counted(s.abs_diff_at_most, g.raw_max_abs_diff, s.raw),
+        lambda g: g.min_raw_abs_diff,
+        lambda m: m.shadow_frames,
     ),
 )
 
@@ -1351,8 +1408,8 @@ def _output_agreement(spec: GatesSpec, gate: AgreementGate, samples: Samples) ->
         )
     lines, short, failed = [], [], []
     for metric in _AGREEMENTS:
-        agreed = sum(metric.agreed(s) for _, s in shadows)
-        compared = sum(metric.compared(s) for _, s in shadows)
+        agreed = sum(metric.agreed(s, gate) for _, s in shadows)
+        compared = sum(metric.compared(s, gate) for _, s in shadows)
         if not compared:
             continue
         minimum, need = metric.minimum(gate), metric.least(least)
@@ -1373,9 +1430,9 @@ def _output_agreement(spec: GatesSpec, gate: AgreementGate, samples: Samples) ->
             continue
         # One shadow node on its own (one kind of box may diverge), Bonferroni over nodes.
         judged = [
-            (i, metric.agreed(s), metric.compared(s))
+            (i, metric.agreed(s, gate), metric.compared(s, gate))
             for i, s in shadows
-            if metric.compared(s) >= need
+            if metric.compared(s, gate) >= need
         ]
         worst = sorted(judged, key=lambda item: item[1] / item[2])[:WORST_NODES]
         for node_id, node_agreed, node_compared in worst:
@@ -1390,7 +1447,7 @@ def _output_agreement(spec: GatesSpec, gate: AgreementGate, samples: Samples) ->
     if failed:
         return _Verdict("fail", "; ".join(failed), numbers)
     if short or not lines:
-        what = ", ".join(short) if short else "no top-1 labels or reference boxes"
+        what = ", ".join(short) if short else "no top-1 labels, reference boxes or raw counts"
         return _inconclusive(f"too few shadow comparisons: {what}", numbers)
     return _Verdict("pass", "; ".join(lines), numbers)
 

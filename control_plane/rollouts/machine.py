@@ -43,6 +43,7 @@ from control_plane.rollouts.state import (
 )
 
 __all__ = [
+    "UNFINISHED",
     "Action",
     "Assign",
     "AssignShadow",
@@ -74,6 +75,9 @@ _FORWARD: Final[tuple[NodePhase, ...]] = (
     "healthy",
 )
 _IN_FLIGHT: Final = frozenset(_FORWARD)
+UNFINISHED: Final = frozenset({"queued"}) | _IN_FLIGHT - {"healthy"}
+"""Once a rollout is done, the phases its nodes still move on from (a node that is
+healthy by then is final: there is no rollback after done, health alerts cover it)."""
 _FAILED: Final = frozenset({"failed", "timed-out"})
 _SETTLED: Final = frozenset({"healthy", "failed", "timed-out", "left"})
 _IN_PROGRESS: Final = frozenset({"running", "baking", "paused"})
@@ -455,11 +459,12 @@ class _Run:
 
     def follow(self, observations: Observations) -> None:
         """Nodes that enrolled or changed labels since the last step, then every node's
-        phase and deadline."""
+        phase and deadline (once done, only of the nodes not healthy yet: the late ones)."""
         self.take_in(observations)
         reports = observations.reports
+        moving = UNFINISHED if self.status == "done" else _IN_FLIGHT
         for node_id, r in self.nodes.items():
-            if r.phase in _IN_FLIGHT:
+            if r.phase in moving:
                 self.nodes[node_id] = self.progress(node_id, r, reports.get(node_id))
 
     def take_in(self, observations: Observations) -> None:

@@ -44,13 +44,25 @@ from control_plane.errors import (
     PolicyError,
 )
 from control_plane.health.queries import HealthQueries
-from control_plane.health.report import MalformedReportError, parse_report
 from control_plane.nodes.inventory import NodeInventory
 from control_plane.registry.service import RegistryService
-from control_plane.rollouts.machine import Command, CommandKind, NodeReport, Observations, step
+from control_plane.rollouts.machine import (
+    UNFINISHED,
+    Command,
+    CommandKind,
+    NodeReport,
+    Observations,
+    step,
+)
 from control_plane.rollouts.machine import apply_command as apply_rollout_command
 from control_plane.rollouts.notify import Notifier, NullNotifier
-from control_plane.rollouts.observe import ObservedNode, fleet_node, observe, shadow_report
+from control_plane.rollouts.observe import (
+    ObservedNode,
+    fleet_node,
+    observe,
+    running_version,
+    shadow_report,
+)
 from control_plane.rollouts.plan import (
     Conflict,
     FleetNode,
@@ -73,7 +85,7 @@ from control_plane.rollouts.store import (
 from control_plane.rollouts.verdicts import Judgement, NoGates, VerdictSource
 from control_plane.storage.models import (
     FleetRow,
-    NodeRecordRow,
+    NodeRow,
     RolloutActionRow,
     RolloutDecisionRow,
     RolloutNodeRow,
@@ -88,6 +100,7 @@ __all__ = [
     "RolloutRequest",
     "RolloutService",
     "RolloutSummary",
+    "ShadowNodeInfo",
     "TickReport",
 ]
 
@@ -102,6 +115,7 @@ ACTIVE_STATUSES: Final[tuple[RolloutStatus, ...]] = (
 )
 """Statuses that hold their nodes: a new rollout for the same nodes and model is refused."""
 _JUDGED: Final = frozenset({"running", "baking", "paused"})
+_MAX_SHADOW_SHOWN: Final = 50  # shadow nodes a rollout's view lists
 _IN_FLIGHT: Final = frozenset(
     {"assigned", "downloading", "activating", "active-unhealthy", "healthy"}
 )
@@ -209,10 +223,26 @@ class RolloutSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowNodeInfo:
+    """A node of the shadow stage: its phase in the rollout, and what its newest processed
+    health report says of the candidate (`state`: downloading, self-testing, running or
+    failed; empty before it reported one of this candidate since its assignment)."""
+
+    node_id: str
+    phase: str
+    state: str = ""
+    frames_compared: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RolloutInfo:
     """One rollout as `status` and `watch` show it. `state` carries no node records (the
-    counts are `counts`, per phase, and `stage_counts`, per canary stage and phase);
-    `verdict` is the gates' latest evaluation; `decisions` the newest, oldest first."""
+    counts are `counts`, per phase, and `stage_counts`, per stage and phase: a node is
+    counted in the shadow stage, `0`, while it shadows or after it failed there, else in
+    its canary stage); `shadow_nodes` the shadow stage's nodes (at most
+    `_MAX_SHADOW_SHOWN`); `verdict` is the gates' latest evaluation; `decisions` the
+    newest, oldest first."""
 
     id: str
     fleet: str
@@ -227,6 +257,7 @@ class RolloutInfo:
     verdict: Mapping[str, Any] | None
     decisions: tuple[Decision, ...]
     pending_actions: int
+    shadow_nodes: tuple[ShadowNodeInfo, ...] = ()
 
 
 @dataclass(slots=True)
@@ -450,13 +481,24 @@ class RolloutService:
                 .limit(decisions)
             ).all()
             stage_counts: dict[str, dict[str, int]] = {}
-            for stage, phase, count in session.execute(
-                select(RolloutNodeRow.stage, RolloutNodeRow.phase, func.count())
+            for stage, track, phase, count in session.execute(
+                select(
+                    RolloutNodeRow.stage, RolloutNodeRow.track, RolloutNodeRow.phase, func.count()
+                )
                 .where(RolloutNodeRow.rollout_id == number)
-                .group_by(RolloutNodeRow.stage, RolloutNodeRow.phase)
+                .group_by(RolloutNodeRow.stage, RolloutNodeRow.track, RolloutNodeRow.phase)
             ):
-                key = "none" if stage is None else str(stage)
-                stage_counts.setdefault(key, {})[phase] = count
+                # A shadow node's `stage` is the canary stage it joins once the shadow
+                # stage passed; while its phase is about the shadow it is the shadow's.
+                key = "0" if track == "shadow" else "none" if stage is None else str(stage)
+                per_phase = stage_counts.setdefault(key, {})
+                per_phase[phase] = per_phase.get(phase, 0) + count
+            shadowed = session.execute(
+                select(RolloutNodeRow.node_id, RolloutNodeRow.phase, RolloutNodeRow.started_at)
+                .where(RolloutNodeRow.rollout_id == number, RolloutNodeRow.track == "shadow")
+                .order_by(RolloutNodeRow.rank)
+                .limit(_MAX_SHADOW_SHOWN)
+            ).all()
             pending = session.scalar(
                 select(func.count())
                 .select_from(RolloutActionRow)
@@ -481,7 +523,41 @@ class RolloutService:
                 verdict=row.verdict,
                 decisions=tuple(decision_of(d, str(row.id)) for d in reversed(newest)),
                 pending_actions=pending or 0,
+                shadow_nodes=self._shadow_nodes(state, shadowed),
             )
+
+    def _shadow_nodes(self, state: RolloutState, rows: Sequence[Any]) -> tuple[ShadowNodeInfo, ...]:
+        """The shadow stage's nodes with what their newest processed report says of the
+        candidate (a report of another candidate, or from before the assignment, says
+        nothing)."""
+        if not rows:
+            return ()
+        latest = self._health.latest([node_id for node_id, _, _ in rows])
+        candidate = f"{state.spec.model}@{state.spec.version}"
+        found = []
+        for node_id, phase, started_at in rows:
+            health = latest.get(node_id)
+            section = health.shadow if health is not None else None
+            fresh = (
+                health is not None
+                and isinstance(section, Mapping)
+                and section.get("candidate") == candidate
+                and (started_at is None or health.at >= started_at)
+            )
+            if not fresh or section is None:
+                found.append(ShadowNodeInfo(node_id, phase))
+                continue
+            compared = section.get("frames_compared")
+            found.append(
+                ShadowNodeInfo(
+                    node_id,
+                    phase,
+                    str(section.get("state") or ""),
+                    compared if isinstance(compared, int) else None,
+                    str(section.get("reason") or section.get("detail") or ""),
+                )
+            )
+        return tuple(found)
 
     def state(self, rollout_id: str) -> RolloutState:
         """The whole state, node records included (tests, the dashboard's detail)."""
@@ -613,6 +689,8 @@ class RolloutService:
                     row.status == "done" and row.following
                 ):
                     return None
+                if row.status == "done" and not _done_has_work(session, row, fleet):
+                    return "done"  # nothing moves and nobody new: not worth a step
                 revision, previous = row.revision, row.verdict
                 sequences: dict[str, int | None] = {}
                 state = load_state(session, row, sequences)
@@ -694,38 +772,28 @@ class RolloutService:
 
     def _shadow_reports(self, state: RolloutState, now: datetime) -> dict[str, NodeReport]:
         """What the shadow nodes in flight say of the candidate: the `shadow` section of
-        each one's newest health report (the health store keeps only its numbers)."""
+        each one's newest processed health report (`health_latest.shadow`, one query for
+        all of them); a report made before the node's shadow assignment says nothing."""
         flying = {
             node_id: r
             for node_id, r in state.nodes.items()
             if r.track == "shadow" and r.shadowing and r.phase in _IN_FLIGHT
         }
+        if not flying:
+            return {}
         reports: dict[str, NodeReport] = {}
-        with self._sessions() as session:
-            for node_id, record in sorted(flying.items()):
-                row = session.execute(
-                    select(NodeRecordRow.payload, NodeRecordRow.created_at)
-                    .where(NodeRecordRow.node_id == node_id, NodeRecordRow.kind == "health")
-                    .order_by(NodeRecordRow.received_at.desc())
-                    .limit(1)
-                ).first()
-                if row is None:
-                    continue
-                payload, created_at = row
-                try:
-                    point = parse_report(payload, created_at=created_at)
-                except MalformedReportError:
-                    continue
-                report = shadow_report(
-                    point.shadow,
-                    reported_at=point.at,
-                    model=state.spec.model,
-                    version=state.spec.version,
-                    started=record.started_at or record.since,
-                    now=now,
-                )
-                if report is not None:
-                    reports[node_id] = report
+        for node_id, latest in sorted(self._health.latest(sorted(flying)).items()):
+            record = flying[node_id]
+            report = shadow_report(
+                latest.shadow,
+                reported_at=latest.at,
+                model=state.spec.model,
+                version=state.spec.version,
+                started=record.started_at or record.since,
+                now=now,
+            )
+            if report is not None:
+                reports[node_id] = report
         return reports
 
     # --------------------------------------------------------------- actions
@@ -929,6 +997,40 @@ class RolloutService:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _done_has_work(session: Session, row: RolloutRow, fleet: str) -> bool:
+    """Whether a done rollout that follows has anything to step (ADR 0034): a node of it
+    not final yet (queued, or in flight short of healthy: a late one), or an unrevoked
+    node of its fleet outside it (or gone from it) that matches its selector and does
+    not run its version. Two plain queries; the second reads only the nodes outside."""
+    unfinished = session.scalar(
+        select(
+            exists().where(
+                RolloutNodeRow.rollout_id == row.id, RolloutNodeRow.phase.in_(UNFINISHED)
+            )
+        )
+    )
+    if unfinished:
+        return True
+    spec = RolloutSpec.from_dict(row.spec, where=f"rollout {row.id}.spec")
+    inside = exists().where(
+        RolloutNodeRow.rollout_id == row.id,
+        RolloutNodeRow.node_id == NodeRow.id,
+        RolloutNodeRow.phase != "left",
+    )
+    outside = (
+        select(NodeRow.labels, NodeRow.reported_state)
+        .join(FleetRow, FleetRow.id == NodeRow.fleet_id)
+        .where(FleetRow.name == fleet, NodeRow.revoked_at.is_(None), ~inside)
+    )
+    for labels, reported in session.execute(outside):
+        named = {str(k): str(v) for k, v in (labels or {}).items()}
+        if spec.selector.matches(named) and (
+            running_version(reported or {}, spec.model) != spec.version
+        ):
+            return True
+    return False
 
 
 def _with_fleet(session: Session, number: int) -> tuple[RolloutRow, str] | None:

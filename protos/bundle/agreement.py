@@ -8,8 +8,9 @@ precision of the candidate against the active model, and the mean score differen
 matched boxes); raw outputs by their largest absolute difference and cosine similarity.
 ``compare_decoded`` / ``compare_raw`` judge one frame; ``AgreementTally`` folds frames
 into the figures a health report carries (pooled over boxes, not averaged over frames, so a
-frame with one box weighs less than a frame with twenty). The active model is the
-reference: "recall" is the share of its boxes the candidate found too.
+frame with one box weighs less than a frame with twenty; raw frames counted at fixed
+cosine and difference levels, so the control plane can judge a share of frames). The
+active model is the reference: "recall" is the share of its boxes the candidate found too.
 
 What it is not for: deciding whether a candidate is good enough (the rollout's gates), or
 running models. Pure: numpy for the raw tensors, no I/O.
@@ -27,6 +28,8 @@ import numpy as np
 from protos.bundle.results import Box, Decoded, Detection, ResultKind
 
 __all__ = [
+    "ABS_DIFF_LEVELS",
+    "COSINE_LEVELS",
     "DEFAULT_IOU",
     "AgreementSummary",
     "AgreementTally",
@@ -39,6 +42,13 @@ __all__ = [
 
 DEFAULT_IOU: Final = 0.5
 """Boxes of the same class overlapping at least this much are the same object."""
+
+COSINE_LEVELS: Final = (0.9, 0.99, 0.999, 0.9999, 0.99999, 0.999999)
+"""Raw outputs: the cosine similarities a frame is counted at (`cosine_at_least`)."""
+ABS_DIFF_LEVELS: Final = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+"""Raw outputs: the largest absolute differences a frame is counted at
+(`abs_diff_at_most`). Fixed levels, so that a node need not know the rollout's gates:
+the raw agreement gate's thresholds are chosen among them."""
 
 Compared = ResultKind | Literal["incomparable"]
 
@@ -183,6 +193,8 @@ class AgreementSummary:
     max_abs_diff: float | None = None
     min_cosine: float | None = None
     mean_cosine: float | None = None
+    cosine_at_least: tuple[int, ...] = ()  # frames per `COSINE_LEVELS` (raw only)
+    abs_diff_at_most: tuple[int, ...] = ()  # frames per `ABS_DIFF_LEVELS` (raw only)
 
     def to_report(self) -> dict[str, Any]:
         """The health report's `shadow.agreement` (numbers rounded to 6 places)."""
@@ -202,6 +214,8 @@ class AgreementSummary:
             "max_abs_diff": r(self.max_abs_diff),
             "min_cosine": r(self.min_cosine),
             "mean_cosine": r(self.mean_cosine),
+            "cosine_at_least": list(self.cosine_at_least),
+            "abs_diff_at_most": list(self.abs_diff_at_most),
         }
 
 
@@ -225,6 +239,8 @@ class AgreementTally:
         self._max_abs: float | None = None
         self._min_cosine: float | None = None
         self._cosine_sum = 0.0
+        self._cosine_at_least = [0] * len(COSINE_LEVELS)
+        self._abs_diff_at_most = [0] * len(ABS_DIFF_LEVELS)
 
     def add(self, frame: FrameAgreement) -> None:
         if frame.kind == "incomparable":
@@ -246,6 +262,10 @@ class AgreementTally:
             self._max_abs = largest if self._max_abs is None else max(self._max_abs, largest)
             self._min_cosine = cosine if self._min_cosine is None else min(self._min_cosine, cosine)
             self._cosine_sum += cosine
+            for i, level in enumerate(COSINE_LEVELS):
+                self._cosine_at_least[i] += cosine >= level
+            for i, level in enumerate(ABS_DIFF_LEVELS):
+                self._abs_diff_at_most[i] += largest <= level
 
     def summary(self) -> AgreementSummary:
         frames = self._frames
@@ -270,4 +290,6 @@ class AgreementTally:
             max_abs_diff=self._max_abs,
             min_cosine=self._min_cosine,
             mean_cosine=self._cosine_sum / frames,
+            cosine_at_least=tuple(self._cosine_at_least),
+            abs_diff_at_most=tuple(self._abs_diff_at_most),
         )

@@ -64,6 +64,17 @@ class PauseOut(BaseModel):
     since: datetime
 
 
+class ShadowNodeOut(BaseModel):
+    node_id: str
+    phase: str = Field(description="the node's phase in the rollout")
+    state: str = Field(
+        description="the candidate on the node: downloading, self-testing, running, failed "
+        "(empty: no report of it since the assignment)"
+    )
+    frames_compared: int | None
+    reason: str
+
+
 class RolloutOut(BaseModel):
     id: str
     fleet: str
@@ -78,7 +89,11 @@ class RolloutOut(BaseModel):
     spec: dict[str, Any]
     counts: dict[str, int] = Field(description="nodes per phase")
     stage_counts: dict[str, dict[str, int]] = Field(
-        description="nodes per phase of each canary stage (`none`: past a partial rollout)"
+        description="nodes per phase of each stage by index, the shadow stage `0` (its "
+        "nodes while they shadow or once they failed there; `none`: past a partial rollout)"
+    )
+    shadow_nodes: list[ShadowNodeOut] = Field(
+        default_factory=list, description="the shadow stage's nodes (at most 50)"
     )
     bake_left_s: float | None
     hold: str
@@ -161,6 +176,16 @@ def rollout_out(info: RolloutInfo, now: datetime) -> RolloutOut:
         spec=spec.to_dict(),
         counts=dict(info.counts),
         stage_counts={k: dict(v) for k, v in info.stage_counts.items()},
+        shadow_nodes=[
+            ShadowNodeOut(
+                node_id=n.node_id,
+                phase=n.phase,
+                state=n.state,
+                frames_compared=n.frames_compared,
+                reason=n.reason,
+            )
+            for n in info.shadow_nodes
+        ],
         bake_left_s=None if left is None else left.total_seconds(),
         hold=state.hold,
         pause=None

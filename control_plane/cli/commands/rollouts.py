@@ -209,6 +209,20 @@ def _frame(rollout: dict[str, Any]) -> Group:
             label = labels[int(key)] if key.isdigit() and int(key) < len(labels) else key
             stages.add_row(label, _counts_text(counts))
         parts.append(stages)
+    if rollout.get("shadow_nodes"):
+        shadows = Table(title="shadow nodes", title_justify="left")
+        for column in ("node", "phase", "shadow", "frames compared", "reason"):
+            shadows.add_column(column, overflow="fold")
+        for n in rollout["shadow_nodes"]:
+            compared = n.get("frames_compared")
+            shadows.add_row(
+                str(n["node_id"]),
+                str(n["phase"]),
+                str(n.get("state") or "-"),
+                "-" if compared is None else str(compared),
+                Text(str(n.get("reason") or "")),
+            )
+        parts.append(shadows)
     verdict = rollout.get("verdict")
     if verdict:
         stage = verdict.get("stage")

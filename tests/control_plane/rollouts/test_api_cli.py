@@ -16,6 +16,8 @@ from control_plane.access.roles import Role
 from control_plane.access.service import SYSTEM
 from control_plane.cli.release import ReleaseClient
 from control_plane.registry import sample_models
+from control_plane.storage import session_factory
+from control_plane.storage.models import HealthLatestRow
 from control_plane.trust.keys import init_operator_keys
 from tests.control_plane.cli.test_cli import Cli
 from tests.control_plane.conftest import LiveServer
@@ -145,3 +147,47 @@ def test_json_output_of_watch_is_one_document(cli: Cli, fleet: list[str]) -> Non
     code, out, _ = cli.run("--output", "json", "rollout", "watch", created["id"])
     assert code == 0
     assert json.loads(out)["id"] == created["id"]
+
+
+def test_status_shows_the_shadow_stage_with_its_nodes(cli: Cli, fleet: list[str]) -> None:
+    """During the shadow stage its node is counted there (not under the canary stage it
+    joins later) and listed with what its newest report says of the candidate."""
+    created = cli.json(*CREATE, "--stages", "shadow:1,100%", "--bake", "5m", "--spread", "site")
+    rollout = created["id"]
+    cli.server.services.rollouts.tick()
+    state = cli.server.services.rollouts.state(rollout)
+    (shadow,) = [n for n, r in state.nodes.items() if r.track == "shadow"]
+    started = state.nodes[shadow].started_at
+    assert started is not None
+    with session_factory(cli.server.services.engine)() as session:
+        session.add(
+            HealthLatestRow(
+                node_id=shadow,
+                record_id="r1",
+                at=started + timedelta(seconds=30),
+                schema="edgefleet.agent.health/2",
+                metrics={},
+                latency={},
+                shadow={"candidate": "det@1.1.0", "state": "running", "frames_compared": 120},
+            )
+        )
+        session.commit()
+
+    shown = cli.json("rollout", "status", rollout)
+    assert shown["stage_counts"] == {"0": {"assigned": 1}, "1": {"queued": 3}}
+    assert shown["shadow_nodes"] == [
+        {
+            "node_id": shadow,
+            "phase": "assigned",
+            "state": "running",
+            "frames_compared": 120,
+            "reason": "",
+        }
+    ]
+    code, out, _ = cli.run("rollout", "status", rollout)
+    assert code == 0
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 2}
+    assert "assigned=1" in rows["shadow (1)"]
+    assert "queued=3" in rows["stage 1 of 1 (100%)"]
+    assert "assigned" not in rows["stage 1 of 1 (100%)"]
+    assert "running" in rows[shadow] and "120" in rows[shadow]

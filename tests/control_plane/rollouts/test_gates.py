@@ -30,6 +30,7 @@ from control_plane.rollouts.gates import (
     hodges_lehmann,
     parse_gates,
 )
+from protos.bundle.agreement import ABS_DIFF_LEVELS, COSINE_LEVELS
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 MB = 1_000_000
@@ -387,6 +388,55 @@ def test_one_diverging_shadow_node_fails_and_boxes_are_judged() -> None:
     assert gate is not None and gate.outcome == "fail"
     assert gate.reason.startswith("s4: box_recall 66.7%")
     assert outcome(judge(shadow_stage(boxes, boxes)), "output_agreement") == "pass"
+
+
+def raw(frames: int, cosine: int, abs_diff: int | None = None) -> ShadowCounts:
+    """Raw frames as a node counts them: `cosine` of them at every cosine level, and
+    `abs_diff` (all, when None) within every difference level."""
+    within = frames if abs_diff is None else abs_diff
+    return ShadowCounts(
+        frames=frames,
+        raw=frames,
+        cosine_at_least=dict.fromkeys(COSINE_LEVELS, cosine),
+        abs_diff_at_most=dict.fromkeys(ABS_DIFF_LEVELS, within),
+    )
+
+
+def test_raw_outputs_are_judged_by_the_share_of_frames_that_agree() -> None:
+    agreeing = raw(300, cosine=297)
+    gate = judge(shadow_stage(agreeing, agreeing)).gate("output_agreement")
+    assert gate is not None and gate.outcome == "pass", gate.reason
+    assert gate.reason.startswith("raw_cosine 99.0% (min 95%, n=600, p=")
+    assert "raw_abs_diff_compared" not in gate.numbers  # no tolerance set: not judged
+    diverging = raw(300, cosine=240)
+    gate = judge(shadow_stage(diverging, diverging)).gate("output_agreement")
+    assert gate is not None and gate.outcome == "fail"
+    assert gate.reason.startswith("raw_cosine 80.0% (min 95%, n=600, p=")
+    # A largest difference within a tolerance, when the gates set one.
+    spec = replace(
+        ONCE,
+        output_agreement=parse_gates(
+            {"output_agreement": {"raw_max_abs_diff": 0.01}}
+        ).output_agreement,
+    )
+    far = raw(300, cosine=300, abs_diff=200)
+    gate = judge(shadow_stage(far, far), spec).gate("output_agreement")
+    assert gate is not None and gate.outcome == "fail"
+    assert "raw_abs_diff 66.7% (min 95%, n=600" in gate.reason
+    # A node that does not count raw frames (an older agent) is never judged on them.
+    uncounted = ShadowCounts(frames=300)
+    gate = judge(shadow_stage(uncounted, uncounted)).gate("output_agreement")
+    assert gate is not None and gate.outcome == "inconclusive"
+
+
+def test_raw_agreement_levels_are_the_ones_a_node_counts() -> None:
+    assert (
+        parse_gates({"output_agreement": {"raw_cosine": 0.99}}).output_agreement.raw_cosine == 0.99
+    )
+    with pytest.raises(InvalidInputError, match=r"gates\.output_agreement\.raw_cosine"):
+        parse_gates({"output_agreement": {"raw_cosine": 0.995}})
+    with pytest.raises(InvalidInputError, match=r"gates\.output_agreement\.raw_max_abs_diff"):
+        parse_gates({"output_agreement": {"raw_max_abs_diff": 0.05}})
 
 
 def test_too_few_shadow_comparisons_are_inconclusive() -> None:

@@ -3,23 +3,27 @@ from stored health points, judged by the real gates (scipy), on both backends.""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.errors import InvalidInputError
+from control_plane.health.report import parse_report
 from control_plane.rollouts.evidence import Point, p99_s, stage_samples
 from control_plane.rollouts.gates_source import GatesVerdicts
 from control_plane.rollouts.spec import parse_rollout_spec
 from control_plane.rollouts.state import NodeRecord, RolloutState
 from control_plane.storage import create_engine_for, migrate, session_factory
 from control_plane.storage.models import HealthPointRow
+from protos.bundle.agreement import AgreementTally, compare_raw
 from tests.control_plane.health.support import add_nodes
 
 T0 = datetime.fromisoformat("2026-03-01T12:00:00+00:00")  # the canaries' assignment
@@ -320,3 +324,83 @@ def test_an_agreeing_shadow_candidate_passes_its_stage(sessions: sessionmaker[Se
     assert set(gates) == {"self_test", "latency_vs_baseline", "output_agreement"}
     assert gates["self_test"]["numbers"]["canary_nodes"] == 1
     assert gates["output_agreement"]["numbers"]["top1"] == 1.0
+
+
+def _raw_agreement(frames: int, diverging_every: int) -> dict[str, Any]:
+    """A node's real agreement figures over raw outputs: every `diverging_every`-th
+    frame's candidate output is the reference's negated (cosine -1), the others a hair
+    off it (cosine above 0.9999)."""
+    rng = np.random.default_rng(3)
+    tally = AgreementTally()
+    for i in range(frames):
+        reference = rng.normal(size=(1, 16)).astype(np.float32)
+        off = diverging_every and i % diverging_every == 0
+        candidate = -reference if off else reference + np.float32(1e-4)
+        tally.add(compare_raw({"logits": reference}, {"logits": candidate}))
+    return tally.summary().to_report()
+
+
+@pytest.mark.parametrize(("diverging_every", "outcome"), [(0, "pass"), (5, "fail")])
+def test_a_raw_output_shadow_candidate_is_judged_on_its_cosine(
+    sessions: sessionmaker[Session], diverging_every: int, outcome: str
+) -> None:
+    """A raw model's shadow stage: the node counts frames at fixed cosine levels (its
+    report, as the health store flattens it), and the raw agreement gate judges the share
+    of frames at the gates' level: agreeing outputs pass, diverging ones (one frame in
+    five) fail, where before they were inconclusive either way."""
+    spec = parse_rollout_spec(
+        fleet="gates",
+        model="raw",
+        version="2.0",
+        stages="shadow:1,1,100%",
+        bake="30m",
+        gates={"consecutive_failures": 1},
+    )
+    shadow = NodeRecord(
+        stage=1,
+        rank=0,
+        stratum="",
+        previous="1.0",
+        since=T0 + timedelta(minutes=1),
+        phase="healthy",
+        track="shadow",
+        shadowing=True,
+        started_at=T0,
+    )
+    shadowing = replace(RolloutState.new("7", spec, T0), status="baking", nodes={"c0": shadow})
+    agreement = _raw_agreement(300, diverging_every)
+    stored = parse_report(
+        json.dumps(
+            {
+                "schema": "edgefleet.agent.health/2",
+                "shadow": {"state": "running", "frames_compared": 300, "agreement": agreement},
+            }
+        ).encode(),
+        created_at=T0,
+    )
+    rng = random.Random(5)
+    rows = []
+    for step in range(1, 60):
+        row = report("c0", T0 + step * STEP, "1.0", 20.0 * rng.lognormvariate(0, 0.05))
+        row.latency = {"raw@1.0": row.latency["det@1.0"]}
+        row.metrics = {
+            **row.metrics,
+            **stored.metrics,
+            "shadow_p99_ms": 20.0 * rng.lognormvariate(0, 0.05),
+        }
+        rows.append(row)
+    with sessions() as session:
+        session.add_all(rows)
+        session.commit()
+
+    judged = GatesVerdicts(sessions).judge(shadowing, None, T0 + timedelta(minutes=30))
+
+    assert judged is not None
+    gates = {g["name"]: g for g in judged.document["gates"]}
+    agreement_gate = gates["output_agreement"]
+    assert agreement_gate["outcome"] == outcome, agreement_gate["reason"]
+    assert agreement_gate["numbers"]["raw_cosine_compared"] == 300
+    assert agreement_gate["numbers"]["raw_cosine_agreed"] == (300 if not diverging_every else 240)
+    assert agreement_gate["reason"].startswith(
+        "raw_cosine 100.0% (min 95%" if outcome == "pass" else "raw_cosine 80.0% (min 95%"
+    )

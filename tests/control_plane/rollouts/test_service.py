@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from control_plane.access.service import AccessService
 from control_plane.errors import (
@@ -17,6 +18,7 @@ from control_plane.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
+from control_plane.rollouts import service as service_module
 from control_plane.rollouts.service import RolloutService, TickReport
 from control_plane.rollouts.state import RolloutState
 from control_plane.rollouts.store import load_state, node_sequences
@@ -314,6 +316,47 @@ def test_two_replicas_ticking_at_once_step_each_rollout_once(world: World) -> No
     assert won["a"] and won["b"]  # both replicas took turns
 
 
+def test_a_done_rollout_steps_only_for_nodes_that_come_later(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once done, the rollout's healthy nodes are final (no rollback after done; health
+    alerts cover them): a tick with no newcomer does not even load its state, so nodes
+    that go quiet stay healthy and the revision does not move. A node that enrols later
+    and matches is taken in and followed until healthy."""
+    make_fleet(world, 3)
+    service = world.service()
+    created = service.create(RELEASE, "gates", request(stages="1,100%"))
+    world.run(service, until=status(created.id, "done"))
+    service.tick()
+    loads: list[int] = []
+    real_load = service_module.load_state
+
+    def counting(session: Any, row: RolloutRow, *args: Any) -> RolloutState:
+        loads.append(row.id)
+        return real_load(session, row, *args)
+
+    monkeypatch.setattr(service_module, "load_state", counting)
+    with world.sessions() as session:
+        revision = session.get(RolloutRow, int(created.id)).revision  # type: ignore[union-attr]
+    for agent in world.fleet.agents.values():
+        agent.behaviour = "silent"  # no more samples: a watched node would turn unhealthy
+    for _ in range(15):  # past the 10 min sample freshness
+        assert created.id in service.tick().stepped
+        world.clock.advance(TICK)
+    assert loads == []
+    with world.sessions() as session:
+        assert session.get(RolloutRow, int(created.id)).revision == revision  # type: ignore[union-attr]
+    assert {r.phase for r in service.state(created.id).nodes.values()} == {"healthy"}
+
+    late = world.add_node({"site": "a"})
+    world.run(service, until=lambda s: s.state(created.id).nodes.get(late) is not None)
+    assert loads  # stepped for the newcomer
+    world.run(service, until=lambda s: s.state(created.id).nodes[late].phase == "healthy")
+    assert world.fleet.agents[late].serving == "1.1.0"
+    assert service.get(created.id).state.status == "done"
+    assert {r.phase for r in service.state(created.id).nodes.values()} == {"healthy"}
+
+
 def test_a_shadow_stage_runs_the_candidate_beside_then_the_canaries_take_it(
     world: World,
 ) -> None:
@@ -334,6 +377,49 @@ def test_a_shadow_stage_runs_the_candidate_beside_then_the_canaries_take_it(
     assert "assign" in kinds
     assert set(world.fleet.serving().values()) == {"1.1.0"}
     assert set(world.candidate_pins().values()) == {1}
+
+
+def test_the_shadow_nodes_reports_are_read_in_one_query(world: World) -> None:
+    """What the shadow nodes say of the candidate comes from their newest processed
+    report's `shadow` section (`health_latest`), all of them in one statement; a report
+    made before a node's shadow assignment says nothing."""
+    make_fleet(world, 4)
+    world.verdicts.decide = lambda state: None  # the shadow stage stays
+    service = world.service()
+    created = service.create(RELEASE, "gates", request(stages="shadow:3,100%"))
+    world.run(service, until=lambda s: _running_shadows(world, s, created.id) == 3, steps=20)
+    state = service.state(created.id)
+    engine = world.sessions.kw["bind"]
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        if str(args[2]).lstrip().upper().startswith("SELECT"):
+            statements.append(str(args[2]))
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        reports = service._shadow_reports(state, world.clock.now())
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(statements) == 1, statements
+    assert "health_latest" in statements[0]
+    assert len(reports) == 3
+    assert all(r.shadow and r.phase == "active" and r.samples for r in reports.values())
+    later = world.clock.now() + TICK
+    assigned_later = replace(
+        state,
+        nodes={n: replace(r, started_at=later) for n, r in state.nodes.items()},
+    )
+    assert service._shadow_reports(assigned_later, later) == {}
+
+
+def _running_shadows(world: World, service: RolloutService, rollout_id: str) -> int:
+    state = service.state(rollout_id)
+    shadows = sorted(n for n, r in state.nodes.items() if r.track == "shadow")
+    latest = world.health.queries.latest(shadows)
+    return sum(
+        1 for h in latest.values() if h.shadow is not None and h.shadow.get("state") == "running"
+    )
 
 
 def test_a_failing_shadow_candidate_never_reaches_a_box(world: World) -> None:

@@ -127,5 +127,10 @@ def test_tally_raw_and_reset() -> None:
     assert summary.max_abs_diff == 1.0
     assert summary.min_cosine is not None and summary.min_cosine < 1.0
     assert summary.mean_cosine is not None and summary.min_cosine < summary.mean_cosine <= 1.0
+    # Frame by frame at fixed levels: x against x+1 has a cosine of about 0.956 and a
+    # largest difference of 1, so it counts at 0.9 and within 1 and 10 only.
+    assert summary.cosine_at_least == (2, 1, 1, 1, 1, 1)
+    assert summary.abs_diff_at_most == (1, 1, 1, 1, 1, 1, 2, 2)
+    assert summary.to_report()["cosine_at_least"] == [2, 1, 1, 1, 1, 1]
     tally.reset()
     assert tally.summary().frames == 0

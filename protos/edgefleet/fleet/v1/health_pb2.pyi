@@ -789,6 +789,8 @@ class ShadowAgreement(_message.Message):
     MAX_ABS_DIFF_FIELD_NUMBER: _builtins.int
     MIN_COSINE_FIELD_NUMBER: _builtins.int
     MEAN_COSINE_FIELD_NUMBER: _builtins.int
+    COSINE_AT_LEAST_FIELD_NUMBER: _builtins.int
+    ABS_DIFF_AT_MOST_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
     """"classification", "detection" or "raw" (empty before the first frame)."""
     frames: _builtins.int
@@ -810,6 +812,16 @@ class ShadowAgreement(_message.Message):
     """Raw: the largest absolute difference, the lowest and the mean cosine similarity."""
     min_cosine: _builtins.float
     mean_cosine: _builtins.float
+    @_builtins.property
+    def cosine_at_least(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Raw, per frame: how many frames had a cosine similarity of at least each of
+        `protos.bundle.agreement.COSINE_LEVELS` (0.9, 0.99, ... 0.999999), and a largest
+        absolute difference of at most each of `ABS_DIFF_LEVELS` (1e-6, 1e-5, ... 10), in
+        that order: what the raw agreement gate judges as a share of `frames`.
+        """
+
+    @_builtins.property
+    def abs_diff_at_most(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -824,10 +836,12 @@ class ShadowAgreement(_message.Message):
         max_abs_diff: _builtins.float | None = ...,
         min_cosine: _builtins.float | None = ...,
         mean_cosine: _builtins.float | None = ...,
+        cosine_at_least: _abc.Iterable[_builtins.int] | None = ...,
+        abs_diff_at_most: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_abs_diff", b"_max_abs_diff", "_mean_cosine", b"_mean_cosine", "_mean_score_diff", b"_mean_score_diff", "_min_cosine", b"_min_cosine", "_precision", b"_precision", "_recall", b"_recall", "_top1_ratio", b"_top1_ratio", "_topk_overlap", b"_topk_overlap", "max_abs_diff", b"max_abs_diff", "mean_cosine", b"mean_cosine", "mean_score_diff", b"mean_score_diff", "min_cosine", b"min_cosine", "precision", b"precision", "recall", b"recall", "top1_ratio", b"top1_ratio", "topk_overlap", b"topk_overlap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_abs_diff", b"_max_abs_diff", "_mean_cosine", b"_mean_cosine", "_mean_score_diff", b"_mean_score_diff", "_min_cosine", b"_min_cosine", "_precision", b"_precision", "_recall", b"_recall", "_top1_ratio", b"_top1_ratio", "_topk_overlap", b"_topk_overlap", "frames", b"frames", "incomparable", b"incomparable", "kind", b"kind", "max_abs_diff", b"max_abs_diff", "mean_cosine", b"mean_cosine", "mean_score_diff", b"mean_score_diff", "min_cosine", b"min_cosine", "precision", b"precision", "recall", b"recall", "top1_ratio", b"top1_ratio", "topk_overlap", b"topk_overlap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_abs_diff", b"_max_abs_diff", "_mean_cosine", b"_mean_cosine", "_mean_score_diff", b"_mean_score_diff", "_min_cosine", b"_min_cosine", "_precision", b"_precision", "_recall", b"_recall", "_top1_ratio", b"_top1_ratio", "_topk_overlap", b"_topk_overlap", "abs_diff_at_most", b"abs_diff_at_most", "cosine_at_least", b"cosine_at_least", "frames", b"frames", "incomparable", b"incomparable", "kind", b"kind", "max_abs_diff", b"max_abs_diff", "mean_cosine", b"mean_cosine", "mean_score_diff", b"mean_score_diff", "min_cosine", b"min_cosine", "precision", b"precision", "recall", b"recall", "top1_ratio", b"top1_ratio", "topk_overlap", b"topk_overlap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_abs_diff: _TypeAlias = _typing.Literal["max_abs_diff"]  # noqa: Y015
     _WhichOneofArgType__max_abs_diff: _TypeAlias = _typing.Literal["_max_abs_diff", b"_max_abs_diff"]  # noqa: Y015
