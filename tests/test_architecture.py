@@ -88,6 +88,7 @@ PURE_CORES = (
     "protos/bundle/preprocess.py",
     "protos/bundle/decoders.py",
     "protos/bundle/agreement.py",
+    "protos/bundle/levels.py",
     "edge_node/results/sampling.py",
     "control_plane/rollouts/cron.py",
     "control_plane/rollouts/spec.py",

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from protos.bundle.agreement import ABS_DIFF_LEVELS, COSINE_LEVELS
+from protos.bundle.levels import ABS_DIFF_LEVELS, COSINE_LEVELS
 from protos.health_schema import SCHEMA_PREFIX, conform_report
 from protos.latency_sketch import LatencySketch, SketchError
 

@@ -27,7 +27,7 @@ from typing import Any, Final
 from control_plane.health.report import shadow_abs_diff_metric, shadow_cosine_metric
 from control_plane.rollouts.gates import Counters, NodeSamples, Samples, ShadowCounts
 from control_plane.rollouts.state import RolloutState
-from protos.bundle.agreement import ABS_DIFF_LEVELS, COSINE_LEVELS
+from protos.bundle.levels import ABS_DIFF_LEVELS, COSINE_LEVELS
 
 __all__ = ["Point", "p99_s", "stage_samples"]
 

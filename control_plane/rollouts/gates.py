@@ -23,7 +23,7 @@ import numpy as np
 from scipy import stats
 
 from control_plane.errors import InvalidInputError
-from protos.bundle.agreement import ABS_DIFF_LEVELS, COSINE_LEVELS
+from protos.bundle.levels import ABS_DIFF_LEVELS, COSINE_LEVELS
 from protos.fields import Fields, optional
 
 __all__ = [

@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
+from protos.bundle.levels import ABS_DIFF_LEVELS, COSINE_LEVELS
 from protos.bundle.results import Box, Decoded, Detection, ResultKind
 
 __all__ = [
@@ -43,12 +44,6 @@ __all__ = [
 DEFAULT_IOU: Final = 0.5
 """Boxes of the same class overlapping at least this much are the same object."""
 
-COSINE_LEVELS: Final = (0.9, 0.99, 0.999, 0.9999, 0.99999, 0.999999)
-"""Raw outputs: the cosine similarities a frame is counted at (`cosine_at_least`)."""
-ABS_DIFF_LEVELS: Final = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
-"""Raw outputs: the largest absolute differences a frame is counted at
-(`abs_diff_at_most`). Fixed levels, so that a node need not know the rollout's gates:
-the raw agreement gate's thresholds are chosen among them."""
 
 Compared = ResultKind | Literal["incomparable"]
 

@@ -30,7 +30,7 @@ from control_plane.rollouts.gates import (
     hodges_lehmann,
     parse_gates,
 )
-from protos.bundle.agreement import ABS_DIFF_LEVELS, COSINE_LEVELS
+from protos.bundle.levels import ABS_DIFF_LEVELS, COSINE_LEVELS
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 MB = 1_000_000
