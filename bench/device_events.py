@@ -371,10 +371,12 @@ def raw_round(port: int, cameras: list[str], n: int, objects: int, sub: RawSubsc
     sub.expect(n * len(cameras))
     parent, child = multiprocessing.get_context("spawn").Pipe()
     with spawned(raw_process, child, port, cameras, n, objects):
+        cpu = time.process_time()
         parent.send("go")
         result: dict[str, Any] = parent.recv()
-    if not sub.reached.wait(60):
-        raise RuntimeError(f"the raw subscriber got {sub.count} of {sub.target}")
+        if not sub.reached.wait(60):
+            raise RuntimeError(f"the raw subscriber got {sub.count} of {sub.target}")
+        result["subscriber_cpu_s"] = time.process_time() - cpu
     result["received_at"] = sub.last_at
     result["rate"] = sub.target / (sub.last_at - result["started_at"])
     return result
@@ -453,7 +455,12 @@ async def node_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     frames = int(args.seconds * args.fps) + 50
     raw_results: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
-        broker = PrivateMosquitto(work / "mqtt").start()
+        extra = (
+            [f"max_inflight_messages {args.broker_inflight}"]
+            if args.broker_inflight is not None
+            else []
+        )
+        broker = PrivateMosquitto(work / "mqtt", extra=extra).start()
         stack.callback(broker.stop)
         db = stack.enter_context(database("sqlite", work))
         server = ServerProcess(work, db.url, grpc=True).start()
@@ -500,11 +507,14 @@ async def node_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 print(f"burst: {args.burst} results x {args.cameras} cameras", flush=True)
                 before = gateway.health()["observations"]
                 target = before + args.burst * args.cameras
+                cpu = time.process_time()
                 parent.send(("burst", args.burst))
                 done_at = await anyio.to_thread.run_sync(wait_count, gateway, target, 120.0)
+                node_cpu_s = time.process_time() - cpu
                 out["burst"] = await anyio.to_thread.run_sync(parent.recv)
                 out["burst"]["gateway_done_at"] = done_at
                 out["burst"]["observations"] = gateway.health()["observations"] - before
+                out["burst"]["node_cpu_s"] = node_cpu_s
                 out["burst"]["rate"] = (args.burst * args.cameras) / (
                     done_at - out["burst"]["started_at"]
                 )
@@ -522,7 +532,44 @@ async def node_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             )
         )
     out["raw"] = raw_results
+    assert config.aggregation.rules_file is not None
+    out["cores_us"] = pure_cores(
+        config.devices, config.aggregation.rules_file, cameras, args.objects
+    )
     return out
+
+
+def pure_cores(
+    devices: Any, rules: Path, cameras: list[str], objects: int, n: int = 2000
+) -> dict[str, float]:
+    """µs per result of the node's two pure cores on the same bytes, no MQTT, no threads,
+    best of 3: the gateway's intake (`DeviceIntake.take`) and the rules (`Aggregator.offer`
+    on the intake's observations, then `flush`)."""
+    from edge_node.aggregation.config import build_aggregator
+    from edge_node.aggregation.rules_file import load_rules_file
+    from edge_node.devices.intake import DeviceIntake
+
+    payloads = raw_payloads(cameras, n // len(cameras), objects)
+    items = [(f"edgefleet/dev/{c}/results", p) for c in cameras for p in payloads[c]]
+    best = {"intake": float("inf"), "rules": float("inf")}
+    for _ in range(3):
+        intake = DeviceIntake(devices, now=time.monotonic(), config_version=1)
+        observations = []
+        started = time.process_time()
+        for topic, payload in items:
+            observations.append(intake.take(topic, payload, time.time(), time.monotonic()))
+        best["intake"] = min(best["intake"], (time.process_time() - started) / len(items))
+        if intake.accepted["results"] != len(items):
+            raise RuntimeError(f"the intake took {intake.health()['accepted']} of {len(items)}")
+        engine = build_aggregator(load_rules_file(rules))
+        now = time.time()
+        started = time.process_time()
+        for outcome in observations:
+            assert outcome.observation is not None
+            engine.offer(outcome.observation, now)
+        engine.flush()
+        best["rules"] = min(best["rules"], (time.process_time() - started) / len(items))
+    return {k: v * 1e6 for k, v in best.items()}
 
 
 def wait_count(gateway: Any, target: int, timeout_s: float, stall_s: float = 5.0) -> float:
@@ -572,6 +619,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fps", type=float, default=25.0)
     parser.add_argument("--objects", type=int, default=6, help="people per camera at a time")
     parser.add_argument("--burst", type=int, default=2000, help="results per camera")
+    parser.add_argument(
+        "--broker-inflight",
+        type=int,
+        default=None,
+        help="the broker's max_inflight_messages (default: Mosquitto's own, 20; 0: no limit)",
+    )
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "device_events")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parse_benchmark_args(parser, argv, quick={"seconds": 4.0, "burst": 100})
@@ -614,6 +667,14 @@ def summarise(args: argparse.Namespace, report: Report, out: dict[str, Any]) -> 
         f"raw: {', '.join(f'{r:,.0f}' for r in raw_rates)} messages/s "
         f"({out['raw'][0]['payload_bytes']:.0f} bytes each)"
     )
+    n_burst = args.burst * args.cameras
+    raw_cpu = min(r["subscriber_cpu_s"] for r in out["raw"]) / n_burst * 1e6
+    print(
+        f"CPU per result in the receiving process: node {b['node_cpu_s'] / n_burst * 1e6:.0f} µs "
+        f"(gateway, aggregation, outbox, uplink), raw subscriber {raw_cpu:.0f} µs; alone, "
+        f"the intake {out['cores_us']['intake']:.0f} µs and the rules "
+        f"{out['cores_us']['rules']:.0f} µs"
+    )
     gw = out["gateway"]
     print(
         f"gateway: rejected {json.dumps({k: v for k, v in gw['rejected'].items() if v})}, "
@@ -630,6 +691,17 @@ def summarise(args: argparse.Namespace, report: Report, out: dict[str, Any]) -> 
         anchor_name="raw Mosquitto + paho",
         goal=f">= {GOAL_SHARE_OF_RAW:.0%} of raw",
         met=rate >= GOAL_SHARE_OF_RAW * raw,
+    )
+    report.figure(
+        "node CPU per result, burst",
+        b["node_cpu_s"] / n_burst * 1e6,
+        "µs",
+        anchor=raw_cpu,
+        anchor_name="raw subscriber",
+    )
+    report.goal(
+        f"burst: every result through the gateway ({b['observations']} of {n_burst})",
+        b["observations"] == n_burst,
     )
     report.goal(
         f"paced: every result through the gateway ({paced_['observations']} of {paced_['sent']})",
