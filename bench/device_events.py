@@ -385,7 +385,13 @@ def raw_round(port: int, cameras: list[str], n: int, objects: int, sub: RawSubsc
 # ----------------------------------------------------------------------------- the node
 
 
-def write_node(work: Path, server: ServerProcess, broker_port: int, cameras: list[str]) -> Path:
+def write_node(
+    work: Path,
+    server: ServerProcess,
+    broker_port: int,
+    cameras: list[str],
+    tick_s: float | None = None,
+) -> Path:
     """node.yaml and the rules file, as an operator would write them for this site."""
     doc = rules_document(cameras)
     rules = work / "rules.yaml"
@@ -401,7 +407,10 @@ def write_node(work: Path, server: ServerProcess, broker_port: int, cameras: lis
         "bootstrap_token": server.node_tokens(FLEET, 1)[0],
         "ca_file": str(ca),
         "updater": {"enabled": False},
-        "aggregation": {"rules_file": str(rules)},
+        "aggregation": {
+            "rules_file": str(rules),
+            **({} if tick_s is None else {"tick_s": tick_s}),
+        },
         "devices": {
             "port": broker_port,
             "client_id": "bench-node-gateway",
@@ -466,7 +475,7 @@ async def node_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         server = ServerProcess(work, db.url, grpc=True).start()
         stack.callback(server.stop)
         server.make_fleet(FLEET)
-        config = load_agent_config(write_node(work, server, broker.port, cameras), {})
+        config = load_agent_config(write_node(work, server, broker.port, cameras, args.tick), {})
         sub = RawSubscriber(broker.port)
         stack.callback(sub.close)
         print(f"raw round 1: {args.burst} messages x {args.cameras} publishers", flush=True)
@@ -624,6 +633,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=None,
         help="the broker's max_inflight_messages (default: Mosquitto's own, 20; 0: no limit)",
+    )
+    parser.add_argument(
+        "--tick", type=float, default=None, help="aggregation.tick_s (default: the node's, 0.2)"
     )
     parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "device_events")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
