@@ -518,12 +518,14 @@ async def node_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 target = before + args.burst * args.cameras
                 cpu = time.process_time()
                 parent.send(("burst", args.burst))
-                done_at = await anyio.to_thread.run_sync(wait_count, gateway, target, 120.0)
+                peak: list[int] = []
+                done_at = await anyio.to_thread.run_sync(wait_count, gateway, target, 120.0, peak)
                 node_cpu_s = time.process_time() - cpu
                 out["burst"] = await anyio.to_thread.run_sync(parent.recv)
                 out["burst"]["gateway_done_at"] = done_at
                 out["burst"]["observations"] = gateway.health()["observations"] - before
                 out["burst"]["node_cpu_s"] = node_cpu_s
+                out["burst"]["gateway_queue_peak"] = peak[0]
                 out["burst"]["rate"] = (args.burst * args.cameras) / (
                     done_at - out["burst"]["started_at"]
                 )
@@ -581,13 +583,19 @@ def pure_cores(
     return {k: v * 1e6 for k, v in best.items()}
 
 
-def wait_count(gateway: Any, target: int, timeout_s: float, stall_s: float = 5.0) -> float:
+def wait_count(
+    gateway: Any, target: int, timeout_s: float, peak: list[int], stall_s: float = 5.0
+) -> float:
     """When the gateway's observations counter reached `target` (read every 10 ms), or
-    when it last moved if it stops short of it for `stall_s` (the run reports the gap)."""
+    when it last moved if it stops short of it for `stall_s` (the run reports the gap).
+    `peak` gets the largest gateway queue seen."""
     deadline = time.monotonic() + timeout_s
     last, moved_at, moved_wall = -1, time.monotonic(), time.time()
+    peak.append(0)
     while time.monotonic() < deadline:
-        seen = gateway.health()["observations"]
+        health = gateway.health()
+        seen = health["observations"]
+        peak[0] = max(peak[0], health["queued"])
         if seen >= target:
             return time.time()
         if seen != last:
@@ -690,7 +698,8 @@ def summarise(args: argparse.Namespace, report: Report, out: dict[str, Any]) -> 
     gw = out["gateway"]
     print(
         f"gateway: rejected {json.dumps({k: v for k, v in gw['rejected'].items() if v})}, "
-        f"queue_full {gw['queue_full']}; aggregation: queue_overflow "
+        f"queue_full {gw['queue_full']} (largest queue seen {b['gateway_queue_peak']} of "
+        f"{gw['max_queue']}); aggregation: queue_overflow "
         f"{out['aggregation']['queue_overflow']}, events stored {out['events_stored']}"
     )
     report.figure("end-to-end latency P50", pct(every, 50) * 1000, "ms")
