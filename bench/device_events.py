@@ -367,7 +367,9 @@ class RawSubscriber:
         self.client.loop_stop()
 
 
-def raw_round(port: int, cameras: list[str], n: int, objects: int, sub: RawSubscriber) -> dict:
+def raw_round(
+    port: int, cameras: list[str], n: int, objects: int, sub: RawSubscriber
+) -> dict[str, Any]:
     sub.expect(n * len(cameras))
     parent, child = multiprocessing.get_context("spawn").Pipe()
     with spawned(raw_process, child, port, cameras, n, objects):

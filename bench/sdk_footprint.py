@@ -78,7 +78,9 @@ def _payloads(n: int, objects: int) -> list[bytes]:
     return raw_payloads([DEVICE, "cam-1"], n, objects)[DEVICE]
 
 
-def _measure(what: str, method: str, n: int, objects: int, cpu: int | None, extra: dict) -> dict:
+def _measure(
+    what: str, method: str, n: int, objects: int, cpu: int | None, extra: dict[str, Any]
+) -> dict[str, Any]:
     """In a fresh process: one measurement (see the module docstring)."""
     pin_self(cpu)
     frames = _frames(objects)
@@ -185,9 +187,9 @@ def _measure(what: str, method: str, n: int, objects: int, cpu: int | None, extr
     return {"cpu_us_per_result": cpu_s / n * 1e6, "wall_s": wall_s, "results_per_s": n / wall_s}
 
 
-def run_in_child(*args: Any) -> dict:
+def run_in_child(*args: Any) -> dict[str, Any]:
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        result: dict = pool.apply(_measure, args)
+        result: dict[str, Any] = pool.apply(_measure, args)
         return result
 
 
