@@ -1,0 +1,738 @@
+"""Device -> stored event on loopback (issue 14 §4): ``--cameras`` simulated cameras at
+``--fps``, their results through the node's device gateway and aggregation into the
+control plane's event store, beside raw Mosquitto + paho doing the same exchange.
+
+Processes, as on a site: a private Mosquitto on a free port (never the shared one); the
+cameras, real `device_sdk.DeviceClient` s, one process; the node, the real agent
+(`edge_node.agent.Agent`, configured from a node.yaml by `load_agent_config`, as
+``python -m edge_node run`` is) in this process, with its `DeviceGateway`, its
+`AggregationTask` over a realistic rules file (per camera a zone intrusion, a line
+crossing and a dwell; counts per class per 10 s; a gate-a -> gate-b correlation by
+plate), its outbox and its gRPC uplink; the control plane, ``edgefleet server`` on
+SQLite, its own process. Phases:
+
+- **raw** (before and after the others): ``--cameras`` paho publishers in one process
+  publish ``--burst`` messages each at QoS 1, the same bytes the SDK sends, to one paho
+  subscriber in this process (QoS 1, acked by paho on receipt); messages/s from the
+  publishers' start to the last one received;
+- **paced**: the cameras at ``--fps`` for ``--seconds``, each frame stamped when it is
+  published; every event the control plane stored is read back from its database, and
+  its latency is ``received_at`` (stamped by the ingest's group commit) less the capture
+  time of the newest frame in its evidence (count events, which wait for their interval
+  to end, are left out);
+- **burst**: each camera publishes ``--burst`` results as fast as `publish_result` takes
+  them; results/s from the cameras' start until the gateway has handed the last one to
+  the aggregation (its ``observations`` counter, read every 10 ms).
+
+The node's intake rate limit is raised for the bench (``devices.limits``), so a burst is
+measured, not refused. Not a test: asserts nothing unless ``--check`` (goal: burst >= 70 %
+of raw). See docs/benchmarks.md.
+
+    python -m bench.device_events [--seconds 20] [--cameras 8] [--fps 25] [--burst 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench._harness import ServerProcess, database, spawned
+from bench._report import Report, machine, parse_benchmark_args
+from bench._util import BENCH_DIR, PrivateMosquitto, pct
+from bench.aggregation_rules import rules_document, site
+
+GOAL_SHARE_OF_RAW = 0.70
+FLEET = "bench"
+RAW_ROOT = "raw/dev"
+MIB = 1 << 20
+TAIL_S = 2.5  # the rules' idle timeout (2 s) and lateness, and a margin
+
+
+# ----------------------------------------------------------------------------- cameras
+
+
+def camera_frames(cameras: Sequence[str], frames: int, objects: int) -> dict[str, list[Any]]:
+    """Each camera's frames as SDK detections: bench.aggregation_rules' site (people
+    walking, plates at the two gate cameras), in capture order, resends left out."""
+    from device_sdk.client import Detection
+
+    fps = 25.0
+    out: dict[str, dict[int, list[Detection]]] = {c: {} for c in cameras}
+    for _, o in site(cameras, fps, frames / fps, objects):
+        out[o.source].setdefault(
+            o.frame_seq,
+            [
+                Detection(
+                    d.class_name,
+                    d.score,
+                    (d.box.x1, d.box.y1, d.box.x2, d.box.y2),
+                    None if d.track_id is None else int(d.track_id) + 1,
+                    dict(d.attributes),
+                )
+                for d in o.detections
+            ],
+        )
+    return {c: [frames_[s] for s in sorted(frames_)] for c, frames_ in out.items()}
+
+
+def cameras_process(
+    conn: multiprocessing.connection.Connection,
+    port: int,
+    cameras: list[str],
+    frames: int,
+    objects: int,
+) -> None:
+    """The cameras: one `DeviceClient` each, driven by commands over `conn`."""
+    from device_sdk.backoff import BackoffPolicy
+    from device_sdk.client import ClientConfig, DeviceClient
+    from device_sdk.transport import MqttSettings
+
+    scenes = camera_frames(cameras, frames, objects)
+    clients = {
+        c: DeviceClient(
+            ClientConfig(
+                c,
+                mqtt=MqttSettings(port=port),
+                buffer_bytes=64 * MIB,  # a burst is buffered whole, never dropped
+                firmware_version="bench-fw-1",
+                backoff=BackoffPolicy(base_s=0.05, cap_s=0.5),
+            )
+        )
+        for c in cameras
+    }
+    for client in clients.values():
+        client.start()
+    deadline = time.monotonic() + 30
+    while not all(c.connected for c in clients.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    conn.send({"connected": all(c.connected for c in clients.values())})
+    next_seq = dict.fromkeys(cameras, 0)
+    while True:
+        command = conn.recv()
+        if command[0] == "close":
+            for client in clients.values():
+                client.close(2.0)
+            conn.send({"closed": True})
+            return
+        if command[0] == "paced":
+            _, seconds, fps = command
+            conn.send(paced(clients, scenes, next_seq, seconds, fps))
+        elif command[0] == "burst":
+            conn.send(burst(clients, scenes, next_seq, command[1]))
+
+
+def _publish(client: Any, scene: list[Any], seq: int) -> bool:
+    detections = scene[seq % len(scene)]
+    return (
+        client.publish_result(seq, time.time(), detections, model="people-det", model_version="1.0")
+        is not None
+    )
+
+
+def paced(
+    clients: dict[str, Any],
+    scenes: dict[str, list[Any]],
+    next_seq: dict[str, int],
+    seconds: float,
+    fps: float,
+) -> dict[str, Any]:
+    """Every camera at `fps` for `seconds` (camera c offset by c x 3 ms), one driver
+    thread; each result stamped as it is published."""
+    cameras = list(clients)
+    started = time.time() + 0.05
+    schedule = sorted(
+        (started + n / fps + c * 0.003, cam)
+        for c, cam in enumerate(cameras)
+        for n in range(int(seconds * fps))
+    )
+    sent = dropped = 0
+    late = []
+    for at, cam in schedule:
+        wait = at - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        else:
+            late.append(-wait)
+        seq = next_seq[cam]
+        next_seq[cam] += 1
+        if _publish(clients[cam], scenes[cam], seq):
+            sent += 1
+        else:
+            dropped += 1
+    flushed = all(c.flush(30.0) for c in clients.values())
+    return {
+        "started_at": started,
+        "ended_at": time.time(),
+        "sent": sent,
+        "dropped": dropped,
+        "flushed": flushed,
+        "driver_late": len(late),
+        "driver_late_max_s": max(late, default=0.0),
+    }
+
+
+def burst(
+    clients: dict[str, Any], scenes: dict[str, list[Any]], next_seq: dict[str, int], n: int
+) -> dict[str, Any]:
+    """Every camera's firmware thread publishes `n` results as fast as it can."""
+    gate = threading.Barrier(len(clients) + 1)
+    buffered: dict[str, float] = {}
+
+    def firmware(cam: str) -> None:
+        client, scene = clients[cam], scenes[cam]
+        first = next_seq[cam]
+        next_seq[cam] += n
+        gate.wait()
+        for seq in range(first, first + n):
+            _publish(client, scene, seq)
+        buffered[cam] = time.time()
+
+    threads = [threading.Thread(target=firmware, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    gate.wait()
+    started = time.time()
+    cpu = time.process_time()
+    for t in threads:
+        t.join()
+    flushed = all(c.flush(120.0) for c in clients.values())
+    acked = time.time()
+    return {
+        "started_at": started,
+        "buffered_at": max(buffered.values()),
+        "acked_at": acked,
+        "flushed": flushed,
+        "process_cpu_s": time.process_time() - cpu,
+        "dropped": sum(sum(c.stats().buffer.dropped.values()) for c in clients.values()),
+    }
+
+
+def raw_payloads(cameras: Sequence[str], n: int, objects: int) -> dict[str, list[bytes]]:
+    """The bytes the SDK would send for each camera's first `n` results (an envelope
+    with a FrameResult each), built ahead: the raw publishers only publish."""
+    from device_sdk.client import PROTOCOL_VERSION, _stamp
+    from device_sdk.ids import uuid7
+    from device_sdk.proto.edgefleet.device.v1 import device_pb2
+
+    scenes = camera_frames(cameras, min(n, 2000), objects)
+    out: dict[str, list[bytes]] = {}
+    for cam, scene in scenes.items():
+        boot = os.urandom(8).hex()
+        payloads = []
+        for seq in range(n):
+            now = time.time()
+            result = device_pb2.FrameResult(
+                frame_seq=seq,
+                captured_at=_stamp(now),
+                detections=[d.to_proto() for d in scene[seq % len(scene)]],
+                model="people-det",
+                model_version="1.0",
+            )
+            payloads.append(
+                device_pb2.DeviceEnvelope(
+                    protocol_version=PROTOCOL_VERSION,
+                    message_id=uuid7(now),
+                    device_id=cam,
+                    boot_id=boot,
+                    sent_at=_stamp(now),
+                    frame_result=result,
+                ).SerializeToString()
+            )
+        out[cam] = payloads
+    return out
+
+
+def raw_process(
+    conn: multiprocessing.connection.Connection,
+    port: int,
+    cameras: list[str],
+    n: int,
+    objects: int,
+) -> None:
+    """The anchor's publishers: one paho client per camera (QoS 1, paho's default
+    window of 20 in flight, its own network thread), `n` messages each."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    payloads = raw_payloads(cameras, n, objects)
+    acked = {c: 0 for c in cameras}
+    done = threading.Event()
+    lock = threading.Lock()
+    total = n * len(cameras)
+    count = [0]
+
+    def on_publish(cam: str) -> Any:
+        def callback(*_: object) -> None:
+            with lock:
+                acked[cam] += 1
+                count[0] += 1
+                if count[0] == total:
+                    done.set()
+
+        return callback
+
+    clients = {}
+    for cam in cameras:
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=f"raw-{cam}", protocol=mqtt.MQTTv5
+        )
+        client.on_publish = on_publish(cam)
+        client.connect("127.0.0.1", port)
+        client.loop_start()
+        clients[cam] = client
+    deadline = time.monotonic() + 30
+    while not all(c.is_connected() for c in clients.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    conn.recv()  # go
+    gate = threading.Barrier(len(cameras) + 1)
+
+    def publisher(cam: str) -> None:
+        client, topic = clients[cam], f"{RAW_ROOT}/{cam}/results"
+        gate.wait()
+        for payload in payloads[cam]:
+            client.publish(topic, payload, qos=1)
+
+    threads = [threading.Thread(target=publisher, args=(c,)) for c in cameras]
+    for t in threads:
+        t.start()
+    gate.wait()
+    started = time.time()
+    for t in threads:
+        t.join()
+    done.wait(120)
+    acked_at = time.time()
+    for client in clients.values():
+        client.disconnect()
+        client.loop_stop()
+    conn.send(
+        {
+            "started_at": started,
+            "acked_at": acked_at,
+            "acked": count[0],
+            "payload_bytes": sum(len(p) for ps in payloads.values() for p in ps) / total,
+        }
+    )
+
+
+class RawSubscriber:
+    """The anchor's subscriber: one paho client on ``raw/dev/+/results`` at QoS 1."""
+
+    def __init__(self, port: int) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.count = 0
+        self.last_at = 0.0
+        self.target = 0
+        self.reached = threading.Event()
+        self._ready = threading.Event()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id="raw-subscriber", protocol=mqtt.MQTTv5
+        )
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *_: self._ready.set()
+        self.client.on_connect = lambda c, *_: c.subscribe(f"{RAW_ROOT}/+/results", qos=1)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        if not self._ready.wait(15):
+            raise RuntimeError("the raw subscriber did not subscribe")
+
+    def _on_message(self, _c: object, _u: object, message: Any) -> None:
+        self.count += 1
+        if self.count == self.target:
+            self.last_at = time.time()
+            self.reached.set()
+
+    def expect(self, n: int) -> None:
+        self.count, self.target = 0, n
+        self.reached.clear()
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def raw_round(
+    port: int, cameras: list[str], n: int, objects: int, sub: RawSubscriber
+) -> dict[str, Any]:
+    sub.expect(n * len(cameras))
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    with spawned(raw_process, child, port, cameras, n, objects):
+        cpu = time.process_time()
+        parent.send("go")
+        result: dict[str, Any] = parent.recv()
+        if not sub.reached.wait(60):
+            raise RuntimeError(f"the raw subscriber got {sub.count} of {sub.target}")
+        result["subscriber_cpu_s"] = time.process_time() - cpu
+    result["received_at"] = sub.last_at
+    result["rate"] = sub.target / (sub.last_at - result["started_at"])
+    return result
+
+
+# ----------------------------------------------------------------------------- the node
+
+
+def write_node(
+    work: Path,
+    server: ServerProcess,
+    broker_port: int,
+    cameras: list[str],
+    tick_s: float | None = None,
+) -> Path:
+    """node.yaml and the rules file, as an operator would write them for this site."""
+    doc = rules_document(cameras)
+    rules = work / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"version": 1, "cameras": cameras, **doc}, sort_keys=False))
+    ca = work / "fleet-ca.pem"
+    ca.write_bytes(server.ca_pem)
+    node = {
+        "data_dir": str(work / "node"),
+        "fleet": FLEET,
+        "server_grpc": f"127.0.0.1:{server.grpc_port}",
+        "enroll_grpc": f"127.0.0.1:{server.enroll_port}",
+        "server_name": "localhost",
+        "bootstrap_token": server.node_tokens(FLEET, 1)[0],
+        "ca_file": str(ca),
+        "updater": {"enabled": False},
+        "aggregation": {
+            "rules_file": str(rules),
+            **({} if tick_s is None else {"tick_s": tick_s}),
+        },
+        "devices": {
+            "port": broker_port,
+            "client_id": "bench-node-gateway",
+            "cameras": {c: {} for c in cameras},
+            # Raised for the burst phase: the default (60/s, burst 120) refuses it.
+            "limits": {"rate_per_s": 1_000_000, "burst": 1_000_000},
+        },
+    }
+    path = work / "node.yaml"
+    path.write_text(yaml.safe_dump(node, sort_keys=False))
+    return path
+
+
+def stored_events(db_path: Path) -> list[tuple[str, datetime, dict[str, Any]]]:
+    """(type, received_at, document) of every event the control plane stored."""
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        rows = conn.execute("SELECT type, received_at, document FROM fleet_events").fetchall()
+    return [(t, _utc(r), json.loads(d)) for t, r, d in rows]
+
+
+def _utc(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def latencies(
+    events: list[tuple[str, datetime, dict[str, Any]]], since: float, until: float
+) -> dict[str, list[float]]:
+    """Per event type, stored-at less the newest evidence frame's capture time, for events
+    whose evidence frames were all captured in [since, until]; counts left out."""
+    out: dict[str, list[float]] = {}
+    for kind, received, doc in events:
+        times = [_utc(e["captured_at"]).timestamp() for e in doc["evidence"]]
+        if kind.startswith("count") or not times:
+            continue
+        if min(times) < since or max(times) > until:
+            continue
+        out.setdefault(kind, []).append(received.timestamp() - max(times))
+    return out
+
+
+async def node_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import anyio
+    import anyio.to_thread
+
+    from edge_node.agent import Agent
+    from edge_node.clock import SystemClock
+    from edge_node.config import load_agent_config
+
+    cameras = [f"cam-{i}" for i in range(args.cameras)]
+    frames = int(args.seconds * args.fps) + 50
+    raw_results: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        extra = (
+            [f"max_inflight_messages {args.broker_inflight}"]
+            if args.broker_inflight is not None
+            else []
+        )
+        broker = PrivateMosquitto(work / "mqtt", extra=extra).start()
+        stack.callback(broker.stop)
+        db = stack.enter_context(database("sqlite", work))
+        server = ServerProcess(work, db.url, grpc=True).start()
+        stack.callback(server.stop)
+        server.make_fleet(FLEET)
+        config = load_agent_config(write_node(work, server, broker.port, cameras, args.tick), {})
+        sub = RawSubscriber(broker.port)
+        stack.callback(sub.close)
+        print(f"raw round 1: {args.burst} messages x {args.cameras} publishers", flush=True)
+        raw_results.append(
+            await anyio.to_thread.run_sync(
+                raw_round, broker.port, cameras, args.burst, args.objects, sub
+            )
+        )
+        agent = Agent(config, SystemClock())
+        out: dict[str, Any] = {}
+        async with anyio.create_task_group() as group:
+            group.start_soon(agent.run)
+            with anyio.fail_after(60):
+                await agent.ready.wait()
+            assert agent.devices is not None and agent.aggregation is not None
+            gateway = agent.devices.gateway
+            if not await anyio.to_thread.run_sync(gateway.wait_ready, 15.0):
+                raise RuntimeError("the node's gateway did not connect")
+            parent, child = multiprocessing.get_context("spawn").Pipe()
+            with spawned(cameras_process, child, broker.port, cameras, frames, args.objects):
+                ready = await anyio.to_thread.run_sync(parent.recv)
+                if not ready["connected"]:
+                    raise RuntimeError("the cameras did not connect")
+                await anyio.sleep(1.0)  # heartbeats answered: clock estimates in place
+                print(f"paced: {args.cameras} cameras x {args.fps:g} fps x {args.seconds:g} s")
+                before = gateway.health()["observations"]
+                parent.send(("paced", args.seconds, args.fps))
+                out["paced"] = await anyio.to_thread.run_sync(parent.recv)
+                await settle(db.url, agent)
+                out["paced"]["observations"] = gateway.health()["observations"] - before
+                events = stored_events(Path(db.url.removeprefix("sqlite:///")))
+                # The last frames wait for the aligner's idle timeout (2 s) once the
+                # cameras stop: not what a running site sees, so they are left out.
+                out["latency"] = latencies(
+                    events, out["paced"]["started_at"] - 0.01, out["paced"]["ended_at"] - TAIL_S
+                )
+                out["events_after_paced"] = len(events)
+                print(f"burst: {args.burst} results x {args.cameras} cameras", flush=True)
+                before = gateway.health()["observations"]
+                target = before + args.burst * args.cameras
+                cpu = time.process_time()
+                parent.send(("burst", args.burst))
+                peak: list[int] = []
+                done_at = await anyio.to_thread.run_sync(wait_count, gateway, target, 120.0, peak)
+                node_cpu_s = time.process_time() - cpu
+                out["burst"] = await anyio.to_thread.run_sync(parent.recv)
+                out["burst"]["gateway_done_at"] = done_at
+                out["burst"]["observations"] = gateway.health()["observations"] - before
+                out["burst"]["node_cpu_s"] = node_cpu_s
+                out["burst"]["gateway_queue_peak"] = peak[0]
+                out["burst"]["rate"] = (args.burst * args.cameras) / (
+                    done_at - out["burst"]["started_at"]
+                )
+                parent.send(("close",))
+                await anyio.to_thread.run_sync(parent.recv)
+            await settle(db.url, agent)
+            out["gateway"] = gateway.health()
+            out["aggregation"] = agent.aggregation.health()
+            await agent.shutdown(10.0)
+        out["events_stored"] = len(stored_events(Path(db.url.removeprefix("sqlite:///"))))
+        print(f"raw round 2: {args.burst} messages x {args.cameras} publishers", flush=True)
+        raw_results.append(
+            await anyio.to_thread.run_sync(
+                raw_round, broker.port, cameras, args.burst, args.objects, sub
+            )
+        )
+    out["raw"] = raw_results
+    assert config.aggregation.rules_file is not None
+    out["cores_us"] = pure_cores(
+        config.devices, config.aggregation.rules_file, cameras, args.objects
+    )
+    return out
+
+
+def pure_cores(
+    devices: Any, rules: Path, cameras: list[str], objects: int, n: int = 2000
+) -> dict[str, float]:
+    """µs per result of the node's two pure cores on the same bytes, no MQTT, no threads,
+    best of 3: the gateway's intake (`DeviceIntake.take`) and the rules (`Aggregator.offer`
+    on the intake's observations, then `flush`)."""
+    from edge_node.aggregation.config import build_aggregator
+    from edge_node.aggregation.rules_file import load_rules_file
+    from edge_node.devices.intake import DeviceIntake
+
+    payloads = raw_payloads(cameras, n // len(cameras), objects)
+    items = [(f"edgefleet/dev/{c}/results", p) for c in cameras for p in payloads[c]]
+    best = {"intake": float("inf"), "rules": float("inf")}
+    for _ in range(3):
+        intake = DeviceIntake(devices, now=time.monotonic(), config_version=1)
+        observations = []
+        started = time.process_time()
+        for topic, payload in items:
+            observations.append(intake.take(topic, payload, time.time(), time.monotonic()))
+        best["intake"] = min(best["intake"], (time.process_time() - started) / len(items))
+        if intake.accepted["results"] != len(items):
+            raise RuntimeError(f"the intake took {intake.health()['accepted']} of {len(items)}")
+        engine = build_aggregator(load_rules_file(rules))
+        now = time.time()
+        started = time.process_time()
+        for outcome in observations:
+            assert outcome.observation is not None
+            engine.offer(outcome.observation, now)
+        engine.flush()
+        best["rules"] = min(best["rules"], (time.process_time() - started) / len(items))
+    return {k: v * 1e6 for k, v in best.items()}
+
+
+def wait_count(
+    gateway: Any, target: int, timeout_s: float, peak: list[int], stall_s: float = 5.0
+) -> float:
+    """When the gateway's observations counter reached `target` (read every 10 ms), or
+    when it last moved if it stops short of it for `stall_s` (the run reports the gap).
+    `peak` gets the largest gateway queue seen."""
+    deadline = time.monotonic() + timeout_s
+    last, moved_at, moved_wall = -1, time.monotonic(), time.time()
+    peak.append(0)
+    while time.monotonic() < deadline:
+        health = gateway.health()
+        seen = health["observations"]
+        peak[0] = max(peak[0], health["queued"])
+        if seen >= target:
+            return time.time()
+        if seen != last:
+            last, moved_at, moved_wall = seen, time.monotonic(), time.time()
+        elif time.monotonic() - moved_at > stall_s:
+            print(f"the gateway stopped at {seen} of {target} observations: {gateway.health()}")
+            return moved_wall
+        time.sleep(0.01)
+    raise TimeoutError(f"the gateway did not reach {target} observations in {timeout_s} s")
+
+
+async def settle(url: str, agent: Any, quiet_s: float = 2.0, timeout_s: float = 30.0) -> None:
+    """Until the event store has not grown for `quiet_s` and the node's outbox is empty."""
+    import anyio
+
+    path = Path(url.removeprefix("sqlite:///"))
+    deadline = time.monotonic() + timeout_s
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            n = int(conn.execute("SELECT count(*) FROM fleet_events").fetchone()[0])
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        await anyio.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import anyio
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="of the paced phase")
+    parser.add_argument("--cameras", type=int, default=8)
+    parser.add_argument("--fps", type=float, default=25.0)
+    parser.add_argument("--objects", type=int, default=6, help="people per camera at a time")
+    parser.add_argument("--burst", type=int, default=2000, help="results per camera")
+    parser.add_argument(
+        "--broker-inflight",
+        type=int,
+        default=None,
+        help="the broker's max_inflight_messages (default: Mosquitto's own, 20; 0: no limit)",
+    )
+    parser.add_argument(
+        "--tick", type=float, default=None, help="aggregation.tick_s (default: the node's, 0.2)"
+    )
+    parser.add_argument("--workdir", type=Path, default=BENCH_DIR / "device_events")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parse_benchmark_args(parser, argv, quick={"seconds": 4.0, "burst": 100})
+    work = args.workdir.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    report = Report("device_events", machine=machine())
+    try:
+        out = anyio.run(node_run, args, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return summarise(args, report, out)
+
+
+def summarise(args: argparse.Namespace, report: Report, out: dict[str, Any]) -> int:
+    paced_ = out["paced"]
+    every = [v for values in out["latency"].values() for v in values]
+    print(
+        f"paced: {paced_['sent']} results sent ({paced_['dropped']} dropped by the SDK), "
+        f"{paced_['observations']} through the gateway; driver late {paced_['driver_late']} "
+        f"times (max {paced_['driver_late_max_s'] * 1000:.1f} ms)"
+    )
+    for kind, values in sorted(out["latency"].items()):
+        print(
+            f"  {kind:<20} {len(values):>5} events  P50 {pct(values, 50) * 1000:7.1f} ms  "
+            f"P99 {pct(values, 99) * 1000:7.1f} ms  max {max(values) * 1000:7.1f} ms"
+        )
+    raw_rates = [r["rate"] for r in out["raw"]]
+    raw = max(raw_rates)
+    b = out["burst"]
+    rate = b["rate"]
+    print(
+        f"burst: {rate:,.0f} results/s through the gateway (SDK buffered all in "
+        f"{b['buffered_at'] - b['started_at']:.2f} s, all PUBACKed in "
+        f"{b['acked_at'] - b['started_at']:.2f} s, cameras' CPU {b['process_cpu_s']:.2f} s, "
+        f"dropped {b['dropped']})"
+    )
+    print(
+        f"raw: {', '.join(f'{r:,.0f}' for r in raw_rates)} messages/s "
+        f"({out['raw'][0]['payload_bytes']:.0f} bytes each)"
+    )
+    n_burst = args.burst * args.cameras
+    raw_cpu = min(r["subscriber_cpu_s"] for r in out["raw"]) / n_burst * 1e6
+    print(
+        f"CPU per result in the receiving process: node {b['node_cpu_s'] / n_burst * 1e6:.0f} µs "
+        f"(gateway, aggregation, outbox, uplink), raw subscriber {raw_cpu:.0f} µs; alone, "
+        f"the intake {out['cores_us']['intake']:.0f} µs and the rules "
+        f"{out['cores_us']['rules']:.0f} µs"
+    )
+    gw = out["gateway"]
+    print(
+        f"gateway: rejected {json.dumps({k: v for k, v in gw['rejected'].items() if v})}, "
+        f"queue_full {gw['queue_full']} (largest queue seen {b['gateway_queue_peak']} of "
+        f"{gw['max_queue']}); aggregation: queue_overflow "
+        f"{out['aggregation']['queue_overflow']}, events stored {out['events_stored']}"
+    )
+    report.figure("end-to-end latency P50", pct(every, 50) * 1000, "ms")
+    report.figure("end-to-end latency P99", pct(every, 99) * 1000, "ms")
+    report.figure(
+        "ingest, burst through the gateway",
+        rate,
+        "results/s",
+        anchor=raw,
+        anchor_name="raw Mosquitto + paho",
+        goal=f">= {GOAL_SHARE_OF_RAW:.0%} of raw",
+        met=rate >= GOAL_SHARE_OF_RAW * raw,
+    )
+    report.figure(
+        "node CPU per result, burst",
+        b["node_cpu_s"] / n_burst * 1e6,
+        "µs",
+        anchor=raw_cpu,
+        anchor_name="raw subscriber",
+    )
+    report.goal(
+        f"burst: every result through the gateway ({b['observations']} of {n_burst})",
+        b["observations"] == n_burst,
+    )
+    report.goal(
+        f"paced: every result through the gateway ({paced_['observations']} of {paced_['sent']})",
+        paced_["observations"] == paced_["sent"] and paced_["dropped"] == 0,
+    )
+    print(report.load_line())
+    return report.finish(args, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
