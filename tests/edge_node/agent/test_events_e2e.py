@@ -355,6 +355,7 @@ def test_cameras_to_stored_events_once_each_across_a_control_plane_outage(
 
         # The control plane goes down; the car drives from gate-a to gate-b meanwhile.
         w.stop_server()
+        down = datetime.now(UTC)
         entered = time.time()
         car = Detection("car", 0.95, (0.3, 0.4, 0.6, 0.7), 21, {"plate_text": "AB 123"})
         publish(gate_a, [(100 + n, entered + SKEW_S + n * STEP_S, [car]) for n in range(3)], "lpr")
@@ -447,4 +448,4 @@ def test_cameras_to_stored_events_once_each_across_a_control_plane_outage(
     assert models == {("lpr", "fw-2.3"), ("lpr", "fw-9.1")}
     # Written to the node's outbox while the control plane was down, sent once it was back.
     [(_, created, received, _)] = [r for r in records if r[0] == transit["record_id"]]
-    assert created < back < received, (created, back, received)
+    assert down < created < back < received, (down, created, back, received)
