@@ -4,6 +4,7 @@ directory, on free ports)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ def test_the_demo_runs_a_control_plane_and_a_node_end_to_end(tmp_path: Path) -> 
     done = subprocess.run(
         [sys.executable, "-m", "control_plane.demo"],
         cwd=tmp_path,
+        # The demo's own default width (pytest's may be narrower): its tables on one line.
+        env={**os.environ, "COLUMNS": "150"},
         capture_output=True,
         text=True,
         timeout=480,
