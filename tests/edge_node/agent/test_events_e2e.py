@@ -287,112 +287,118 @@ def test_cameras_to_stored_events_once_each_across_a_control_plane_outage(
     recorder = Recorder(f"{root}/gate-a/results")
     gate_a = camera("gate-a", root, "fw-2.3", SkewedClock())
     gate_b = camera("gate-b", root, "fw-9.1")
-    with world(tmp_path) as w:
-        # The control plane, a fleet, a bootstrap token; the node enrolls and connects.
-        w.start_server()
-        keys = init_operator_keys(tmp_path / "keys", root_keys=1, root_threshold=1, passphrase=None)
-        with ApiClient(w.url, w.token) as api:
-            ReleaseClient(api, keys).create_fleet(FLEET)
-            token = api.json(
-                "POST", f"/v1/fleets/{FLEET}/node-tokens", json={"labels": {}, "ttl_s": 600}
+    try:
+        with world(tmp_path) as w:
+            # The control plane, a fleet, a bootstrap token; the node enrolls and connects.
+            w.start_server()
+            keys = init_operator_keys(
+                tmp_path / "keys", root_keys=1, root_threshold=1, passphrase=None
             )
-        env = {**os.environ, "EDGEFLEET_NODE_BOOTSTRAP_TOKEN": token["token"]}
-        config = node_yaml(w, root, f"gw-{uuid.uuid4().hex[:10]}")
-        with w.node_log.open("ab") as log:
-            w.node = subprocess.Popen(
-                [sys.executable, "-m", "edge_node", "run", "--config", str(config)],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+            with ApiClient(w.url, w.token) as api:
+                ReleaseClient(api, keys).create_fleet(FLEET)
+                token = api.json(
+                    "POST", f"/v1/fleets/{FLEET}/node-tokens", json={"labels": {}, "ttl_s": 600}
+                )
+            env = {**os.environ, "EDGEFLEET_NODE_BOOTSTRAP_TOKEN": token["token"]}
+            config = node_yaml(w, root, f"gw-{uuid.uuid4().hex[:10]}")
+            with w.node_log.open("ab") as log:
+                w.node = subprocess.Popen(
+                    [sys.executable, "-m", "edge_node", "run", "--config", str(config)],
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            identity = tmp_path / "node" / "identity.json"
+            w.wait("the node to enroll", identity.exists, 20)
+            node_id = str(json.loads(identity.read_text())["node_id"])
+            w.wait("the node to be online", lambda: w.get(f"/v1/nodes/{node_id}")["online"], 15)
+
+            # Both cameras learn their clock offset; a heartbeat tells the node gate-a's.
+            gate_a.start()
+            gate_b.start()
+            w.wait("gate-a's clock estimate", lambda: offset_learned(gate_a, SKEW_S), 10)
+            w.wait("gate-b's clock estimate", lambda: offset_learned(gate_b, 0.0), 10)
+            for cam in (gate_a, gate_b):
+                assert cam.publish_heartbeat() is not None and cam.flush(5.0)
+
+            # gate-a: a person (track 7) walks into the zone; feet in it from frame 10 on.
+            start_a = time.time() + SKEW_S
+            walk = [
+                (n, start_a + n * STEP_S, [Detection("person", 0.9, (x, 0.2, x + 0.1, 0.9), 7)])
+                for n, x in ((n, 0.07 + n * 0.05) for n in range(16))
+            ]
+            # gate-b: a person (track 3) crosses x = 0.5: centre 0.2 + 0.05n, so frame 6 is in
+            # the hysteresis band and frame 7 the first beyond it; frame 8 is sent before 7.
+            # Beside them an untracked person walks the other way (never a crossing).
+            start_b = time.time()
+            cross = {
+                n: (
+                    n,
+                    start_b + n * STEP_S,
+                    [
+                        Detection("person", 0.9, (0.15 + n * 0.05, 0.3, 0.25 + n * 0.05, 0.8), 3),
+                        Detection("person", 0.8, (0.75 - n * 0.05, 0.3, 0.85 - n * 0.05, 0.8)),
+                    ],
+                )
+                for n in range(12)
+            }
+            order = [0, 1, 2, 3, 4, 5, 6, 8, 7, 9, 10, 11]
+            publish(gate_a, walk, "people-cam")
+            publish(gate_b, [cross[n] for n in order], "door-cam")
+
+            def stored(count: int) -> Callable[[], bool]:
+                return lambda: len(w.events()) >= count
+
+            w.wait("the intrusion and the crossing at the control plane", stored(2), 15)
+
+            # gate-a resends everything it sent (the same messages, the same ids).
+            w.wait("the recorder to see gate-a's walk", lambda: len(recorder.taken()) >= 16, 5)
+            recorder.resend(recorder.taken())
+
+            # The control plane goes down; the car drives from gate-a to gate-b meanwhile.
+            w.stop_server()
+            down = datetime.now(UTC)
+            entered = time.time()
+            car = Detection("car", 0.95, (0.3, 0.4, 0.6, 0.7), 21, {"plate_text": "AB 123"})
+            publish(
+                gate_a, [(100 + n, entered + SKEW_S + n * STEP_S, [car]) for n in range(3)], "lpr"
             )
-        identity = tmp_path / "node" / "identity.json"
-        w.wait("the node to enroll", identity.exists, 20)
-        node_id = str(json.loads(identity.read_text())["node_id"])
-        w.wait("the node to be online", lambda: w.get(f"/v1/nodes/{node_id}")["online"], 15)
+            left = entered + TRANSIT_S
+            while time.time() < left:  # the car's transit: event times are capture times
+                time.sleep(0.05)
+            car_b = Detection("car", 0.9, (0.4, 0.4, 0.7, 0.7), 5, {"plate_text": "AB123"})
+            publish(gate_b, [(200 + n, left + n * STEP_S, [car_b]) for n in range(3)], "lpr")
+            recorder.resend(recorder.taken()[-3:])  # and the car's frames at gate-a again
 
-        # Both cameras learn their clock offset; a heartbeat tells the node gate-a's.
-        gate_a.start()
-        gate_b.start()
-        w.wait("gate-a's clock estimate", lambda: offset_learned(gate_a, SKEW_S), 10)
-        w.wait("gate-b's clock estimate", lambda: offset_learned(gate_b, 0.0), 10)
-        for cam in (gate_a, gate_b):
-            assert cam.publish_heartbeat() is not None and cam.flush(5.0)
+            # Back up (its start takes seconds: the node raises the transit meanwhile, into
+            # its outbox): the transit arrives; nothing was lost, nothing is there twice.
+            w.start_server()
+            back = datetime.now(UTC)
+            w.wait("the transit after the control plane came back", stored(3), 20)
 
-        # gate-a: a person (track 7) walks into the zone; feet in it from frame 10 on.
-        start_a = time.time() + SKEW_S
-        walk = [
-            (n, start_a + n * STEP_S, [Detection("person", 0.9, (x, 0.2, x + 0.1, 0.9), 7)])
-            for n, x in ((n, 0.07 + n * 0.05) for n in range(16))
-        ]
-        # gate-b: a person (track 3) crosses x = 0.5: centre 0.2 + 0.05n, so frame 6 is in
-        # the hysteresis band and frame 7 the first beyond it; frame 8 is sent before 7.
-        # Beside them an untracked person walks the other way (never a crossing).
-        start_b = time.time()
-        cross = {
-            n: (
-                n,
-                start_b + n * STEP_S,
-                [
-                    Detection("person", 0.9, (0.15 + n * 0.05, 0.3, 0.25 + n * 0.05, 0.8), 3),
-                    Detection("person", 0.8, (0.75 - n * 0.05, 0.3, 0.85 - n * 0.05, 0.8)),
-                ],
-            )
-            for n in range(12)
-        }
-        order = [0, 1, 2, 3, 4, 5, 6, 8, 7, 9, 10, 11]
-        publish(gate_a, walk, "people-cam")
-        publish(gate_b, [cross[n] for n in order], "door-cam")
+            def settled() -> dict[str, Any] | None:
+                report = w.health()
+                if report is None or report["devices"]["rejected"]["duplicate"] < 19:
+                    return None
+                return report
 
-        def stored(count: int) -> Callable[[], bool]:
-            return lambda: len(w.events()) >= count
-
-        w.wait("the intrusion and the crossing at the control plane", stored(2), 15)
-
-        # gate-a resends everything it sent (the same messages, the same ids).
-        w.wait("the recorder to see gate-a's walk", lambda: len(recorder.taken()) >= 16, 5)
-        recorder.resend(recorder.taken())
-
-        # The control plane goes down; the car drives from gate-a to gate-b meanwhile.
-        w.stop_server()
-        down = datetime.now(UTC)
-        entered = time.time()
-        car = Detection("car", 0.95, (0.3, 0.4, 0.6, 0.7), 21, {"plate_text": "AB 123"})
-        publish(gate_a, [(100 + n, entered + SKEW_S + n * STEP_S, [car]) for n in range(3)], "lpr")
-        left = entered + TRANSIT_S
-        while time.time() < left:  # the car's transit: event times are capture times
-            time.sleep(0.05)
-        car_b = Detection("car", 0.9, (0.4, 0.4, 0.7, 0.7), 5, {"plate_text": "AB123"})
-        publish(gate_b, [(200 + n, left + n * STEP_S, [car_b]) for n in range(3)], "lpr")
-        recorder.resend(recorder.taken()[-3:])  # and the car's frames at gate-a again
-
-        # Back up (its start takes seconds: the node raises the transit meanwhile, into
-        # its outbox): the transit arrives; nothing was lost, nothing is there twice.
-        w.start_server()
-        back = datetime.now(UTC)
-        w.wait("the transit after the control plane came back", stored(3), 20)
-
-        def settled() -> dict[str, Any] | None:
-            report = w.health()
-            if report is None or report["devices"]["rejected"]["duplicate"] < 19:
-                return None
-            return report
-
-        health = w.wait("a health report that counts the resent messages", settled, 10)
-        capsys.readouterr()
-        argv = ["--server", w.url, "--token", w.token, "events", "list", "--fleet", FLEET]
-        assert cli_main([*argv, "--json"]) == 0
-        events: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
-        records = w.records("event")
-        assert len(records) == 3
-        assert w.node is not None
-        w.node.send_signal(signal.SIGTERM)
-        assert w.node.wait(timeout=20) == 0, w.logs()
-    gate_a.close(2.0)
-    gate_b.close(2.0)
-    recorder.close()
-    for device in ("gate-a", "gate-b"):
-        clear_retained(f"{root}/{device}/config")
+            health = w.wait("a health report that counts the resent messages", settled, 10)
+            capsys.readouterr()
+            argv = ["--server", w.url, "--token", w.token, "events", "list", "--fleet", FLEET]
+            assert cli_main([*argv, "--json"]) == 0
+            events: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
+            records = w.records("event")
+            assert len(records) == 3
+            assert w.node is not None
+            w.node.send_signal(signal.SIGTERM)
+            assert w.node.wait(timeout=20) == 0, w.logs()
+    finally:
+        gate_a.close(2.0)
+        gate_b.close(2.0)
+        recorder.close()
+        for device in ("gate-a", "gate-b"):
+            clear_retained(f"{root}/{device}/config")
 
     # The node's own account: every resent message refused as a duplicate, nothing too
     # late (frame 7 was reordered within the lateness), one event of each type.
