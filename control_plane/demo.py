@@ -8,9 +8,12 @@ runs as its own process (`edgefleet node run`) with a camera drop directory: it 
 with a bootstrap token, is pinned to 1.0.0 and then, with every node of the fleet, to
 1.1.0, whose input size and normalisation differ and are signed with it (each time:
 signed assignment, download, self-test, hot swap while frames flow), and reports health
-that `edgefleet nodes list` shows. Last, 1.2.0 goes out as a canary rollout
-(`edgefleet rollout create`): the controller assigns it, the node becomes healthy on it,
-a one-minute bake, and the gates (on the node's own numbers before the update) pass it.
+that `edgefleet nodes list` shows. Then 1.2.0, a box detector (the `yolo` decoder), goes
+out as a canary rollout (`edgefleet rollout create`): the controller assigns it, the node
+becomes healthy on it, a one-minute bake, and the gates (on the node's own numbers before
+the update) pass it. Last, events: the node's node.yaml names a rules file (a zone, a
+count per class per interval), so 1.2.0's detections become events in the node's outbox
+and the control plane's event store, which `edgefleet events list` shows.
 Everything lives under `.demo/` and is made fresh on each run; nothing is left running.
 """
 
@@ -30,7 +33,11 @@ from typing import TypeVar
 import httpx
 from tuf.ngclient import Updater
 
-from control_plane.registry.sample_models import TINY_DETECTOR_LABELS, tiny_detector
+from control_plane.registry.sample_models import (
+    TINY_DETECTOR_LABELS,
+    tiny_box_detector,
+    tiny_detector,
+)
 
 DEMO_DIR = Path(".demo")
 FLEET = "demo-parks"
@@ -79,7 +86,31 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
     raise SystemExit(f"the server did not become ready within {STARTUP_TIMEOUT_S:.0f}s")
 
 
-def _runtime_file(work: Path, name: str, mean: str, std: str) -> Path:
+CLASSIFICATION = """\
+  decoder: classification
+  top_k: 2
+"""
+# 1.2.0 finds boxes: its results go through the node's rules (RULES) and become events.
+BOXES = """\
+  decoder: yolo         # [1, 4 + classes, N] candidate boxes, cx cy w h in input pixels
+  box_format: cxcywh
+  objectness: false
+  score_threshold: 0.5
+"""
+# The node's rules file: a person's feet in the right half of the frame (where the demo's
+# box detector puts them) is an intrusion; the detections per class every 5 s, a count.
+RULES = """\
+version: 1
+cameras: [gate-north]
+rules:
+  - {id: north-yard, type: zone_intrusion, camera: gate-north, classes: [person],
+     zone: [[0.5, 0], [1, 0], [1, 1], [0.5, 1]]}
+  - {id: north-counts, type: count, cameras: [gate-north], interval: 5s}
+"""
+EVENTS_TIMEOUT_S = 30.0
+
+
+def _runtime_file(work: Path, name: str, mean: str, std: str, output: str = CLASSIFICATION) -> Path:
     """An operator's runtime.yaml for the demo's detector, and its labels file."""
     labels = work / "labels.txt"
     labels.write_text("".join(f"{label}\n" for label in TINY_DETECTOR_LABELS))
@@ -91,9 +122,7 @@ preprocess:
   mean: {mean}
   std: {std}
 output:
-  decoder: classification
-  top_k: 2
-labels_file: labels.txt  # one per line, class 0 first; relative to this file
+{output}labels_file: labels.txt  # one per line, class 0 first; relative to this file
 """
     )
     print(f"{path}:\n{path.read_text()}")
@@ -243,6 +272,8 @@ def _run_node(
     camera = work / "camera"
     camera.mkdir()
     node_dir = DEMO_DIR / "node"
+    rules = work / "rules.yaml"
+    rules.write_text(RULES)
     config = work / "node.yaml"
     config.write_text(
         f"""data_dir: {node_dir.resolve()}
@@ -263,9 +294,12 @@ updater:
   watchdog: {{window_s: 2}}
 results:
   interval_s: 2
+aggregation:
+  rules_file: {rules.resolve()}
 """
     )
     print(config.read_text())
+    print(f"{rules}:\n{RULES}")
     node_log = (DEMO_DIR / "node.log").open("wb")
     node = subprocess.Popen(
         [sys.executable, "-m", "edge_node", "run", "--config", str(config)],
@@ -322,7 +356,14 @@ results:
         _wait_for(lambda: _results_seen(url, headers, node_id, "1.1.0", frames), node, "results")
         _cli(env, "nodes", "results", node_id, "--limit", "3")
 
-        return _rollout(env, url, headers, work, runtime, node, frames)
+        if not _rollout(env, url, headers, work, node, frames):
+            return False
+
+        _step("events: 1.2.0's boxes through the node's rules, stored by the control plane")
+        _wait_for(lambda: _events_seen(url, headers, frames), node, "events", EVENTS_TIMEOUT_S)
+        _cli(env, "events", "list", "--fleet", FLEET, "--type", "zone.intrusion", "--limit", "2")
+        _cli(env, "events", "list", "--fleet", FLEET, "--type", "count.interval", "--limit", "3")
+        return True
     finally:
         node.terminate()
         try:
@@ -362,13 +403,13 @@ def _rollout(
     url: str,
     headers: dict[str, str],
     work: Path,
-    runtime: Path,
     node: subprocess.Popen[bytes],
     camera: Camera,
 ) -> bool:
     """1.2.0 as a canary rollout over the fleet: planned, created, followed to its end."""
-    _step("1.2.0 as a canary rollout: one node first, judged by the gates, then the rest")
-    newest = tiny_detector(work / "detector-1.2.0.onnx", seed=2, size=48)
+    _step("1.2.0, a box detector, as a canary rollout: one node first, judged by the gates")
+    newest = tiny_box_detector(work / "detector-1.2.0.onnx", size=48)
+    runtime = _runtime_file(work, "runtime-1.2.0.yaml", "0.5", "0.5", BOXES)
     push = ("model", "push", str(newest), "--name", "detector", "--version", "1.2.0")
     _cli(env, *push, "--runtime", str(runtime))
     gates = work / "gates.yaml"
@@ -455,6 +496,24 @@ def _results_seen(
         if result.get("version") == version:
             return str(result["model_label"])
     return None
+
+
+def _events_seen(url: str, headers: dict[str, str], camera: Camera) -> str | None:
+    """An intrusion and a count of 1.2.0's detections are in the control plane's store."""
+    camera.shoot()
+    seen = []
+    for kind in ("zone.intrusion", "count.interval"):
+        response = httpx.get(
+            f"{url}/v1/fleets/{FLEET}/events",
+            params={"type": kind, "limit": 1},
+            headers=headers,
+            timeout=10,
+        )
+        events = response.json()["events"] if response.status_code == 200 else []
+        if not events:
+            return None
+        seen.append(str(events[0]["event_id"]))
+    return " ".join(seen)
 
 
 def _health_seen(url: str, headers: dict[str, str], camera: Camera) -> str | None:

@@ -1,9 +1,10 @@
 """`make demo`, the README's first command, runs end to end: a control plane and an edge
-node process, two updates, health and a canary rollout (in a scratch directory, on free
-ports)."""
+node process, two updates, health, a canary rollout and the node's events (in a scratch
+directory, on free ports)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ def test_the_demo_runs_a_control_plane_and_a_node_end_to_end(tmp_path: Path) -> 
     done = subprocess.run(
         [sys.executable, "-m", "control_plane.demo"],
         cwd=tmp_path,
+        # The demo's own default width (pytest's may be narrower): its tables on one line.
+        env={**os.environ, "COLUMNS": "150"},
         capture_output=True,
         text=True,
         timeout=480,
@@ -38,6 +41,13 @@ def test_the_demo_runs_a_control_plane_and_a_node_end_to_end(tmp_path: Path) -> 
     assert "rollout 1: stage 1 of 2 (1) baking" in output, output[-4000:]
     assert "status           done" in output, output[-4000:] + logs
     assert "passed: " in output and "latency_vs_baseline" in output
+    # Events: 1.2.0's boxes through the node's rules file, stored by the control plane and
+    # listed by the CLI with the model version behind them.
+    assert "$ edgefleet events list --fleet demo-parks --type zone.intrusion" in output
+    events = output.split("$ edgefleet events list", 1)[-1]
+    assert "│ zone.intrusion │ north-yard │" in events, events[:4000]
+    assert "│ count.interval │ north-counts │" in events, events[:4000]
+    assert "detector@1.2.0" in events and "no events" not in events
     # Nothing is left running: the node and the server were stopped (this demo's: another
     # demo may run beside it on the machine, in its own directory).
     assert left_running(tmp_path, "edge_node run --config .demo/work/node.yaml") == []

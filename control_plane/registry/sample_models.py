@@ -20,6 +20,7 @@ __all__ = [
     "add_constant_model",
     "broken_model_bytes",
     "identity_model",
+    "tiny_box_detector",
     "tiny_detector",
     "tiny_detector_runtime",
 ]
@@ -76,6 +77,53 @@ def tiny_detector(path: Path, *, seed: int = 0, size: int = 32, opset: int = DEF
             numpy_helper.from_array(fc_w, "fc_w"),
             numpy_helper.from_array(fc_b, "fc_b"),
         ],
+    )
+    return _save(_model(graph, opset), path)
+
+
+def tiny_box_detector(path: Path, *, size: int = 48, opset: int = DEFAULT_OPSET) -> Path:
+    """A toy box detector for the ``yolo`` decoder: ``images`` float32 [1,3,size,size]
+    (NCHW) -> ``output0`` float32 [1, 8, 2], two candidate boxes (cxcywh in input pixels,
+    then a score for each of :data:`TINY_DETECTOR_LABELS`; no objectness).
+
+    Candidate 0 is a person in the right half (centre x 0.7 of the width, feet at 0.9 of
+    the height, score 0.9), moved right by the mean of the first input channel (a
+    quarter of the width per unit: ~0 on noise normalised around zero); candidate 1 a
+    vehicle at the left (centre x 0.25, score 0.8). Nothing is trained: the same boxes
+    for every frame of noise, which is what a demo of rules needs.
+    """
+    if size < 8:
+        raise ValueError(f"size must be at least 8, got {size}")
+    labels = len(TINY_DETECTOR_LABELS)
+    k, n = 4 + labels, 2
+    person = [0.7, 0.6, 0.2, 0.6]
+    vehicle = [0.25, 0.7, 0.3, 0.25]
+    values = np.zeros((k, n), dtype=np.float32)  # the [K, N] layout, row-major
+    values[:4, 0] = np.asarray(person) * size
+    values[:4, 1] = np.asarray(vehicle) * size
+    values[4:, :] = 0.05
+    values[4, 0], values[5, 1] = 0.9, 0.8
+    weights = np.zeros((3, k * n), dtype=np.float32)
+    weights[0, 0] = size / 4  # the person's cx, by the first channel's mean
+    initializers = [
+        numpy_helper.from_array(np.asarray([1, 3], dtype=np.int64), "flat"),
+        numpy_helper.from_array(weights, "weights"),
+        numpy_helper.from_array(values.reshape(-1), "bias"),
+        numpy_helper.from_array(np.asarray([1, k, n], dtype=np.int64), "boxes"),
+    ]
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["images"], ["pooled"], name="pool"),
+        helper.make_node("Reshape", ["pooled", "flat"], ["features"], name="flatten"),
+        helper.make_node("MatMul", ["features", "weights"], ["moved"], name="move"),
+        helper.make_node("Add", ["moved", "bias"], ["candidates"], name="place"),
+        helper.make_node("Reshape", ["candidates", "boxes"], ["output0"], name="output"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_box_detector",
+        inputs=[helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        outputs=[helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, k, n])],
+        initializer=initializers,
     )
     return _save(_model(graph, opset), path)
 

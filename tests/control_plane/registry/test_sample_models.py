@@ -92,3 +92,45 @@ def test_the_tiny_detectors_runtime_spec_fits_it_at_any_size(tmp_path: Path, siz
     assert (resolved.size, channels) == ((size, size), 3)
     assert spec.labels == sample_models.TINY_DETECTOR_LABELS
     assert spec.output.decoder == "classification"
+
+
+def test_the_tiny_box_detector_finds_its_person_and_vehicle_through_the_yolo_decoder(
+    tmp_path: Path,
+) -> None:
+    """What the demo's rules file relies on: on a frame of noise the person's feet are in
+    the right half (x 0.7, y 0.9) and the vehicle is at the left."""
+    from control_plane.registry.onnx_inspect import inspect_model
+    from control_plane.trust.custom import check_runtime
+    from protos.bundle.decoders import build_decoder
+    from protos.bundle.geometry import Geometry
+    from protos.bundle.spec import parse_runtime_spec
+
+    path = sample_models.tiny_box_detector(tmp_path / "boxes.onnx", size=48)
+    assert (
+        path.read_bytes() == sample_models.tiny_box_detector(tmp_path / "again.onnx").read_bytes()
+    )
+    spec = parse_runtime_spec(
+        {
+            "preprocess": {"layout": "NCHW", "mean": 0.5, "std": 0.5},
+            "output": {"decoder": "yolo", "objectness": False, "score_threshold": 0.5},
+            "labels": list(sample_models.TINY_DETECTOR_LABELS),
+        }
+    )
+    info = inspect_model(path)
+    resolved, _ = check_runtime(
+        spec, [t.to_sig() for t in info.inputs], [t.to_sig() for t in info.outputs]
+    )
+    assert resolved.size == (48, 48)
+    noise = np.random.default_rng(0).uniform(-1, 1, (1, 3, 48, 48)).astype(np.float32)
+    [boxes] = _run(path, {"images": noise})
+    decoded = build_decoder(spec).decode({"output0": boxes}, Geometry.stretch(48, 48, 48, 48))
+    found = {d.label: d for d in decoded.detections}
+    assert set(found) == {"person", "vehicle"}
+    person, vehicle = found["person"].box, found["vehicle"].box
+    assert person is not None and vehicle is not None
+    assert (person.x1 + person.x2) / 2 == pytest.approx(0.7, abs=0.02)
+    assert person.y2 == pytest.approx(0.9, abs=1e-6)
+    assert (vehicle.x1 + vehicle.x2) / 2 == pytest.approx(0.25, abs=1e-6)
+    assert found["person"].score == pytest.approx(0.9) and found["vehicle"].score == pytest.approx(
+        0.8
+    )
