@@ -111,6 +111,7 @@ class RotationResult:
     root_threshold: int
     release_keyids: list[str]
     revoked_keyids: list[str]
+    online_keyids: dict[str, str]
 
 
 class RegistryService:
@@ -330,11 +331,18 @@ class RegistryService:
                 current_targets = self._latest(session, row, "targets", Targets)
                 previous_snapshot = self._latest(session, row, "snapshot", Snapshot)
                 root = tufrepo.verify_root_update(
-                    current=current_root, new_bytes=root_bytes, now=now
+                    current=current_root,
+                    new_bytes=root_bytes,
+                    now=now,
+                    online_key_held=lambda role, keyid: self._keys.holds(fleet, role, keyid),
                 )
                 targets = tufrepo.verify_resigned_targets(
                     root=root, current=current_targets, new_bytes=targets_bytes, now=now
                 )
+                # An online-key rotation: from here on the new keys sign snapshot and
+                # timestamp (versions continue; nodes drop the old ones, TUF §5.3.11).
+                row.snapshot_keyid = root.signed.roles["snapshot"].keyids[0]
+                row.timestamp_keyid = root.signed.roles["timestamp"].keyids[0]
                 self._put_metadata(session, row, root)
                 self._put_metadata(session, row, targets)
                 snapshot, timestamp = self._publish_snapshot(
@@ -342,9 +350,11 @@ class RegistryService:
                 )
                 session.flush()
                 roles = root.signed.roles
-                before = set(current_root.signed.roles["root"].keyids) | set(
-                    current_root.signed.roles["targets"].keyids
-                )
+                before = {
+                    keyid
+                    for name in ("root", "targets", *tufrepo.ONLINE_ROLES)
+                    for keyid in current_root.signed.roles[name].keyids
+                }
                 result = RotationResult(
                     fleet=fleet,
                     root_version=root.signed.version,
@@ -355,6 +365,7 @@ class RegistryService:
                     root_threshold=roles["root"].threshold,
                     release_keyids=list(roles["targets"].keyids),
                     revoked_keyids=sorted(before - set(root.signed.keys)),
+                    online_keyids={r: roles[r].keyids[0] for r in tufrepo.ONLINE_ROLES},
                 )
         except IntegrityError as exc:
             raise ConflictError(
@@ -363,6 +374,20 @@ class RegistryService:
                 reason="race",
             ) from exc
         return result
+
+    def new_online_keys(self, ctx: RequestContext, fleet: str) -> dict[str, dict[str, Any]]:
+        """Fresh snapshot/timestamp keys for an online-key rotation; their public halves.
+
+        Nothing signs with them until the operator's root N+1 naming them is accepted
+        (`rotate_root`); unused ones are harmless. Admin, audited.
+        """
+        with self._mutations.mutation(
+            ctx, "online-keys.create", f"fleet:{fleet}", needs=Role.ADMIN
+        ) as session:
+            row = self._fleet_row(session, fleet)
+            self._require_active(row)
+            keys = self._keys.new_keys(fleet)
+        return {role: {"keyid": key.keyid, **key.to_dict()} for role, key in keys.items()}
 
     # -------------------------------------------------------------- metadata
 
@@ -663,8 +688,10 @@ class RegistryService:
 
     def _online_signer(self, row: FleetRow) -> OnlineSigner:
         """The fleet's online signer, checked against the keyids recorded at creation."""
-        signer = self._keys.signer_for(row.name)
         expected = {"snapshot": row.snapshot_keyid, "timestamp": row.timestamp_keyid}
+        signer = self._keys.signer_for(
+            row.name, {role: keyid for role, keyid in expected.items() if keyid is not None}
+        )
         for role, keyid in expected.items():
             if signer.public_key(role).keyid != keyid:
                 raise UnavailableError(
