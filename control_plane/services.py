@@ -21,7 +21,7 @@ from control_plane.access.service import AccessService
 from control_plane.artifacts.base import ArtifactStore
 from control_plane.artifacts.factory import artifact_store_from_url
 from control_plane.clock import Clock, SystemClock
-from control_plane.director.assignments import load_or_create_director_key
+from control_plane.director.assignments import DirectorKeyring, load_or_create_director_key
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
 from control_plane.events.query import EventsConfig
@@ -181,12 +181,15 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     sessions = session_factory(engine)
     clock = clock or SystemClock()
     keys = FileOnlineKeyStore(config.data_dir / "online-keys")
+    director_dir = config.data_dir / "director"
+    director_keys = DirectorKeyring(director_dir, load_or_create_director_key(director_dir))
     registry = RegistryService(
         sessions,
         store,
         keys,
         clock,
         RegistryConfig(snapshot_ttl=config.snapshot_ttl, timestamp_ttl=config.timestamp_ttl),
+        director_key_held=director_keys.holds,
     )
     access = AccessService(sessions, clock)
     access.bootstrap_admin(config.data_dir / "admin-token")
@@ -198,9 +201,10 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         sessions,
         registry,
         nodes.inventory,
-        load_or_create_director_key(config.data_dir / "director"),
+        director_keys.default,
         clock,
         delivery=delivery,
+        keyring=director_keys,
     )
     notifier: Notifier = (
         WebhookNotifier(config.webhooks) if config.webhooks is not None else NullNotifier()

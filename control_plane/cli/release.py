@@ -388,24 +388,65 @@ class ReleaseClient:
         served timestamp is checked against the new root. A lost race (409) retries.
         """
         raw = self.api.new_online_keys(fleet)
-        online: dict[str, Key] = {}
-        for role in tufrepo.ONLINE_ROLES:
-            entry = dict(raw[role])
-            key = SSlibKey.from_dict(str(entry.pop("keyid")), entry)
-            if tufrepo.canonical_keyid(key) != key.keyid:
-                raise SignatureError(f"the server's new {role} key has a forged keyid", role=role)
-            online[role] = key
+        online = {role: _server_key(raw[role], role) for role in tufrepo.ONLINE_ROLES}
+        result, root, new_root = self._next_root(fleet, online_keys=online)
+        try:
+            served = self.api.metadata(fleet, "timestamp.json")
+            timestamp = Metadata[Timestamp].from_bytes(served)
+            new_root.signed.verify_delegate(
+                "timestamp", timestamp.signed_bytes, timestamp.signatures
+            )
+        except (DeserializationError, UnsignedMetadataError) as exc:
+            raise SignatureError(
+                f"the server accepted root {new_root.signed.version} but its timestamp "
+                f"does not verify with the new key: {exc}",
+                fleet=fleet,
+            ) from exc
+        old = sorted(root.signed.roles[r].keyids[0] for r in tufrepo.ONLINE_ROLES)
+        return {
+            **result,
+            "online_keyids": {r: k.keyid for r, k in online.items()},
+            "revoked_keyids": old,
+        }
+
+    def rotate_director_key(self, fleet: str) -> dict[str, Any]:
+        """List a new director key in the fleet's root: the recovery from a stolen one.
+
+        The server makes the key (`POST /v1/director/keys`); root N+1, signed by this
+        keyset's root keys, lists it alone under `x-edgefleet-director-keys`. Nodes learn
+        it at their next TUF refresh, accept assignments only from it from then on, and
+        start its sequences afresh, so whatever floor the old key pinned is void.
+        """
+        key = _server_key(self.api.json("POST", "/v1/director/keys"), "director")
+        result, root, _ = self._next_root(fleet, director_keys=[key])
+        return {
+            **result,
+            "director_keyid": key.keyid,
+            "revoked_keyids": sorted(
+                k.keyid for k in tufrepo.listed_director_keys(root.signed) if k != key
+            ),
+        }
+
+    def _next_root(
+        self,
+        fleet: str,
+        *,
+        online_keys: Mapping[str, Key] | None = None,
+        director_keys: list[Key] | None = None,
+    ) -> tuple[dict[str, Any], Metadata[Root], Metadata[Root]]:
+        """Root N+1 with these keys replaced (release keys kept), signed and posted with
+        the current targets re-signed; a lost race (409) is re-read and retried."""
         last: ApiError | None = None
         for attempt in range(1, MAX_PUSH_ATTEMPTS + 1):
             root, targets, _ = self.trusted_metadata(fleet)
             targets_role = root.signed.roles["targets"]
-            old = {r: root.signed.roles[r].keyids[0] for r in tufrepo.ONLINE_ROLES}
             now = self.clock.now()
             new_root = tufrepo.build_next_root(
                 root,
                 release_keys=[root.signed.get_key(k) for k in targets_role.keyids],
                 release_threshold=targets_role.threshold,
-                online_keys=online,
+                online_keys=online_keys,
+                director_keys=director_keys,
                 expires=now + ROOT_TTL,
             )
             self.keyset.sign_root(new_root)
@@ -418,28 +459,15 @@ class ReleaseClient:
                     last = exc
                     continue
                 raise
-            try:
-                served = self.api.metadata(fleet, "timestamp.json")
-                timestamp = Metadata[Timestamp].from_bytes(served)
-                new_root.signed.verify_delegate(
-                    "timestamp", timestamp.signed_bytes, timestamp.signatures
-                )
-            except (DeserializationError, UnsignedMetadataError) as exc:
-                raise SignatureError(
-                    f"the server accepted root {new_root.signed.version} but its timestamp "
-                    f"does not verify with the new key: {exc}",
-                    fleet=fleet,
-                ) from exc
-            return {
+            summary = {
                 "fleet": fleet,
                 "root_version": int(result["root_version"]),
                 "targets_version": int(result["targets_version"]),
                 "snapshot_version": int(result["snapshot_version"]),
                 "timestamp_version": int(result["timestamp_version"]),
-                "online_keyids": {r: k.keyid for r, k in online.items()},
-                "revoked_keyids": sorted(old.values()),
                 "attempts": attempt,
             }
+            return summary, root, new_root
         raise ConflictError(
             f"gave up after {MAX_PUSH_ATTEMPTS} attempts: other changes kept winning ({last})",
             fleet=fleet,
@@ -669,3 +697,12 @@ def _refuse_republishing(
         model=name,
         version=version,
     )
+
+
+def _server_key(raw: Mapping[str, Any], what: str) -> Key:
+    """A public key the server made, with its keyid checked against the key itself."""
+    entry = dict(raw)
+    key = SSlibKey.from_dict(str(entry.pop("keyid")), entry)
+    if tufrepo.canonical_keyid(key) != key.keyid:
+        raise SignatureError(f"the server's new {what} key has a forged keyid", role=what)
+    return key

@@ -11,6 +11,7 @@ candidate to run beside the target (`ShadowSpec`, ADR 0031).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ __all__ = [
     "DIRECTOR_KEY_FILE",
     "FORMAT_VERSION",
     "MAX_ASSIGNMENT_BYTES",
+    "DirectorKeyring",
     "ShadowSpec",
     "check_shadow_settings",
     "load_or_create_director_key",
@@ -249,6 +251,54 @@ def load_or_create_director_key(directory: Path) -> CryptoSigner:
     except FileExistsError:
         return load_signer(path, None)
     return signer
+
+
+class DirectorKeyring:
+    """The director's keys in one directory: the first (`director.key`, signs for every
+    fleet whose root lists no director key) and rotated ones (`director.<keyid>.key`,
+    made by `new_key`), which sign for the fleets whose root lists them (ADR 0045).
+
+    Nothing signs with a new key until a fleet's root names it; a key root names that is
+    missing here is an error at signing time (`get` answers None), never a new key.
+    """
+
+    def __init__(self, directory: Path, default: Signer) -> None:
+        self._dir = Path(directory)
+        self._default = default
+        self._lock = threading.Lock()
+        self._cache: dict[str, Signer] = {default.public_key.keyid: default}
+
+    @property
+    def default(self) -> Signer:
+        return self._default
+
+    def new_key(self) -> Key:
+        """A fresh director key on disk; its public half for the operator's next root."""
+        self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        signer = generate_signer()
+        keyid = signer.public_key.keyid
+        save_private_key(self._dir / f"director.{keyid}.key", signer, None, exclusive=True)
+        return signer.public_key
+
+    def get(self, keyid: str) -> Signer | None:
+        """The signer of `keyid`, or None when this control plane does not hold it."""
+        if not SHA256_PATTERN.fullmatch(keyid):
+            return None
+        with self._lock:
+            cached = self._cache.get(keyid)
+            if cached is not None:
+                return cached
+            path = self._dir / f"director.{keyid}.key"
+            if not path.exists():
+                return None
+            signer = load_signer(path, None)
+            if signer.public_key.keyid != keyid:
+                return None
+            self._cache[keyid] = signer
+            return signer
+
+    def holds(self, keyid: str) -> bool:
+        return self.get(keyid) is not None
 
 
 def _require_ed25519(key: Key) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -122,8 +122,12 @@ class RegistryService:
         online_keys: FileOnlineKeyStore,
         clock: Clock,
         config: RegistryConfig | None = None,
+        director_key_held: Callable[[str], bool] | None = None,
     ) -> None:
+        """`director_key_held(keyid)`: may a fleet's root list that director key (ADR 0045);
+        None: no root may change the director keys."""
         self._sessions = sessions
+        self._director_key_held = director_key_held
         self._store = store
         self._keys = online_keys
         self._clock = clock
@@ -335,6 +339,7 @@ class RegistryService:
                     new_bytes=root_bytes,
                     now=now,
                     online_key_held=lambda role, keyid: self._keys.holds(fleet, role, keyid),
+                    director_key_held=self._director_key_held,
                 )
                 targets = tufrepo.verify_resigned_targets(
                     root=root, current=current_targets, new_bytes=targets_bytes, now=now
@@ -388,6 +393,18 @@ class RegistryService:
             self._require_active(row)
             keys = self._keys.new_keys(fleet)
         return {role: {"keyid": key.keyid, **key.to_dict()} for role, key in keys.items()}
+
+    def director_keyids(self, fleet: str) -> list[str]:
+        """The director keyids the fleet's latest root lists ([] for none, or no root)."""
+        with self._sessions() as session:
+            row = self._fleet_row(session, fleet)
+            if row.state != "active":
+                return []
+            try:
+                root = self._latest(session, row, "root", Root)
+            except NotFoundError:
+                return []
+        return [key.keyid for key in tufrepo.listed_director_keys(root.signed)]
 
     # -------------------------------------------------------------- metadata
 

@@ -19,6 +19,7 @@ from securesystemslib.signer import (
     ED25519,
     KEY_TYPE_ED25519,
     Key,
+    SSlibKey,
 )
 from tuf.api.metadata import (
     Metadata,
@@ -60,6 +61,11 @@ TARGETS: Final = "targets"
 SNAPSHOT: Final = "snapshot"
 TIMESTAMP: Final = "timestamp"
 ONLINE_ROLES: Final = (SNAPSHOT, TIMESTAMP)
+
+DIRECTOR_KEYS_FIELD: Final = "x-edgefleet-director-keys"
+"""A field of root's `signed`: the director's public keys (keyid → TUF key dict), so nodes
+learn a rotated director key through TUF, signed by the root keys (ADR 0045). The node
+reads it as `edge_node.updater.director.ROOT_DIRECTOR_KEYS_FIELD`."""
 
 # The default download limits of tuf.ngclient.UpdaterConfig: metadata larger than this
 # would be refused by every node, so the control plane refuses it first.
@@ -241,6 +247,7 @@ def build_next_root(
     root_threshold: int | None = None,
     release_threshold: int = 1,
     online_keys: Mapping[str, Key] | None = None,
+    director_keys: list[Key] | None = None,
 ) -> Metadata[Root]:
     """Root version N+1 with `release_keys` as the only targets keys; unsigned.
 
@@ -251,6 +258,7 @@ def build_next_root(
     replaces them: the recovery from a stolen online key (TUF §5.3.11; a client drops
     its trusted timestamp/snapshot once they no longer verify). The caller signs with
     the current root keys AND, when they change, the new ones (TUF §5.3.4).
+    `director_keys` replaces the director keys root lists (`DIRECTOR_KEYS_FIELD`).
     """
     if not release_keys:
         raise InvalidInputError("the next root needs at least one release key")
@@ -292,6 +300,15 @@ def build_next_root(
             root.add_key(key, role)
     root.roles[ROOT].threshold = threshold
     root.roles[TARGETS].threshold = release_threshold
+    if director_keys is not None:
+        if not director_keys:
+            raise InvalidInputError("the next root needs at least one director key")
+        for key in director_keys:
+            _check_key(key, key.keyid)
+        root.unrecognized_fields[DIRECTOR_KEYS_FIELD] = {
+            key.keyid: key.to_dict() for key in director_keys
+        }
+    listed_director_keys(root)
 
     _check_root_content(
         root,
@@ -333,6 +350,26 @@ def verify_new_root(
     return md
 
 
+def listed_director_keys(root: Root) -> list[Key]:
+    """The director keys `root` lists ([] for none); InvalidInputError when malformed."""
+    value = root.unrecognized_fields.get(DIRECTOR_KEYS_FIELD)
+    if value is None:
+        return []
+    if not isinstance(value, Mapping) or not value:
+        raise InvalidInputError(f"root field {DIRECTOR_KEYS_FIELD} must be a map of keys")
+    keys: list[Key] = []
+    for keyid, data in sorted(value.items()):
+        try:
+            key = SSlibKey.from_dict(str(keyid), dict(data))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInputError(
+                f"root field {DIRECTOR_KEYS_FIELD}: malformed key {keyid!r}"
+            ) from exc
+        _check_key(key, key.keyid)
+        keys.append(key)
+    return keys
+
+
 OnlineKeyHeld = Callable[[str, str], bool]
 """`(role, keyid) -> does the control plane hold that online key's private half`."""
 
@@ -343,6 +380,7 @@ def verify_root_update(
     new_bytes: bytes,
     now: datetime,
     online_key_held: OnlineKeyHeld | None = None,
+    director_key_held: Callable[[str], bool] | None = None,
 ) -> Metadata[Root]:
     """Accept root version N+1 of a fleet whose trusted root is `current` (version N).
 
@@ -353,7 +391,9 @@ def verify_root_update(
     snapshot and timestamp roles must stay the control plane's online keys: the current
     ones, or — an online-key rotation — keys for which `online_key_held(role, keyid)`
     is true (None: no rotation possible). A root cannot hand the online roles to keys
-    the control plane does not hold: the repository would go dark.
+    the control plane does not hold: the repository would go dark. Likewise the
+    director keys it lists (`DIRECTOR_KEYS_FIELD`): unchanged, or keys for which
+    `director_key_held(keyid)` is true, or nodes would refuse every assignment.
 
     Refusals: malformed, skipped version, bad keys or roles → InvalidInputError; a
     version not above N → ConflictError(reason="stale"); a threshold not met →
@@ -393,6 +433,24 @@ def verify_root_update(
                     keyids=list(keyids),
                 )
         snapshot_keyid, timestamp_keyid = proposed[SNAPSHOT][0], proposed[TIMESTAMP][0]
+    listed = listed_director_keys(new)
+    if listed != listed_director_keys(trusted):
+        for key in listed:
+            if director_key_held is None or not director_key_held(key.keyid):
+                raise PolicyError(
+                    f"root version {got} lists director key {key.keyid}, which the "
+                    "control plane's director does not hold; get a new one with "
+                    "`POST /v1/director/keys` (`edgefleet keys rotate-director`)",
+                    keyid=key.keyid,
+                )
+    online_ids = set(proposed[SNAPSHOT]) | set(proposed[TIMESTAMP])
+    for key in listed:
+        if key.keyid in new.roles[ROOT].keyids or key.keyid in new.roles[TARGETS].keyids:
+            raise PolicyError(
+                f"director key {key.keyid} is also a root or targets key", keyid=key.keyid
+            )
+        if key.keyid in online_ids:
+            raise PolicyError(f"director key {key.keyid} is also an online key", keyid=key.keyid)
     _check_root_content(
         new,
         snapshot_keyid=snapshot_keyid,

@@ -143,6 +143,33 @@ def keys_rotate_online(
         )
 
 
+@keys_app.command("rotate-director")
+def keys_rotate_director(
+    ctx: typer.Context,
+    fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")],
+    keys: KeysDir,
+) -> None:
+    """List a new director key in the fleet's root (the old one was stolen): needs root keys.
+
+    The server makes the key; root N+1 lists it alone. Nodes learn it at their next
+    refresh and refuse assignments signed by any other key; their sequence floor starts
+    again, so a forged sequence cannot lock them out.
+    """
+    from control_plane.cli.release import ReleaseClient
+    from control_plane.trust.keys import load_operator_keyset
+
+    cli = cli_context(ctx)
+    keyset = load_operator_keyset(keys, _passphrase())
+    with cli.client() as api:
+        result = ReleaseClient(api, keyset).rotate_director_key(fleet)
+    cli.emit(result)
+    if cli.output != "json":
+        cli.console.print(
+            f"Fleet {fleet}'s assignments are now signed with director key "
+            f"{result['director_keyid'][:12]}; nodes accept no other once they refresh."
+        )
+
+
 @fleet_app.command("create")
 def fleet_create(ctx: typer.Context, name: str, keys: KeysDir) -> None:
     """Create a fleet: the server makes online keys, you sign the root with your root keys."""
