@@ -419,12 +419,13 @@ class ReleaseClient:
         """
         key = _server_key(self.api.json("POST", "/v1/director/keys"), "director")
         result, root, _ = self._next_root(fleet, director_keys=[key])
+        before = [k.keyid for k in tufrepo.listed_director_keys(root.signed)]
+        if not before:  # the root listed none: nodes trusted the director's first key
+            before = [str(self.api.json("GET", "/v1/director/key")["keyid"])]
         return {
             **result,
             "director_keyid": key.keyid,
-            "revoked_keyids": sorted(
-                k.keyid for k in tufrepo.listed_director_keys(root.signed) if k != key
-            ),
+            "revoked_keyids": sorted(set(before) - {key.keyid}),
         }
 
     def _next_root(
