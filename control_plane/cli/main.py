@@ -105,6 +105,16 @@ def server(
     mqtt_password_file: Annotated[
         Path | None, typer.Option(help="default: <data-dir>/mqtt/control-plane-password")
     ] = None,
+    keys_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="online-keys/ and director/, the same for every replica [default: data dir]"
+        ),
+    ] = None,
+    init_keys: Annotated[
+        bool,
+        typer.Option(help="make a missing director key although fleets or nodes exist"),
+    ] = False,
 ) -> None:
     """Run the control plane (REST API, TUF repository, freshness re-signing)."""
     from pydantic import ValidationError
@@ -127,6 +137,8 @@ def server(
         "mqtt": mqtt,
         "mqtt_username": mqtt_username,
         "mqtt_password_file": mqtt_password_file,
+        "keys_dir": keys_dir,
+        "init_keys": init_keys or None,
         "log_format": cli_context(ctx).log_format,
     }
     merged = settings.model_dump() | {k: v for k, v in updates.items() if v is not None}

@@ -20,7 +20,7 @@ from typing import Final
 
 from securesystemslib.signer import ED25519, KEY_TYPE_ED25519, CryptoSigner, Key, Signer
 
-from control_plane.errors import InvalidInputError
+from control_plane.errors import InvalidInputError, UnavailableError
 from control_plane.trust.custom import SHA256_PATTERN, parse_target_path
 from control_plane.trust.keys import generate_signer, load_signer, save_private_key
 from control_plane.trust.repository import canonical_keyid
@@ -232,18 +232,30 @@ def _shadow_target(shadow: ShadowSpec, model: str) -> ShadowTarget:
     )
 
 
-def load_or_create_director_key(directory: Path) -> CryptoSigner:
-    """The control plane's director key in `directory/director.key`, created on first use.
+def load_or_create_director_key(directory: Path, *, create: bool = True) -> CryptoSigner:
+    """The control plane's director key in `directory/director.key`, created on first use
+    when `create` (a fresh control plane, or an explicit `--init-keys`).
 
-    One key per control plane (all replicas share the data dir or a copy of it), stored
+    One key per control plane (all replicas share the keys directory), stored
     unencrypted with mode 0600 because the server signs unattended; a KMS/HSM-backed
-    securesystemslib signer can replace it. Creation is race-safe: the file is linked
-    into place exclusively, and a replica that loses the race loads the winner's key.
+    securesystemslib signer can replace it (`director_signer_uri`). Creation is
+    race-safe: the file is linked into place exclusively, and a replica that loses the
+    race loads the winner's key. Without `create` a missing key is UnavailableError: a
+    replica or a restored data dir must not sign with a key no node knows.
     """
     directory = Path(directory)
     path = directory / DIRECTOR_KEY_FILE
     if path.exists():
         return load_signer(path, None)
+    if not create:
+        raise UnavailableError(
+            f"the director key {path} is missing, and this control plane already has fleets "
+            "or nodes: a new key would sign assignments every node refuses. Restore it (every "
+            "replica must share the keys directory, --keys-dir), or start once with "
+            "--init-keys to make a new one and then run `edgefleet keys rotate-director` "
+            "for each fleet",
+            path=str(path),
+        )
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     signer = generate_signer()
     try:

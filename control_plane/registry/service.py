@@ -153,7 +153,10 @@ class RegistryService:
             row = session.scalar(select(FleetRow).where(FleetRow.name == name))
             if row is not None and row.state != "pending":
                 raise ConflictError(f"fleet {name!r} already exists", fleet=name)
-            keys = self._keys.ensure_keys(name)
+            # The one place a fleet's online keys are made (its explicit init): a pending
+            # fleet created again, say on a replica or a restored data dir without them,
+            # is refused rather than given new keys.
+            keys = self._keys.ensure_keys(name) if row is None else self._pending_keys(row)
             if row is None:
                 row = FleetRow(name=name, state="pending", created_at=self._clock.now())
                 session.add(row)
@@ -686,7 +689,7 @@ class RegistryService:
             if version is not None:
                 versions[role] = version
         if row.state == "pending":
-            keys = self._keys.ensure_keys(row.name)
+            keys = self._pending_keys(row)
         else:
             # A live fleet's online keys are the ones its root names: read them there,
             # never (re)create them as a side effect of a read.
@@ -702,6 +705,11 @@ class RegistryService:
             online_keys={role: {"keyid": key.keyid, **key.to_dict()} for role, key in keys.items()},
             versions=versions,
         )
+
+    def _pending_keys(self, row: FleetRow) -> dict[str, Any]:
+        """The online public keys of a pending fleet, never made here (UnavailableError)."""
+        signer = self._online_signer(row)
+        return {role: signer.public_key(role) for role in tufrepo.ONLINE_ROLES}
 
     def _online_signer(self, row: FleetRow) -> OnlineSigner:
         """The fleet's online signer, checked against the keyids recorded at creation."""

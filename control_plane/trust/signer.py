@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from securesystemslib.exceptions import (
+    KeyMismatchError,
+    UnsupportedAlgorithmError,
+    UnsupportedLibraryError,
+)
 from securesystemslib.signer import (
+    SIGNER_FOR_URI_SCHEME,
     CryptoSigner,
     Key,
     Signer,
@@ -210,3 +216,42 @@ class FileOnlineKeyStore:
 def _check_fleet(fleet: str) -> None:
     if not isinstance(fleet, str) or not FLEET_DIR_PATTERN.fullmatch(fleet):
         raise InvalidInputError(f"{fleet!r} is not a fleet name", fleet=fleet)
+
+
+def signer_from_uri(uri: str, public_key: Key) -> Signer:
+    """A securesystemslib signer for `uri`, checked against `public_key`.
+
+    The URI picks the signer by its scheme (`Signer.from_priv_key_uri`):
+    `file2:<path>` (a PEM file, `CryptoSigner`), `hv:<key name>` (HashiCorp Vault
+    transit), `gcpkms:…`, `awskms:…`, `azurekms:…`, `hsm:…` (PKCS#11). Nodes verify
+    Ed25519 only, so the key behind the URI must be Ed25519. Refused with
+    InvalidInputError for an unknown scheme, UnavailableError when the key cannot be
+    reached or is not `public_key`.
+    """
+    scheme = uri.partition(":")[0]
+    if scheme not in SIGNER_FOR_URI_SCHEME:
+        raise InvalidInputError(
+            f"signer URI {uri!r}: unknown scheme {scheme!r}; securesystemslib signs with "
+            f"{', '.join(sorted(SIGNER_FOR_URI_SCHEME))}",
+            scheme=scheme,
+        )
+    try:
+        signer = Signer.from_priv_key_uri(uri, public_key)
+    except (
+        ValueError,
+        OSError,
+        KeyMismatchError,
+        UnsupportedAlgorithmError,
+        UnsupportedLibraryError,
+    ) as exc:
+        raise UnavailableError(
+            f"cannot open the signer {uri!r} for key {public_key.keyid}: {exc}",
+            scheme=scheme,
+            keyid=public_key.keyid,
+        ) from exc
+    if signer.public_key.keyid != public_key.keyid:
+        raise UnavailableError(
+            f"the signer {uri!r} holds key {signer.public_key.keyid}, not {public_key.keyid}",
+            keyid=public_key.keyid,
+        )
+    return signer
