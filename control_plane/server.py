@@ -69,6 +69,10 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         rollouts=settings.rollout_config(),
         rollout_controller=settings.rollout_controller,
         webhooks=settings.webhook_config(),
+        keys_dir=None if settings.keys_dir is None else settings.keys_dir.resolve(),
+        init_keys=settings.init_keys,
+        director_signer_uri=settings.director_signer_uri,
+        director_public_key=settings.director_public_key,
     )
 
 

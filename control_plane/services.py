@@ -15,14 +15,15 @@ from typing import Literal
 
 import anyio
 import anyio.to_thread
-from sqlalchemy import Engine, text
+from securesystemslib.signer import Signer
+from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from control_plane.access.service import AccessService
 from control_plane.artifacts.base import ArtifactStore
 from control_plane.artifacts.factory import artifact_store_from_url
 from control_plane.clock import Clock, SystemClock
-from control_plane.director.assignments import load_or_create_director_key
+from control_plane.director.assignments import DirectorKeyring, load_or_create_director_key
 from control_plane.director.delivery import FanOutDelivery
 from control_plane.director.service import DirectorService
 from control_plane.errors import InvalidInputError, UnavailableError
@@ -49,7 +50,9 @@ from control_plane.registry.service import RegistryConfig, RegistryService
 from control_plane.rollouts.notify import Notifier, NullNotifier, WebhookConfig, WebhookNotifier
 from control_plane.rollouts.service import RolloutConfig, RolloutService
 from control_plane.storage.db import create_engine_for, migrate, session_factory
-from control_plane.trust.signer import FileOnlineKeyStore
+from control_plane.storage.models import FleetRow, NodeRow
+from control_plane.trust.keys import load_public_key
+from control_plane.trust.signer import FileOnlineKeyStore, signer_from_uri
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,15 @@ class ServiceConfig:
     rollout_controller: bool = True
     # Where rollout decisions and alerts are POSTed (none: nowhere).
     webhooks: WebhookConfig | None = None
+    # Where the server's keys live (online-keys/, director/); shared by every replica.
+    # None: the data dir. A missing director key is made only for a fresh control plane
+    # or with `init_keys` (ADR 0045).
+    keys_dir: Path | None = None
+    init_keys: bool = False
+    # The director key behind a securesystemslib signer URI (file2:, hv:, gcpkms:,
+    # awskms:, azurekms:, hsm:) and its public key file; None: <keys_dir>/director/.
+    director_signer_uri: str | None = None
+    director_public_key: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +224,10 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     migrate(engine)
     sessions = session_factory(engine)
     clock = clock or SystemClock()
-    keys = FileOnlineKeyStore(config.data_dir / "online-keys")
+    keys_dir = config.keys_dir or config.data_dir
+    keys = FileOnlineKeyStore(keys_dir / "online-keys")
+    director_dir = keys_dir / "director"
+    director_keys = DirectorKeyring(director_dir, _director_signer(config, director_dir, sessions))
     registry = RegistryService(
         sessions,
         store,
@@ -223,6 +238,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
             timestamp_ttl=config.timestamp_ttl,
             ready_margin_fraction=config.ready_margin_fraction,
         ),
+        director_key_held=director_keys.holds,
     )
     access = AccessService(sessions, clock)
     access.bootstrap_admin(config.data_dir / "admin-token")
@@ -234,9 +250,10 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
         sessions,
         registry,
         nodes.inventory,
-        load_or_create_director_key(config.data_dir / "director"),
+        director_keys.default,
         clock,
         delivery=delivery,
+        keyring=director_keys,
     )
     notifier: Notifier = (
         WebhookNotifier(config.webhooks) if config.webhooks is not None else NullNotifier()
@@ -333,3 +350,23 @@ async def bridge_running(services: Services) -> AsyncIterator[MqttBridge | None]
         # Shielded: the lifespan's task group is usually cancelled by the time we get here.
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(bridge.stop)
+
+
+def _director_signer(
+    config: ServiceConfig, directory: Path, sessions: sessionmaker[Session]
+) -> Signer:
+    """The director's first key: behind `director_signer_uri`, or `director/director.key`,
+    made only for a control plane with no fleet and no node yet, or with `init_keys`."""
+    if config.director_signer_uri is not None:
+        if config.director_public_key is None:
+            raise InvalidInputError(
+                "director_signer_uri needs director_public_key (the key's .pub file)"
+            )
+        public = load_public_key(config.director_public_key)
+        return signer_from_uri(config.director_signer_uri, public)
+    with sessions() as session:
+        fresh = (
+            session.scalar(select(FleetRow.id).limit(1)) is None
+            and session.scalar(select(NodeRow.id).limit(1)) is None
+        )
+    return load_or_create_director_key(directory, create=fresh or config.init_keys)

@@ -148,6 +148,9 @@ class UpdaterSettings(BaseModel):
     retry_initial_s: float = Field(default=10.0, gt=0, le=3600)
     retry_max_s: float = Field(default=600.0, gt=0, le=86400)
     selftest_latency_budget_ms: float = Field(default=1000.0, gt=0, le=600_000)
+    max_sequence_jump: int = Field(default=2**32, ge=1, le=2**63)
+    """A director assignment more than this above the last accepted sequence is refused
+    (`sequence-jump`): a forged 2^64-1 cannot lock the director out (ADR 0045)."""
     watchdog: WatchdogSettings = Field(default_factory=WatchdogSettings)
 
     @model_validator(mode="after")
@@ -445,6 +448,7 @@ def to_agent_config(settings: NodeSettings) -> AgentConfig:
             retry_initial_s=updater.retry_initial_s,
             retry_max_s=updater.retry_max_s,
             selftest_latency_budget_s=updater.selftest_latency_budget_ms / 1000,
+            max_sequence_jump=updater.max_sequence_jump,
             watchdog=WatchdogConfig(
                 window_s=watchdog.window_s,
                 max_errors=watchdog.max_errors,

@@ -68,6 +68,14 @@ class RotationOut(BaseModel):
     root_threshold: int
     release_keyids: list[str]
     revoked_keyids: list[str]
+    online_keyids: dict[str, str]
+
+
+class OnlineKeysOut(BaseModel):
+    """New online public keys (role → TUF key dict with its keyid) for root N+1."""
+
+    snapshot: dict[str, Any]
+    timestamp: dict[str, Any]
 
 
 class ModelVersionOut(BaseModel):

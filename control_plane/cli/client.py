@@ -102,6 +102,10 @@ class ApiClient:
             "POST", f"/v1/fleets/{fleet}/root", json={"root": root, "targets": targets}
         )
 
+    def new_online_keys(self, fleet: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.json("POST", f"/v1/fleets/{fleet}/online-keys")
+        return result
+
     def metadata(self, fleet: str, filename: str) -> bytes:
         return self.request("GET", f"/v1/fleets/{fleet}/tuf/metadata/{filename}").content
 

@@ -113,6 +113,16 @@ def server(
             "[default: file]"
         ),
     ] = None,
+    keys_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="online-keys/ and director/, the same for every replica [default: data dir]"
+        ),
+    ] = None,
+    init_keys: Annotated[
+        bool,
+        typer.Option(help="make a missing director key although fleets or nodes exist"),
+    ] = False,
 ) -> None:
     """Run the control plane (REST API, TUF repository, freshness re-signing)."""
     from pydantic import ValidationError
@@ -136,6 +146,8 @@ def server(
         "mqtt_username": mqtt_username,
         "mqtt_password_file": mqtt_password_file,
         "mqtt_accounts": mqtt_accounts,
+        "keys_dir": keys_dir,
+        "init_keys": init_keys or None,
         "log_format": cli_context(ctx).log_format,
     }
     merged = settings.model_dump() | {k: v for k, v in updates.items() if v is not None}

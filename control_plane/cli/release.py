@@ -18,9 +18,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from securesystemslib.signer import CryptoSigner, Key
+from securesystemslib.signer import CryptoSigner, Key, SSlibKey
 from tuf.api.exceptions import UnsignedMetadataError
-from tuf.api.metadata import Metadata, Root, TargetFile, Targets
+from tuf.api.metadata import Metadata, Root, TargetFile, Targets, Timestamp
 from tuf.api.serialization import DeserializationError
 
 from control_plane.cli.client import ApiClient, ApiError
@@ -377,6 +377,103 @@ class ReleaseClient:
             fleet=fleet,
         )
 
+    def rotate_online_keys(self, fleet: str) -> dict[str, Any]:
+        """Replace the fleet's snapshot/timestamp keys: the recovery from a stolen one.
+
+        The server makes new online keys; root N+1 names them (release keys unchanged),
+        signed by this keyset's root keys (threshold), with the current targets
+        re-signed by the release key. Once accepted the server signs with the new keys;
+        TUF clients drop the timestamp/snapshot they trusted (a forged version
+        2,000,000,000 included) because it no longer verifies (TUF §5.3.11). Then the
+        served timestamp is checked against the new root. A lost race (409) retries.
+        """
+        raw = self.api.new_online_keys(fleet)
+        online = {role: _server_key(raw[role], role) for role in tufrepo.ONLINE_ROLES}
+        result, root, new_root = self._next_root(fleet, online_keys=online)
+        try:
+            served = self.api.metadata(fleet, "timestamp.json")
+            timestamp = Metadata[Timestamp].from_bytes(served)
+            new_root.signed.verify_delegate(
+                "timestamp", timestamp.signed_bytes, timestamp.signatures
+            )
+        except (DeserializationError, UnsignedMetadataError) as exc:
+            raise SignatureError(
+                f"the server accepted root {new_root.signed.version} but its timestamp "
+                f"does not verify with the new key: {exc}",
+                fleet=fleet,
+            ) from exc
+        old = sorted(root.signed.roles[r].keyids[0] for r in tufrepo.ONLINE_ROLES)
+        return {
+            **result,
+            "online_keyids": {r: k.keyid for r, k in online.items()},
+            "revoked_keyids": old,
+        }
+
+    def rotate_director_key(self, fleet: str) -> dict[str, Any]:
+        """List a new director key in the fleet's root: the recovery from a stolen one.
+
+        The server makes the key (`POST /v1/director/keys`); root N+1, signed by this
+        keyset's root keys, lists it alone under `x-edgefleet-director-keys`. Nodes learn
+        it at their next TUF refresh, accept assignments only from it from then on, and
+        start its sequences afresh, so whatever floor the old key pinned is void.
+        """
+        key = _server_key(self.api.json("POST", "/v1/director/keys"), "director")
+        result, root, _ = self._next_root(fleet, director_keys=[key])
+        before = [k.keyid for k in tufrepo.listed_director_keys(root.signed)]
+        if not before:  # the root listed none: nodes trusted the director's first key
+            before = [str(self.api.json("GET", "/v1/director/key")["keyid"])]
+        return {
+            **result,
+            "director_keyid": key.keyid,
+            "revoked_keyids": sorted(set(before) - {key.keyid}),
+        }
+
+    def _next_root(
+        self,
+        fleet: str,
+        *,
+        online_keys: Mapping[str, Key] | None = None,
+        director_keys: list[Key] | None = None,
+    ) -> tuple[dict[str, Any], Metadata[Root], Metadata[Root]]:
+        """Root N+1 with these keys replaced (release keys kept), signed and posted with
+        the current targets re-signed; a lost race (409) is re-read and retried."""
+        last: ApiError | None = None
+        for attempt in range(1, MAX_PUSH_ATTEMPTS + 1):
+            root, targets, _ = self.trusted_metadata(fleet)
+            targets_role = root.signed.roles["targets"]
+            now = self.clock.now()
+            new_root = tufrepo.build_next_root(
+                root,
+                release_keys=[root.signed.get_key(k) for k in targets_role.keyids],
+                release_threshold=targets_role.threshold,
+                online_keys=online_keys,
+                director_keys=director_keys,
+                expires=now + ROOT_TTL,
+            )
+            self.keyset.sign_root(new_root)
+            new_targets = tufrepo.resigned_targets(targets, expires=now + TARGETS_TTL)
+            self.keyset.sign_targets(new_targets)
+            try:
+                result = self.api.rotate_root(fleet, new_root.to_dict(), new_targets.to_dict())
+            except ApiError as exc:
+                if exc.status == 409 and exc.problem.get("reason") in {"stale", "race"}:
+                    last = exc
+                    continue
+                raise
+            summary = {
+                "fleet": fleet,
+                "root_version": int(result["root_version"]),
+                "targets_version": int(result["targets_version"]),
+                "snapshot_version": int(result["snapshot_version"]),
+                "timestamp_version": int(result["timestamp_version"]),
+                "attempts": attempt,
+            }
+            return summary, root, new_root
+        raise ConflictError(
+            f"gave up after {MAX_PUSH_ATTEMPTS} attempts: other changes kept winning ({last})",
+            fleet=fleet,
+        )
+
     # --------------------------------------------------------------- push
 
     def push_model(
@@ -601,3 +698,12 @@ def _refuse_republishing(
         model=name,
         version=version,
     )
+
+
+def _server_key(raw: Mapping[str, Any], what: str) -> Key:
+    """A public key the server made, with its keyid checked against the key itself."""
+    entry = dict(raw)
+    key = SSlibKey.from_dict(str(entry.pop("keyid")), entry)
+    if tufrepo.canonical_keyid(key) != key.keyid:
+        raise SignatureError(f"the server's new {what} key has a forged keyid", role=what)
+    return key

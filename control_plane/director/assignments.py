@@ -11,6 +11,7 @@ candidate to run beside the target (`ShadowSpec`, ADR 0031).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from typing import Final
 
 from securesystemslib.signer import ED25519, KEY_TYPE_ED25519, CryptoSigner, Key, Signer
 
-from control_plane.errors import InvalidInputError
+from control_plane.errors import InvalidInputError, UnavailableError
 from control_plane.fsutil import make_private_dirs
 from control_plane.trust.custom import SHA256_PATTERN, parse_target_path
 from control_plane.trust.keys import generate_signer, load_signer, save_private_key
@@ -34,6 +35,7 @@ __all__ = [
     "DIRECTOR_KEY_FILE",
     "FORMAT_VERSION",
     "MAX_ASSIGNMENT_BYTES",
+    "DirectorKeyring",
     "ShadowSpec",
     "check_shadow_settings",
     "load_or_create_director_key",
@@ -231,18 +233,30 @@ def _shadow_target(shadow: ShadowSpec, model: str) -> ShadowTarget:
     )
 
 
-def load_or_create_director_key(directory: Path) -> CryptoSigner:
-    """The control plane's director key in `directory/director.key`, created on first use.
+def load_or_create_director_key(directory: Path, *, create: bool = True) -> CryptoSigner:
+    """The control plane's director key in `directory/director.key`, created on first use
+    when `create` (a fresh control plane, or an explicit `--init-keys`).
 
-    One key per control plane (all replicas share the data dir or a copy of it), stored
+    One key per control plane (all replicas share the keys directory), stored
     unencrypted with mode 0600 because the server signs unattended; a KMS/HSM-backed
-    securesystemslib signer can replace it. Creation is race-safe: the file is linked
-    into place exclusively, and a replica that loses the race loads the winner's key.
+    securesystemslib signer can replace it (`director_signer_uri`). Creation is
+    race-safe: the file is linked into place exclusively, and a replica that loses the
+    race loads the winner's key. Without `create` a missing key is UnavailableError: a
+    replica or a restored data dir must not sign with a key no node knows.
     """
     directory = Path(directory)
     path = directory / DIRECTOR_KEY_FILE
     if path.exists():
         return load_signer(path, None)
+    if not create:
+        raise UnavailableError(
+            f"the director key {path} is missing, and this control plane already has fleets "
+            "or nodes: a new key would sign assignments every node refuses. Restore it (every "
+            "replica must share the keys directory, --keys-dir), or start once with "
+            "--init-keys to make a new one and then run `edgefleet keys rotate-director` "
+            "for each fleet",
+            path=str(path),
+        )
     make_private_dirs(directory)
     signer = generate_signer()
     try:
@@ -250,6 +264,54 @@ def load_or_create_director_key(directory: Path) -> CryptoSigner:
     except FileExistsError:
         return load_signer(path, None)
     return signer
+
+
+class DirectorKeyring:
+    """The director's keys in one directory: the first (`director.key`, signs for every
+    fleet whose root lists no director key) and rotated ones (`director.<keyid>.key`,
+    made by `new_key`), which sign for the fleets whose root lists them (ADR 0045).
+
+    Nothing signs with a new key until a fleet's root names it; a key root names that is
+    missing here is an error at signing time (`get` answers None), never a new key.
+    """
+
+    def __init__(self, directory: Path, default: Signer) -> None:
+        self._dir = Path(directory)
+        self._default = default
+        self._lock = threading.Lock()
+        self._cache: dict[str, Signer] = {default.public_key.keyid: default}
+
+    @property
+    def default(self) -> Signer:
+        return self._default
+
+    def new_key(self) -> Key:
+        """A fresh director key on disk; its public half for the operator's next root."""
+        make_private_dirs(self._dir)
+        signer = generate_signer()
+        keyid = signer.public_key.keyid
+        save_private_key(self._dir / f"director.{keyid}.key", signer, None, exclusive=True)
+        return signer.public_key
+
+    def get(self, keyid: str) -> Signer | None:
+        """The signer of `keyid`, or None when this control plane does not hold it."""
+        if not SHA256_PATTERN.fullmatch(keyid):
+            return None
+        with self._lock:
+            cached = self._cache.get(keyid)
+            if cached is not None:
+                return cached
+            path = self._dir / f"director.{keyid}.key"
+            if not path.exists():
+                return None
+            signer = load_signer(path, None)
+            if signer.public_key.keyid != keyid:
+                return None
+            self._cache[keyid] = signer
+            return signer
+
+    def holds(self, keyid: str) -> bool:
+        return self.get(keyid) is not None
 
 
 def _require_ed25519(key: Key) -> None:

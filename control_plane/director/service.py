@@ -41,6 +41,7 @@ from control_plane.access.roles import Role
 from control_plane.access.service import SYSTEM, AuditedMutations, RequestContext
 from control_plane.clock import Clock
 from control_plane.director.assignments import (
+    DirectorKeyring,
     ShadowSpec,
     check_shadow_settings,
     shadow_of,
@@ -55,6 +56,7 @@ from control_plane.errors import (
     InvalidInputError,
     NotFoundError,
     PolicyError,
+    UnavailableError,
 )
 from control_plane.identity.bootstrap import validate_labels
 from control_plane.nodes.inventory import NodeInventory
@@ -188,6 +190,7 @@ class DirectorService:
         clock: Clock,
         ttl: timedelta = DEFAULT_ASSIGNMENT_TTL,
         delivery: AssignmentDelivery | None = None,
+        keyring: DirectorKeyring | None = None,
     ) -> None:
         if not _MIN_TTL <= ttl <= _MAX_TTL:
             raise InvalidInputError(
@@ -198,6 +201,8 @@ class DirectorService:
         self._registry = registry
         self._nodes = nodes
         self._key = key
+        # Rotated director keys (ADR 0045); without a keyring only `key` signs.
+        self._keyring = keyring
         self._clock = clock
         self._ttl = ttl
         # Nothing attached: assignments wait for the node's next Hello.
@@ -211,6 +216,41 @@ class DirectorService:
     def director_public_key(self) -> dict[str, Any]:
         """The director's public key as TUF's key dict plus its keyid (given at enrollment)."""
         return public_key_dict(self._key.public_key)
+
+    def holds_key(self, keyid: str) -> bool:
+        """Does this director hold the private half of `keyid` (for root N+1's check)?"""
+        if keyid == self._key.public_key.keyid:
+            return True
+        return self._keyring is not None and self._keyring.holds(keyid)
+
+    def new_key(self, ctx: RequestContext) -> dict[str, Any]:
+        """A new director key for a rotation; it signs once a fleet's root lists it."""
+        with self._mutations.mutation(
+            ctx, "director-key.create", "director", needs=Role.ADMIN
+        ) as _session:
+            if self._keyring is None:
+                raise UnavailableError("this control plane has no director keyring")
+            key = self._keyring.new_key()
+        return public_key_dict(key)
+
+    def _signer_for(self, fleet: str) -> Signer:
+        """The key that signs the fleet's assignments: the first director key its root
+        lists that this director holds; its default key when the root lists none."""
+        listed = self._registry.director_keyids(fleet)
+        if not listed:
+            return self._key
+        for keyid in listed:
+            if keyid == self._key.public_key.keyid:
+                return self._key
+            found = None if self._keyring is None else self._keyring.get(keyid)
+            if found is not None:
+                return found
+        raise UnavailableError(
+            f"the root of fleet {fleet!r} lists director keys {', '.join(listed)}, none of "
+            "which this control plane holds; restore the data dir's director/ from backup",
+            fleet=fleet,
+            keyids=listed,
+        )
 
     # ------------------------------------------------------------------ writes
 
@@ -400,13 +440,14 @@ class DirectorService:
         expires_at = issued_at + self._ttl
         stored: list[tuple[Any, ...]] = []
         done: list[Assignment] = []
+        signers: dict[str, Signer] = {}
         for row in rows:
             if row.expires_at > due_before:
                 continue  # renewed (or pinned) meanwhile, by another replica
             fleet = fleets[row.node_id]
             shadow = _assignment(row, fleet).shadow
             signed = sign_assignment(
-                self._key,
+                signers.get(fleet) or signers.setdefault(fleet, self._signer_for(fleet)),
                 fleet=fleet,
                 node_id=row.node_id,
                 sequence=row.sequence + 1,
@@ -533,7 +574,7 @@ class DirectorService:
         issued_at = self._clock.now().replace(microsecond=0)
         expires_at = issued_at + self._ttl
         signed = sign_assignment(
-            self._key,
+            self._signer_for(fleet),
             fleet=fleet,
             node_id=node_id,
             sequence=sequence,
@@ -771,7 +812,7 @@ class DirectorService:
         }
         sequences = [(node_id, (last.get(node_id) or 0) + 1) for node_id in live]
         signed = sign_assignments(
-            self._key,
+            self._signer_for(fleet),
             fleet=fleet,
             nodes=sequences,
             target_path=info.target_path,

@@ -23,9 +23,11 @@ from control_plane.health.config import AlertThresholds
 
 __all__ = [
     "ALERT_KINDS",
+    "REFUSED_ASSIGNMENT_REASONS",
     "AlertState",
     "Condition",
     "Step",
+    "assignment_condition",
     "conditions",
     "next_step",
     "offline_condition",
@@ -38,8 +40,20 @@ ALERT_KINDS: Final = (
     "memory_headroom_low",
     "throttling",
     "outbox_near_budget",
+    "assignment_refused",
 )
-REPORT_KINDS: Final = ALERT_KINDS[1:]
+REPORT_KINDS: Final = (
+    "drift",
+    "leak_suspected",
+    "memory_headroom_low",
+    "throttling",
+    "outbox_near_budget",
+)
+REFUSED_ASSIGNMENT_REASONS: Final = frozenset(
+    {"stale", "sequence-jump", "unknown-key", "bad-signature"}
+)
+"""Update-status reasons that mean the director cannot reach the node: its assignments
+are refused as stale or unsigned by a key it trusts (a stolen director key, ADR 0045)."""
 
 Step = Literal["raise", "update", "clear", "mark-ended", "none"]
 
@@ -66,6 +80,28 @@ def offline_condition(*, online: bool, ever_seen: bool, revoked: bool) -> Condit
     if revoked or not ever_seen:
         return Condition(False, {}) if revoked else None
     return Condition(not online, {"online": online})
+
+
+def assignment_condition(update: object) -> Condition | None:
+    """`assignment_refused` from the node's latest update status (`reported_state.update`):
+    active while it says the node refused an assignment for a reason in
+    `REFUSED_ASSIGNMENT_REASONS`; unknown (None) while the node reported none."""
+    if not isinstance(update, Mapping):
+        return None
+    reason = update.get("reason")
+    active = update.get("phase") == "failed" and reason in REFUSED_ASSIGNMENT_REASONS
+    if not active:
+        return Condition(False, {})
+    facts = update.get("facts")
+    return Condition(
+        True,
+        {
+            "reason": reason,
+            "detail": str(update.get("detail", ""))[:300],
+            "director_sequence": update.get("director_sequence"),
+            "facts": dict(facts) if isinstance(facts, Mapping) else {},
+        },
+    )
 
 
 def conditions(

@@ -31,6 +31,7 @@ from control_plane.clock import Clock
 from control_plane.health.alerts import (
     AlertState,
     Condition,
+    assignment_condition,
     conditions,
     next_step,
     offline_condition,
@@ -61,6 +62,8 @@ from control_plane.storage.models import (
 __all__ = ["BatchResult", "HealthProcessor"]
 
 log = logging.getLogger(__name__)
+_UPDATE_STATE: Final = "update"
+"""`reported_state` key of the node's latest update status (`control_plane.nodes.model.UPDATE`)."""
 
 # How far ahead of the control plane's clock a report may be dated and still count as a
 # node's newest (clocks drift; one set years ahead is wrong).
@@ -360,16 +363,28 @@ class HealthProcessor:
             if cursor is None:
                 return
             nodes = session.execute(
-                select(NodeRow.id, NodeRow.online, NodeRow.last_seen, NodeRow.revoked_at)
+                select(
+                    NodeRow.id,
+                    NodeRow.online,
+                    NodeRow.last_seen,
+                    NodeRow.revoked_at,
+                    NodeRow.reported_state,
+                )
             ).all()
             latest = _live_alerts(session, None, kind="node_offline")
-            for node_id, online, last_seen, revoked_at in nodes:
+            refused = _live_alerts(session, None, kind="assignment_refused")
+            for node_id, online, last_seen, revoked_at, reported in nodes:
                 condition = offline_condition(
                     online=online, ever_seen=last_seen is not None, revoked=revoked_at is not None
                 )
                 if condition is not None and condition.active:
                     condition = Condition(True, {"online": False, "last_seen": _iso(last_seen)})
                 self._apply(session, latest, node_id, "node_offline", condition, now)
+                # The director cannot reach the node (ADR 0045): from its update status.
+                update = reported.get(_UPDATE_STATE) if isinstance(reported, dict) else None
+                revoked = revoked_at is not None
+                assignment = Condition(False, {}) if revoked else assignment_condition(update)
+                self._apply(session, refused, node_id, "assignment_refused", assignment, now)
             session.commit()
 
     def _apply(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -122,6 +122,7 @@ class RotationResult:
     root_threshold: int
     release_keyids: list[str]
     revoked_keyids: list[str]
+    online_keyids: dict[str, str]
 
 
 class RegistryService:
@@ -132,8 +133,12 @@ class RegistryService:
         online_keys: FileOnlineKeyStore,
         clock: Clock,
         config: RegistryConfig | None = None,
+        director_key_held: Callable[[str], bool] | None = None,
     ) -> None:
+        """`director_key_held(keyid)`: may a fleet's root list that director key (ADR 0045);
+        None: no root may change the director keys."""
         self._sessions = sessions
+        self._director_key_held = director_key_held
         self._store = store
         self._keys = online_keys
         self._clock = clock
@@ -159,7 +164,10 @@ class RegistryService:
             row = session.scalar(select(FleetRow).where(FleetRow.name == name))
             if row is not None and row.state != "pending":
                 raise ConflictError(f"fleet {name!r} already exists", fleet=name)
-            keys = self._keys.ensure_keys(name)
+            # The one place a fleet's online keys are made (its explicit init): a pending
+            # fleet created again, say on a replica or a restored data dir without them,
+            # is refused rather than given new keys.
+            keys = self._keys.ensure_keys(name) if row is None else self._pending_keys(row)
             if row is None:
                 row = FleetRow(name=name, state="pending", created_at=self._clock.now())
                 session.add(row)
@@ -341,11 +349,19 @@ class RegistryService:
                 current_targets = self._latest(session, row, "targets", Targets)
                 previous_snapshot = self._latest(session, row, "snapshot", Snapshot)
                 root = tufrepo.verify_root_update(
-                    current=current_root, new_bytes=root_bytes, now=now
+                    current=current_root,
+                    new_bytes=root_bytes,
+                    now=now,
+                    online_key_held=lambda role, keyid: self._keys.holds(fleet, role, keyid),
+                    director_key_held=self._director_key_held,
                 )
                 targets = tufrepo.verify_resigned_targets(
                     root=root, current=current_targets, new_bytes=targets_bytes, now=now
                 )
+                # An online-key rotation: from here on the new keys sign snapshot and
+                # timestamp (versions continue; nodes drop the old ones, TUF §5.3.11).
+                row.snapshot_keyid = root.signed.roles["snapshot"].keyids[0]
+                row.timestamp_keyid = root.signed.roles["timestamp"].keyids[0]
                 self._put_metadata(session, row, root)
                 self._put_metadata(session, row, targets)
                 snapshot, timestamp = self._publish_snapshot(
@@ -353,9 +369,11 @@ class RegistryService:
                 )
                 session.flush()
                 roles = root.signed.roles
-                before = set(current_root.signed.roles["root"].keyids) | set(
-                    current_root.signed.roles["targets"].keyids
-                )
+                before = {
+                    keyid
+                    for name in ("root", "targets", *tufrepo.ONLINE_ROLES)
+                    for keyid in current_root.signed.roles[name].keyids
+                }
                 result = RotationResult(
                     fleet=fleet,
                     root_version=root.signed.version,
@@ -366,6 +384,7 @@ class RegistryService:
                     root_threshold=roles["root"].threshold,
                     release_keyids=list(roles["targets"].keyids),
                     revoked_keyids=sorted(before - set(root.signed.keys)),
+                    online_keyids={r: roles[r].keyids[0] for r in tufrepo.ONLINE_ROLES},
                 )
         except IntegrityError as exc:
             raise ConflictError(
@@ -374,6 +393,32 @@ class RegistryService:
                 reason="race",
             ) from exc
         return result
+
+    def new_online_keys(self, ctx: RequestContext, fleet: str) -> dict[str, dict[str, Any]]:
+        """Fresh snapshot/timestamp keys for an online-key rotation; their public halves.
+
+        Nothing signs with them until the operator's root N+1 naming them is accepted
+        (`rotate_root`); unused ones are harmless. Admin, audited.
+        """
+        with self._mutations.mutation(
+            ctx, "online-keys.create", f"fleet:{fleet}", needs=Role.ADMIN
+        ) as session:
+            row = self._fleet_row(session, fleet)
+            self._require_active(row)
+            keys = self._keys.new_keys(fleet)
+        return {role: {"keyid": key.keyid, **key.to_dict()} for role, key in keys.items()}
+
+    def director_keyids(self, fleet: str) -> list[str]:
+        """The director keyids the fleet's latest root lists ([] for none, or no root)."""
+        with self._sessions() as session:
+            row = self._fleet_row(session, fleet)
+            if row.state != "active":
+                return []
+            try:
+                root = self._latest(session, row, "root", Root)
+            except NotFoundError:
+                return []
+        return [key.keyid for key in tufrepo.listed_director_keys(root.signed)]
 
     # -------------------------------------------------------------- metadata
 
@@ -695,7 +740,7 @@ class RegistryService:
             if version is not None:
                 versions[role] = version
         if row.state == "pending":
-            keys = self._keys.ensure_keys(row.name)
+            keys = self._pending_keys(row)
         else:
             # A live fleet's online keys are the ones its root names: read them there,
             # never (re)create them as a side effect of a read.
@@ -712,10 +757,17 @@ class RegistryService:
             versions=versions,
         )
 
+    def _pending_keys(self, row: FleetRow) -> dict[str, Any]:
+        """The online public keys of a pending fleet, never made here (UnavailableError)."""
+        signer = self._online_signer(row)
+        return {role: signer.public_key(role) for role in tufrepo.ONLINE_ROLES}
+
     def _online_signer(self, row: FleetRow) -> OnlineSigner:
         """The fleet's online signer, checked against the keyids recorded at creation."""
-        signer = self._keys.signer_for(row.name)
         expected = {"snapshot": row.snapshot_keyid, "timestamp": row.timestamp_keyid}
+        signer = self._keys.signer_for(
+            row.name, {role: keyid for role, keyid in expected.items() if keyid is not None}
+        )
         for role, keyid in expected.items():
             if signer.public_key(role).keyid != keyid:
                 raise UnavailableError(

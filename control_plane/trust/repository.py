@@ -19,6 +19,7 @@ from securesystemslib.signer import (
     ED25519,
     KEY_TYPE_ED25519,
     Key,
+    SSlibKey,
 )
 from tuf.api.metadata import (
     Metadata,
@@ -60,6 +61,11 @@ TARGETS: Final = "targets"
 SNAPSHOT: Final = "snapshot"
 TIMESTAMP: Final = "timestamp"
 ONLINE_ROLES: Final = (SNAPSHOT, TIMESTAMP)
+
+DIRECTOR_KEYS_FIELD: Final = "x-edgefleet-director-keys"
+"""A field of root's `signed`: the director's public keys (keyid → TUF key dict), so nodes
+learn a rotated director key through TUF, signed by the root keys (ADR 0045). The node
+reads it as `edge_node.updater.director.ROOT_DIRECTOR_KEYS_FIELD`."""
 
 # The default download limits of tuf.ngclient.UpdaterConfig: metadata larger than this
 # would be refused by every node, so the control plane refuses it first.
@@ -240,13 +246,19 @@ def build_next_root(
     root_keys: list[Key] | None = None,
     root_threshold: int | None = None,
     release_threshold: int = 1,
+    online_keys: Mapping[str, Key] | None = None,
+    director_keys: list[Key] | None = None,
 ) -> Metadata[Root]:
     """Root version N+1 with `release_keys` as the only targets keys; unsigned.
 
     Revokes every other release key. With `root_keys` the root role is replaced too
-    (`root_threshold` defaults to the current one); the snapshot and timestamp roles,
-    the control plane's online keys, are carried over unchanged. The caller signs with
+    (`root_threshold` defaults to the current one). The snapshot and timestamp roles,
+    the control plane's online keys, are carried over unchanged unless `online_keys`
+    (role → the control plane's new key, from `POST /v1/fleets/{fleet}/online-keys`)
+    replaces them: the recovery from a stolen online key (TUF §5.3.11; a client drops
+    its trusted timestamp/snapshot once they no longer verify). The caller signs with
     the current root keys AND, when they change, the new ones (TUF §5.3.4).
+    `director_keys` replaces the director keys root lists (`DIRECTOR_KEYS_FIELD`).
     """
     if not release_keys:
         raise InvalidInputError("the next root needs at least one release key")
@@ -261,9 +273,20 @@ def build_next_root(
     root.version = current.signed.version + 1
     root.expires = _utc(expires, "expires")
 
+    snapshot_keyid, timestamp_keyid = _online_keyids(current.signed)
     replaced = {TARGETS: release_keys}
     if root_keys is not None:
         replaced[ROOT] = root_keys
+    if online_keys is not None:
+        if set(online_keys) != set(ONLINE_ROLES):
+            raise InvalidInputError(
+                f"online keys must name exactly {', '.join(ONLINE_ROLES)}, "
+                f"got {sorted(online_keys)}"
+            )
+        for role in ONLINE_ROLES:
+            replaced[role] = [online_keys[role]]
+        snapshot_keyid = online_keys[SNAPSHOT].keyid
+        timestamp_keyid = online_keys[TIMESTAMP].keyid
     threshold = root.roles[ROOT].threshold if root_threshold is None else root_threshold
     size = len(root_keys) if root_keys is not None else len(root.roles[ROOT].keyids)
     if not 1 <= threshold <= size:
@@ -277,8 +300,16 @@ def build_next_root(
             root.add_key(key, role)
     root.roles[ROOT].threshold = threshold
     root.roles[TARGETS].threshold = release_threshold
+    if director_keys is not None:
+        if not director_keys:
+            raise InvalidInputError("the next root needs at least one director key")
+        for key in director_keys:
+            _check_key(key, key.keyid)
+        root.unrecognized_fields[DIRECTOR_KEYS_FIELD] = {
+            key.keyid: key.to_dict() for key in director_keys
+        }
+    listed_director_keys(root)
 
-    snapshot_keyid, timestamp_keyid = _online_keyids(current.signed)
     _check_root_content(
         root,
         snapshot_keyid=snapshot_keyid,
@@ -319,16 +350,50 @@ def verify_new_root(
     return md
 
 
+def listed_director_keys(root: Root) -> list[Key]:
+    """The director keys `root` lists ([] for none); InvalidInputError when malformed."""
+    value = root.unrecognized_fields.get(DIRECTOR_KEYS_FIELD)
+    if value is None:
+        return []
+    if not isinstance(value, Mapping) or not value:
+        raise InvalidInputError(f"root field {DIRECTOR_KEYS_FIELD} must be a map of keys")
+    keys: list[Key] = []
+    for keyid, data in sorted(value.items()):
+        try:
+            key = SSlibKey.from_dict(str(keyid), dict(data))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInputError(
+                f"root field {DIRECTOR_KEYS_FIELD}: malformed key {keyid!r}"
+            ) from exc
+        _check_key(key, key.keyid)
+        keys.append(key)
+    return keys
+
+
+OnlineKeyHeld = Callable[[str, str], bool]
+"""`(role, keyid) -> does the control plane hold that online key's private half`."""
+
+
 def verify_root_update(
-    *, current: Metadata[Root], new_bytes: bytes, now: datetime
+    *,
+    current: Metadata[Root],
+    new_bytes: bytes,
+    now: datetime,
+    online_key_held: OnlineKeyHeld | None = None,
+    director_key_held: Callable[[str], bool] | None = None,
 ) -> Metadata[Root]:
     """Accept root version N+1 of a fleet whose trusted root is `current` (version N).
 
     The rules of a TUF client's root update (spec §5.3.4-5.3.5), checked before any
     node sees the new root: signed to threshold by the current root's root role AND
     by the new root's own root role, version exactly N+1, not expired. The new root
-    may change the root and targets roles (rotating or revoking offline keys); the
-    snapshot and timestamp roles must stay the control plane's online keys.
+    may change the root and targets roles (rotating or revoking offline keys). The
+    snapshot and timestamp roles must stay the control plane's online keys: the current
+    ones, or — an online-key rotation — keys for which `online_key_held(role, keyid)`
+    is true (None: no rotation possible). A root cannot hand the online roles to keys
+    the control plane does not hold: the repository would go dark. Likewise the
+    director keys it lists (`DIRECTOR_KEYS_FIELD`): unchanged, or keys for which
+    `director_key_held(keyid)` is true, or nodes would refuse every assignment.
 
     Refusals: malformed, skipped version, bad keys or roles → InvalidInputError; a
     version not above N → ConflictError(reason="stale"); a threshold not met →
@@ -355,6 +420,37 @@ def verify_root_update(
         )
     _check_threshold(new, ROOT, md, signer=f"the new root (version {got})")
     snapshot_keyid, timestamp_keyid = _online_keyids(trusted)
+    proposed = {name: new.roles[name].keyids for name in ONLINE_ROLES}
+    if proposed != {SNAPSHOT: [snapshot_keyid], TIMESTAMP: [timestamp_keyid]}:
+        # An online-key rotation: every role to one key this control plane holds.
+        for name, keyids in proposed.items():
+            if len(keyids) != 1 or online_key_held is None or not online_key_held(name, keyids[0]):
+                raise PolicyError(
+                    f"root version {got} delegates {name} to {keyids}, not to one key the "
+                    f"control plane's key store holds; get new online keys with "
+                    "`POST /v1/fleets/{fleet}/online-keys` (`edgefleet keys rotate-online`)",
+                    role=name,
+                    keyids=list(keyids),
+                )
+        snapshot_keyid, timestamp_keyid = proposed[SNAPSHOT][0], proposed[TIMESTAMP][0]
+    listed = listed_director_keys(new)
+    if listed != listed_director_keys(trusted):
+        for key in listed:
+            if director_key_held is None or not director_key_held(key.keyid):
+                raise PolicyError(
+                    f"root version {got} lists director key {key.keyid}, which the "
+                    "control plane's director does not hold; get a new one with "
+                    "`POST /v1/director/keys` (`edgefleet keys rotate-director`)",
+                    keyid=key.keyid,
+                )
+    online_ids = set(proposed[SNAPSHOT]) | set(proposed[TIMESTAMP])
+    for key in listed:
+        if key.keyid in new.roles[ROOT].keyids or key.keyid in new.roles[TARGETS].keyids:
+            raise PolicyError(
+                f"director key {key.keyid} is also a root or targets key", keyid=key.keyid
+            )
+        if key.keyid in online_ids:
+            raise PolicyError(f"director key {key.keyid} is also an online key", keyid=key.keyid)
     _check_root_content(
         new,
         snapshot_keyid=snapshot_keyid,

@@ -9,10 +9,17 @@ from __future__ import annotations
 import re
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from securesystemslib.exceptions import (
+    KeyMismatchError,
+    UnsupportedAlgorithmError,
+    UnsupportedLibraryError,
+)
 from securesystemslib.signer import (
+    SIGNER_FOR_URI_SCHEME,
     CryptoSigner,
     Key,
     Signer,
@@ -25,6 +32,7 @@ from control_plane.trust.keys import generate_signer, load_signer, save_private_
 from control_plane.trust.repository import ONLINE_ROLES
 
 FLEET_DIR_PATTERN: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+KEYID_PATTERN: Final = re.compile(r"[0-9a-f]{64}")
 
 
 class OnlineSigner(ABC):
@@ -64,7 +72,13 @@ class _KeyFileSigner(OnlineSigner):
 
 
 class FileOnlineKeyStore:
-    """Per-fleet online keys in `<dir>/<fleet>/<role>.key`, created on first use.
+    """Per-fleet online keys in `<dir>/<fleet>/`, one file per key.
+
+    A fleet's first keys are `<role>.key`, made by `ensure_keys` (fleet creation). An
+    online-key rotation (`new_keys`) adds `<role>.<keyid>.key`; which key signs is the
+    keyid the fleet's root names (passed to `signer_for`), so a rotation needs no file
+    moved and a crash between the database commit and anything on disk changes nothing.
+    Old keys stay on disk until the operator deletes them (docs/operator-guide.md).
 
     The keys are stored unencrypted with mode 0600: the process must be able to sign
     unattended. A KMS/HSM-backed `OnlineSigner` (securesystemslib's AWS/GCP/Azure/HSM
@@ -74,36 +88,115 @@ class FileOnlineKeyStore:
     def __init__(self, directory: Path) -> None:
         self._dir = Path(directory)
         self._lock = threading.Lock()
-        self._cache: dict[str, dict[str, CryptoSigner]] = {}
+        self._cache: dict[tuple[str, str, str | None], CryptoSigner] = {}
 
     def ensure_keys(self, fleet: str) -> dict[str, Key]:
-        """The public keys of the fleet's online roles, creating the keys if absent."""
-        return {role: signer.public_key for role, signer in self._signers(fleet).items()}
+        """The public keys of the fleet's first online keys, creating them if absent."""
+        _check_fleet(fleet)
+        keys: dict[str, Key] = {}
+        for role in ONLINE_ROLES:
+            signer = self._first(fleet, role, create=True)
+            if signer is None:
+                raise AssertionError("unreachable: a created key is never None")
+            keys[role] = signer.public_key
+        return keys
 
-    def signer_for(self, fleet: str) -> OnlineSigner:
+    def signer_for(self, fleet: str, keyids: Mapping[str, str] | None = None) -> OnlineSigner:
         """The signer of an existing fleet; never creates keys.
 
-        A live repository whose keys vanished must fail loudly: fresh keys would sign
-        metadata that every node rejects (their root names the old keys).
+        `keyids` (role → keyid, what the fleet's root names) picks the key of each role;
+        without it the fleet's first keys. A live repository whose keys vanished must
+        fail loudly: fresh keys would sign metadata that every node rejects.
         """
-        return _KeyFileSigner(self._signers(fleet, create=False))
+        _check_fleet(fleet)
+        signers: dict[str, CryptoSigner] = {}
+        for role in ONLINE_ROLES:
+            keyid = None if keyids is None else keyids.get(role)
+            first = self._first(fleet, role, create=False, required=keyid is None)
+            if first is not None and (keyid is None or first.public_key.keyid == keyid):
+                signers[role] = first
+            elif keyid is None:
+                raise AssertionError("unreachable: a required first key is loaded or raises")
+            else:
+                signers[role] = self._rotated(fleet, role, keyid)
+        return _KeyFileSigner(signers)
 
-    def _signers(self, fleet: str, *, create: bool = True) -> dict[str, CryptoSigner]:
-        if not isinstance(fleet, str) or not FLEET_DIR_PATTERN.fullmatch(fleet):
-            raise InvalidInputError(f"{fleet!r} is not a fleet name", fleet=fleet)
+    def new_keys(self, fleet: str) -> dict[str, Key]:
+        """Fresh online keys for a rotation (`<role>.<keyid>.key`); nothing signs with
+        them until a root naming them is accepted (see `holds`)."""
+        _check_fleet(fleet)
+        fleet_dir = self._dir / fleet
+        make_private_dirs(fleet_dir)
+        made: dict[str, Key] = {}
+        for role in ONLINE_ROLES:
+            signer = generate_signer()
+            keyid = signer.public_key.keyid
+            save_private_key(fleet_dir / f"{role}.{keyid}.key", signer, None, exclusive=True)
+            made[role] = signer.public_key
+        return made
+
+    def holds(self, fleet: str, role: str, keyid: str) -> bool:
+        """True when this store holds the private key `keyid` for the fleet's `role`."""
+        _check_fleet(fleet)
+        _check_role(role)
+        try:
+            first = self._first(fleet, role, create=False, required=False)
+            if first is not None and first.public_key.keyid == keyid:
+                return True
+            self._rotated(fleet, role, keyid)
+        except (UnavailableError, InvalidInputError):
+            return False
+        return True
+
+    def _first(
+        self, fleet: str, role: str, *, create: bool, required: bool = True
+    ) -> CryptoSigner | None:
         with self._lock:
-            cached = self._cache.get(fleet)
+            cached = self._cache.get((fleet, role, None))
             if cached is None:
-                cached = {role: self._load_or_create(fleet, role, create) for role in ONLINE_ROLES}
-                self._cache[fleet] = cached
-            return dict(cached)
+                found = self._load_or_create(fleet, role, create, required)
+                if found is None:
+                    return None
+                cached = self._cache[(fleet, role, None)] = found
+            return cached
 
-    def _load_or_create(self, fleet: str, role: str, create: bool) -> CryptoSigner:
+    def _rotated(self, fleet: str, role: str, keyid: str) -> CryptoSigner:
+        if not KEYID_PATTERN.fullmatch(keyid):
+            raise InvalidInputError(f"{keyid!r} is not a keyid", keyid=keyid)
+        with self._lock:
+            cached = self._cache.get((fleet, role, keyid))
+            if cached is not None:
+                return cached
+            path = self._dir / fleet / f"{role}.{keyid}.key"
+            if not path.exists():
+                raise UnavailableError(
+                    f"the online {role} key {keyid} of fleet {fleet!r} is missing from "
+                    f"{path.parent}; restore the data dir's online-keys from backup",
+                    fleet=fleet,
+                    role=role,
+                    keyid=keyid,
+                )
+            signer = load_signer(path, None)
+            if signer.public_key.keyid != keyid:
+                raise UnavailableError(
+                    f"{path} holds key {signer.public_key.keyid}, not {keyid}",
+                    fleet=fleet,
+                    role=role,
+                    keyid=keyid,
+                )
+            self._cache[(fleet, role, keyid)] = signer
+            return signer
+
+    def _load_or_create(
+        self, fleet: str, role: str, create: bool, required: bool
+    ) -> CryptoSigner | None:
         fleet_dir = self._dir / fleet
         path = fleet_dir / f"{role}.key"
         if path.exists():
             return load_signer(path, None)
         if not create:
+            if not required:
+                return None
             raise UnavailableError(
                 f"the online {role} key of fleet {fleet!r} is missing from {fleet_dir}; "
                 "restore the data dir's online-keys from backup (new keys would not match "
@@ -119,3 +212,47 @@ class FileOnlineKeyStore:
             # Another process (replica) created it first: use theirs, never replace it.
             return load_signer(path, None)
         return signer
+
+
+def _check_fleet(fleet: str) -> None:
+    if not isinstance(fleet, str) or not FLEET_DIR_PATTERN.fullmatch(fleet):
+        raise InvalidInputError(f"{fleet!r} is not a fleet name", fleet=fleet)
+
+
+def signer_from_uri(uri: str, public_key: Key) -> Signer:
+    """A securesystemslib signer for `uri`, checked against `public_key`.
+
+    The URI picks the signer by its scheme (`Signer.from_priv_key_uri`):
+    `file2:<path>` (a PEM file, `CryptoSigner`), `hv:<key name>` (HashiCorp Vault
+    transit), `gcpkms:…`, `awskms:…`, `azurekms:…`, `hsm:…` (PKCS#11). Nodes verify
+    Ed25519 only, so the key behind the URI must be Ed25519. Refused with
+    InvalidInputError for an unknown scheme, UnavailableError when the key cannot be
+    reached or is not `public_key`.
+    """
+    scheme = uri.partition(":")[0]
+    if scheme not in SIGNER_FOR_URI_SCHEME:
+        raise InvalidInputError(
+            f"signer URI {uri!r}: unknown scheme {scheme!r}; securesystemslib signs with "
+            f"{', '.join(sorted(SIGNER_FOR_URI_SCHEME))}",
+            scheme=scheme,
+        )
+    try:
+        signer = Signer.from_priv_key_uri(uri, public_key)
+    except (
+        ValueError,
+        OSError,
+        KeyMismatchError,
+        UnsupportedAlgorithmError,
+        UnsupportedLibraryError,
+    ) as exc:
+        raise UnavailableError(
+            f"cannot open the signer {uri!r} for key {public_key.keyid}: {exc}",
+            scheme=scheme,
+            keyid=public_key.keyid,
+        ) from exc
+    if signer.public_key.keyid != public_key.keyid:
+        raise UnavailableError(
+            f"the signer {uri!r} holds key {signer.public_key.keyid}, not {public_key.keyid}",
+            keyid=public_key.keyid,
+        )
+    return signer

@@ -341,6 +341,7 @@ class UpdateTask:
                 max_attempts=config.max_attempts,
                 retry_backoff=self._retry_policy,
                 watchdog_s=config.watchdog.window_s,
+                max_sequence_jump=config.max_sequence_jump,
             ),
         )
         try:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import numpy as np
-from securesystemslib.signer import CryptoSigner
+from securesystemslib.signer import CryptoSigner, Key
 from tuf.api.metadata import (
     Metadata,
     MetaFile,
@@ -46,6 +46,7 @@ from edge_node.fsutil import atomic_write
 from edge_node.link.base import Backoff, NodeLink
 from edge_node.testing.memory_link import MemoryLinkPeer, MemoryNodeLink
 from edge_node.updater.config import UpdaterConfig
+from edge_node.updater.director import ROOT_DIRECTOR_KEYS_FIELD
 from edge_node.updater.host import ModelBundle, ModelHost, ShadowHost, ShadowSettings, Trial
 from edge_node.updater.journal import Journal
 from edge_node.updater.reconciler import (
@@ -600,10 +601,23 @@ class UpdateWorld:
         self.snapshot, self.timestamp = snapshot, timestamp
         self.peer.artifacts.update(self.artifacts)
 
+    def list_director_keys(self, keys: list[Key]) -> None:
+        """Publish root N+1 listing `keys` as the director's (ADR 0045), signed by root."""
+        root = Metadata[Root].from_bytes(self.root.to_bytes())
+        root.signatures.clear()
+        root.signed.version += 1
+        root.signed.unrecognized_fields[ROOT_DIRECTOR_KEYS_FIELD] = {
+            key.keyid: key.to_dict() for key in keys
+        }
+        root.sign(self.signers[ROOT])
+        self.peer.metadata[f"{root.signed.version}.root.json"] = root.to_bytes()
+        self.root = root
+
     def assign(
         self,
         rel: Release,
         *,
+        signer: CryptoSigner | None = None,
         node_id: str = NODE,
         sequence: int | None = None,
         length: int | None = None,
@@ -615,7 +629,9 @@ class UpdateWorld:
     ) -> SignedDirectorAssignment:
         """The director's signed "`node_id` shall run `rel`", valid for an hour; the next
         sequence unless one is given. `renewal` marks it as a renewal of the one before;
-        `shadow` adds a candidate to run in shadow (`shadow_sha256` replaces its hash)."""
+        `shadow` adds a candidate to run in shadow (`shadow_sha256` replaces its hash);
+        `signer` replaces the director's key (a rotated or a stolen one)."""
+        signer = signer or self.director
         if sequence is None:
             self.sequence += 1
             sequence = self.sequence
@@ -642,10 +658,10 @@ class UpdateWorld:
         assignment.issued_at.FromDatetime(self.now - timedelta(minutes=1))
         assignment.expires_at.FromDatetime(self.now + timedelta(hours=1))
         payload = assignment.SerializeToString(deterministic=True)
-        signature = self.director.sign(payload)
+        signature = signer.sign(payload)
         return SignedDirectorAssignment(
             assignment=payload,
-            keyid=self.director.public_key.keyid,
+            keyid=signer.public_key.keyid,
             signature=bytes.fromhex(signature.signature),
         )
 

@@ -36,10 +36,12 @@ class UpdaterConfig:
     attempt, up to `retry_max_s`."""
     selftest_latency_budget_s: float = 1.0
     """Median latency of the reference input on the candidate model, at most."""
+    max_sequence_jump: int = 2**32
+    """How far above the last accepted director sequence an assignment may be."""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def __post_init__(self) -> None:
-        for name in ("max_artifact_bytes", "max_attempts"):
+        for name in ("max_artifact_bytes", "max_attempts", "max_sequence_jump"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidInputError(f"updater {name} must be an integer >= 1, got {value!r}")

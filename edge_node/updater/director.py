@@ -29,6 +29,7 @@ refuses fails the shadow stage, not the assignment (ADR 0031).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -38,14 +39,17 @@ from typing import Any, Final
 
 from google.protobuf.message import DecodeError
 from securesystemslib.exceptions import UnverifiedSignatureError, VerificationError
-from securesystemslib.signer import Key, Signature
+from securesystemslib.formats import encode_canonical
+from securesystemslib.signer import Key, Signature, SSlibKey
 
 from edge_node.errors import EdgeNodeError, InvalidInputError
 from protos.edgefleet.fleet.v1.director_pb2 import DirectorAssignment, SignedDirectorAssignment
 
 __all__ = [
     "DEFAULT_MAX_CLOCK_SKEW",
+    "DEFAULT_MAX_SEQUENCE_JUMP",
     "MAX_ASSIGNMENT_BYTES",
+    "ROOT_DIRECTOR_KEYS_FIELD",
     "SUPPORTED_FORMAT_VERSIONS",
     "AssignmentExpiredError",
     "AssignmentFormatError",
@@ -53,6 +57,7 @@ __all__ = [
     "AssignmentNotYetValidError",
     "AssignmentRejectedError",
     "AssignmentReplayError",
+    "AssignmentSequenceJumpError",
     "AssignmentSignatureError",
     "AssignmentWrongNodeError",
     "BelowFloorError",
@@ -62,6 +67,8 @@ __all__ = [
     "UnknownTargetError",
     "VerifiedAssignment",
     "VerifiedShadow",
+    "director_keys_of_root",
+    "sequence_floor",
     "verify_assignment",
     "verify_shadow",
 ]
@@ -70,6 +77,13 @@ SUPPORTED_FORMAT_VERSIONS: Final = frozenset({1})
 MAX_ASSIGNMENT_BYTES: Final = 4096
 """A real assignment is a few hundred bytes; anything larger is refused unread."""
 DEFAULT_MAX_CLOCK_SKEW: Final = timedelta(minutes=5)
+DEFAULT_MAX_SEQUENCE_JUMP: Final = 2**32
+"""How far above the last accepted sequence an assignment may be: a director issues one
+sequence per decision, so a jump of 2^32 is never honest, and a forged 2^64-1 (signed
+with a stolen key) must not pin the node's floor out of the honest director's reach."""
+ROOT_DIRECTOR_KEYS_FIELD: Final = "x-edgefleet-director-keys"
+"""The field of the fleet's TUF root that lists the director's keys (keyid → TUF key
+dict), signed by the root keys: how a node learns a rotated director key (ADR 0045)."""
 _ED25519: Final = "ed25519"
 _ED25519_SIGNATURE_BYTES: Final = 64
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
@@ -110,6 +124,10 @@ class AssignmentWrongNodeError(AssignmentRejectedError):
 
 class AssignmentReplayError(AssignmentRejectedError):
     title = "director assignment replayed or stale"
+
+
+class AssignmentSequenceJumpError(AssignmentRejectedError):
+    title = "director assignment sequence jumps too far"
 
 
 class AssignmentExpiredError(AssignmentRejectedError):
@@ -215,12 +233,15 @@ def verify_assignment(
     target_lookup: Callable[[str], TargetInfo | None],
     floor_lookup: Callable[[str], int],
     max_clock_skew: timedelta = DEFAULT_MAX_CLOCK_SKEW,
+    max_sequence_jump: int = DEFAULT_MAX_SEQUENCE_JUMP,
 ) -> VerifiedAssignment:
     """Accept `signed` for this node, or raise an `AssignmentRejectedError`.
 
     `director_key` is the director's securesystemslib public key (or several, while the
     director rotates its key); `last_sequence` the highest sequence this node accepted
-    (0 for none); `target_lookup(path)` answers from the verified TUF targets metadata;
+    (0 for none; see `sequence_floor` after a director key rotation), and a sequence more
+    than `max_sequence_jump` above it is refused too; `target_lookup(path)` answers
+    from the verified TUF targets metadata;
     `floor_lookup(model)` is the model's signed floor (0 when it has none).
     """
     if now.tzinfo is None or now.utcoffset() is None:
@@ -259,6 +280,16 @@ def verify_assignment(
             reason="replayed" if replayed else "stale",
             sequence=assignment.sequence,
             last_sequence=last_sequence,
+        )
+    if assignment.sequence - last_sequence > max_sequence_jump:
+        raise AssignmentSequenceJumpError(
+            f"assignment sequence {assignment.sequence} is more than {max_sequence_jump} "
+            f"above the last one accepted ({last_sequence}); refused so that a forged "
+            "sequence cannot lock out the director",
+            reason="sequence-jump",
+            sequence=assignment.sequence,
+            last_sequence=last_sequence,
+            max_sequence_jump=max_sequence_jump,
         )
 
     issued_at, expires_at = _window(assignment)
@@ -494,3 +525,60 @@ def _check_target(path: str, sha256: str, length: int, target: TargetInfo, model
             target_path=path,
         )
     return counter
+
+
+def director_keys_of_root(signed_root: Mapping[str, Any]) -> list[Key]:
+    """The director keys a verified TUF root lists under `ROOT_DIRECTOR_KEYS_FIELD`
+    (`signed_root` is root's `signed` dict); [] when it lists none. A listed key that is
+    not Ed25519 or whose keyid is not its canonical hash is refused (InvalidInputError):
+    the root keys signed it, so it is a mistake to report, not to skip."""
+    field_value = signed_root.get(ROOT_DIRECTOR_KEYS_FIELD)
+    if field_value is None:
+        return []
+    if not isinstance(field_value, Mapping) or not field_value:
+        raise InvalidInputError(f"root field {ROOT_DIRECTOR_KEYS_FIELD} is not a map of keys")
+    keys: list[Key] = []
+    for keyid, data in sorted(field_value.items()):
+        try:
+            key = SSlibKey.from_dict(str(keyid), dict(data))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInputError(f"root lists a malformed director key {keyid!r}") from exc
+        if key.keytype != _ED25519 or key.scheme != _ED25519 or _keyid_of(key) != key.keyid:
+            raise InvalidInputError(
+                f"root lists director key {keyid!r} that is not an Ed25519 key under its "
+                "canonical keyid",
+                keyid=str(keyid)[:64],
+            )
+        keys.append(key)
+    return keys
+
+
+def sequence_floor(
+    *,
+    last_sequence: int,
+    last_keyid: str,
+    enrollment_keyid: str,
+    listed_keyids: Collection[str],
+    keyid: str,
+) -> int:
+    """The sequence an assignment signed by `keyid` must exceed.
+
+    `last_sequence` and `last_keyid` are the node's last accepted assignment ("" for a
+    journal written before keyids were kept: the enrollment key then). Normally the
+    floor is `last_sequence`. It resets to 0 only for a key the root lists when the key
+    of the last accepted assignment is no longer listed: the root keys rotated the
+    director key, so whatever the old (maybe stolen) key pinned the floor to is void. A
+    compromised key cannot trigger this itself: only root metadata lists keys.
+    """
+    previous = last_keyid or enrollment_keyid
+    if keyid in listed_keyids and previous != keyid and previous not in listed_keyids:
+        return 0
+    return last_sequence
+
+
+def _keyid_of(key: Key) -> str:
+    canonical = encode_canonical(
+        {"keytype": key.keytype, "scheme": key.scheme, "keyval": key.keyval}
+    )
+    assert canonical is not None
+    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -151,6 +151,8 @@ class JournalState:
     probation: Probation | None = None
     retry_at: datetime | None = None
     assigned: ModelRef | None = None
+    director_keyid: str = ""
+    """The key that signed the last accepted assignment ("": journals written before)."""
 
     def __post_init__(self) -> None:
         if self.retry_at is not None and self.retry_at.tzinfo is None:
@@ -187,6 +189,7 @@ class JournalState:
             "probation": None if self.probation is None else self.probation.to_dict(),
             "retry_at": None if self.retry_at is None else _iso(self.retry_at),
             "assigned": ref(self.assigned),
+            "director_keyid": self.director_keyid,
         }
 
 
@@ -318,13 +321,22 @@ def pause_probation(state: JournalState) -> JournalState:
 
 
 def accept_assignment(
-    state: JournalState, sequence: int, target: ModelRef | None = None
+    state: JournalState,
+    sequence: int,
+    target: ModelRef | None = None,
+    *,
+    keyid: str | None = None,
+    rekeyed: bool = False,
 ) -> JournalState:
-    """Remember the director sequence just accepted (anything not above it is refused)
-    and, when given, the target it assigns (`assigned`; a renewal keeps it)."""
+    """Remember the director sequence just accepted (anything not above it is refused),
+    the key that signed it and, when given, the target it assigns (`assigned`; a renewal
+    keeps it). `rekeyed`: the root replaced the director key, so the sequence starts
+    again and may be below the last one (`director.sequence_floor`)."""
     if isinstance(sequence, bool) or not isinstance(sequence, int):
         raise InvalidInputError("sequence must be an integer")
-    if sequence <= state.director_sequence:
+    if rekeyed and sequence < 1:
+        raise InvalidInputError("sequence must be at least 1")
+    if sequence <= state.director_sequence and not rekeyed:
         raise IllegalTransitionError(
             f"director sequence {sequence} is not above {state.director_sequence}",
             sequence=sequence,
@@ -334,6 +346,7 @@ def accept_assignment(
         state,
         director_sequence=sequence,
         assigned=state.assigned if target is None else target,
+        director_keyid=state.director_keyid if keyid is None else keyid,
     )
 
 
@@ -492,6 +505,7 @@ def _parse(raw: bytes) -> JournalState:
         probation=_probation(obj.get("probation")),
         retry_at=_time(obj.get("retry_at"), "retry_at"),
         assigned=_ref(obj.get("assigned")),
+        director_keyid=_text(obj.get("director_keyid")) or "",
     )
     if (state.phase is Phase.TRIAL) != (state.trial is not None):
         raise ValueError(f"phase {state.phase.value} does not match the trial")

@@ -86,12 +86,14 @@ from edge_node.clock import TaskClock
 from edge_node.errors import EdgeNodeError, InvalidInputError, StorageError
 from edge_node.link.base import Backoff, LinkError, LinkUnavailableError
 from edge_node.updater.director import (
+    DEFAULT_MAX_SEQUENCE_JUMP,
     AssignmentRejectedError,
     AssignmentReplayError,
     ShadowRequest,
     TargetInfo,
     TargetMismatchError,
     VerifiedAssignment,
+    sequence_floor,
     verify_assignment,
     verify_shadow,
 )
@@ -230,6 +232,10 @@ class TargetsView(Protocol):
 
     def floor(self, model: str) -> int: ...
 
+    def director_keys(self) -> list[Key]:
+        """The director keys the verified root lists ([] for none: the enrollment key)."""
+        ...
+
 
 SelfTest = Callable[[TrialLoader, Path, float, float], SelfTestResult]
 """(load the serving session, reference path, atol, rtol) -> result; blocking, run in a
@@ -262,6 +268,8 @@ class ReconcilerLimits:
     """Before a re-delivery retries a trial that failed for a reason that may pass."""
     watchdog_s: float = 0.0
     """A commit puts the new model on watch for this long (0: no watchdog window)."""
+    max_sequence_jump: int = DEFAULT_MAX_SEQUENCE_JUMP
+    """How far above the last accepted director sequence an assignment may be (ADR 0045)."""
 
 
 class SelfTestFailedError(EdgeNodeError):
@@ -298,6 +306,9 @@ class _Plan:
     redelivered: bool
     runtime: RuntimeSpec | None = None
     shadow: ShadowWanted = None
+    rekeyed: bool = False
+    """Signed by a director key the root lists in place of the last one: the sequence
+    floor starts again (`sequence_floor`)."""
 
     @property
     def new_decision(self) -> bool:
@@ -509,7 +520,7 @@ class Reconciler:
                 )
         if state.active == target:
             if not plan.redelivered:
-                state = self._record(accept_assignment(state, sequence, target))
+                state = self._record(_accept(state, plan, sequence, target))
             await self._report(
                 self._noted(
                     UpdateReport(UpdatePhase.ACTIVE, target.path, sequence, detail="already active")
@@ -522,7 +533,7 @@ class Reconciler:
             return await self._rejected(DISK_FULL, exc, target, sequence)
 
         trial = begin_trial(
-            state if plan.redelivered else accept_assignment(state, sequence, target), target
+            state if plan.redelivered else _accept(state, plan, sequence, target), target
         )
         try:
             state = self._save(trial)
@@ -559,7 +570,7 @@ class Reconciler:
         """A renewal of the last decision: only the sequence moves (and the expiry, which
         the node does not keep)."""
         target, sequence = plan.target, plan.assignment.sequence
-        state = self._record(accept_assignment(state, sequence, target))
+        state = self._record(_accept(state, plan, sequence, target))
         retry_at = state.retry_at if state.retry_pending and state.failed == target else None
         _log.info("assignment renewed: sequence %d, still %s", sequence, target.path)
         return Outcome(OutcomeKind.UNCHANGED, "renewed", target, sequence, retry_at)
@@ -622,31 +633,45 @@ class Reconciler:
         """In a worker thread: verify the assignment against `view`, find its reference."""
         now = self._clock.now()
 
+        enrolled = _key_list(self._trust.director_keys)
+        listed = view.director_keys()
+        # The keys the root lists replace the enrollment-time key once there are any.
+        keys = listed or enrolled
+        floor = sequence_floor(
+            last_sequence=state.director_sequence,
+            last_keyid=state.director_keyid,
+            enrollment_keyid=enrolled[0].keyid if enrolled else "",
+            listed_keyids={k.keyid for k in listed},
+            keyid=signed.keyid,
+        )
+
         def verify(last_sequence: int) -> VerifiedAssignment:
             return verify_assignment(
                 signed,
-                director_key=self._trust.director_keys,
+                director_key=keys,
                 node_id=self._trust.node_id,
                 fleet=self._trust.fleet,
                 last_sequence=last_sequence,
                 now=now,
                 target_lookup=view.target,
                 floor_lookup=view.floor,
+                max_sequence_jump=self._limits.max_sequence_jump,
             )
 
         redelivered = False
         try:
-            verified = verify(state.director_sequence)
+            verified = verify(floor)
         except AssignmentReplayError as exc:
             if exc.reason != "replayed":
                 raise
             # The very sequence last accepted: a re-delivery, checked like a new one.
-            verified = verify(state.director_sequence - 1)
+            verified = verify(floor - 1)
             redelivered = True
         reference, atol, rtol = _reference_of(view, verified.target)
         runtime = _runtime_of(verified.target)
         shadow = None if verified.shadow is None else _shadow_of(view, verified.shadow, verified)
-        return _Plan(verified, reference, atol, rtol, redelivered, runtime, shadow)
+        rekeyed = floor != state.director_sequence
+        return _Plan(verified, reference, atol, rtol, redelivered, runtime, shadow, rekeyed)
 
     def _check_space(self, plan: _Plan) -> None:
         """Room for what is still to download, with the margin; nothing to download (a
@@ -1386,3 +1411,13 @@ def metadata_reason(exc: RepositoryError | DownloadError) -> str:
     if isinstance(exc, ExpiredMetadataError):
         return "metadata-expired"
     return "metadata-untrusted"
+
+
+def _key_list(keys: Key | Collection[Key]) -> list[Key]:
+    return [keys] if isinstance(keys, Key) else list(keys)
+
+
+def _accept(state: JournalState, plan: _Plan, sequence: int, target: ModelRef) -> JournalState:
+    return accept_assignment(
+        state, sequence, target, keyid=plan.assignment.keyid, rekeyed=plan.rekeyed
+    )

@@ -25,14 +25,16 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from securesystemslib.signer import Key
 from tuf.api.exceptions import DownloadError, DownloadHTTPError, RepositoryError
 from tuf.api.metadata import Metadata, Root, TargetFile, Targets
 from tuf.api.serialization import DeserializationError
 from tuf.ngclient import Updater, UpdaterConfig
 from tuf.ngclient.fetcher import FetcherInterface
 
+from edge_node.errors import InvalidInputError
 from edge_node.link.base import LinkNotFoundError, LinkRequestError
-from edge_node.updater.director import TargetInfo
+from edge_node.updater.director import TargetInfo, director_keys_of_root
 from edge_node.updater.source import RepositorySource
 
 __all__ = [
@@ -135,12 +137,39 @@ def _split_hashed(rest: str, url: str) -> tuple[str, str]:
     return (f"{directory}/{base}" if directory else base), sha256
 
 
+def _root_director_keys(root: Root | None, where: Path) -> list[Key]:
+    """The director keys a verified root lists ([] for none, or for a list that is not
+    usable: logged, and the node keeps its enrollment-time key)."""
+    if root is None:
+        return []
+    try:
+        return director_keys_of_root(root.to_dict())
+    except InvalidInputError as exc:
+        _log.error("the TUF root in %s lists unusable director keys: %s", where, exc)
+        return []
+
+
+def _verified_root(metadata_dir: Path) -> Root | None:
+    """`root.json` as ngclient keeps it: written only after it verified (the newest)."""
+    try:
+        md = Metadata[Root].from_bytes((metadata_dir / "root.json").read_bytes())
+    except (OSError, DeserializationError) as exc:
+        _log.error("cannot read the verified TUF root in %s: %s", metadata_dir, exc)
+        return None
+    return md.signed if isinstance(md.signed, Root) else None
+
+
 class TufView:
     """Verified TUF metadata after one refresh, in the node's terms. Call from a thread:
     a lookup may fetch delegated metadata over the link."""
 
-    def __init__(self, updater: Updater) -> None:
+    def __init__(self, updater: Updater, director_keys: list[Key] | None = None) -> None:
         self._updater = updater
+        self._director_keys = list(director_keys or [])
+
+    def director_keys(self) -> list[Key]:
+        """The director keys the verified root lists ([] when it lists none)."""
+        return list(self._director_keys)
 
     def target(self, path: str) -> TargetInfo | None:
         info = self._updater.get_targetinfo(path)
@@ -169,6 +198,7 @@ class CachedTufView:
 
     def __init__(self, metadata_dir: Path) -> None:
         self._targets: dict[str, TargetFile] = {}
+        self._director_keys: list[Key] = []
         root_file, targets_file = metadata_dir / "root.json", metadata_dir / "targets.json"
         if not targets_file.is_file():
             return
@@ -180,6 +210,10 @@ class CachedTufView:
             _log.error("the cached TUF metadata in %s is unusable: %s", metadata_dir, exc)
             return
         self._targets = dict(targets.signed.targets)
+        self._director_keys = _root_director_keys(root.signed, metadata_dir)
+
+    def director_keys(self) -> list[Key]:
+        return list(self._director_keys)
 
     def target(self, path: str) -> TargetInfo | None:
         target = self._targets.get(path)
@@ -228,7 +262,8 @@ class TufClient:
             bootstrap=bootstrap,
         )
         updater.refresh()
-        return TufView(updater)
+        keys = _root_director_keys(_verified_root(self._metadata_dir), self._metadata_dir)
+        return TufView(updater, keys)
 
     def cached_view(self) -> CachedTufView:
         """What the last refresh verified, offline (blocking: reads two files)."""

@@ -168,3 +168,11 @@ def director_key(director: DirectorDep) -> dict[str, Any]:
     """The director's public key (TUF key dict plus keyid). Open, like TUF metadata: it is
     public, and a node gets it over its authenticated enrollment, not from here."""
     return director.director_public_key()
+
+
+@router.post("/director/keys", status_code=status.HTTP_201_CREATED)
+def new_director_key(ctx: ContextDep, director: DirectorDep) -> dict[str, Any]:
+    """A new director key for a rotation (a stolen director key): the operator lists it in
+    a fleet's root N+1 (`edgefleet keys rotate-director`); from then on it signs that
+    fleet's assignments and nodes accept no other (ADR 0045)."""
+    return director.new_key(ctx)

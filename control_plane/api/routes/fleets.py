@@ -12,6 +12,7 @@ from control_plane.api.schemas import (
     FleetCreate,
     FleetOut,
     FleetRootUpload,
+    OnlineKeysOut,
     PushOut,
     RevocationOut,
     RotationOut,
@@ -69,7 +70,17 @@ def rotate_root(
         root_threshold=result.root_threshold,
         release_keyids=result.release_keyids,
         revoked_keyids=result.revoked_keyids,
+        online_keyids=result.online_keyids,
     )
+
+
+@router.post("/{fleet}/online-keys", status_code=status.HTTP_201_CREATED)
+def new_online_keys(fleet: str, ctx: ContextDep, registry: RegistryDep) -> OnlineKeysOut:
+    """Make new snapshot/timestamp keys for an online-key rotation (a stolen online key):
+    the operator names them in root N+1 (`POST /v1/fleets/{fleet}/root`); until that
+    root is accepted the current keys keep signing."""
+    keys = registry.new_online_keys(ctx, fleet)
+    return OnlineKeysOut(snapshot=keys["snapshot"], timestamp=keys["timestamp"])
 
 
 @router.get("")

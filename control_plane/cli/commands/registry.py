@@ -115,6 +115,61 @@ def keys_rotate_release(
         )
 
 
+@keys_app.command("rotate-online")
+def keys_rotate_online(
+    ctx: typer.Context,
+    fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")],
+    keys: KeysDir,
+) -> None:
+    """Replace the fleet's online snapshot/timestamp keys (one was stolen): needs root keys.
+
+    The server makes new keys, you sign root N+1 naming them; nodes that trusted
+    metadata forged with the old key recover on their next refresh. Safe to re-run.
+    """
+    from control_plane.cli.release import ReleaseClient
+    from control_plane.trust.keys import load_operator_keyset
+
+    cli = cli_context(ctx)
+    keyset = load_operator_keyset(keys, _passphrase())
+    with cli.client() as api:
+        result = ReleaseClient(api, keyset).rotate_online_keys(fleet)
+    cli.emit(result)
+    if cli.output != "json":
+        cli.console.print(
+            f"Online keys {', '.join(k[:12] for k in result['revoked_keyids'])} are revoked; "
+            "snapshot and timestamp are now signed with "
+            f"{', '.join(k[:12] for k in result['online_keyids'].values())}. "
+            "Delete the old key files from every replica's online-keys directory."
+        )
+
+
+@keys_app.command("rotate-director")
+def keys_rotate_director(
+    ctx: typer.Context,
+    fleet: Annotated[str, typer.Option(envvar="EDGEFLEET_FLEET")],
+    keys: KeysDir,
+) -> None:
+    """List a new director key in the fleet's root (the old one was stolen): needs root keys.
+
+    The server makes the key; root N+1 lists it alone. Nodes learn it at their next
+    refresh and refuse assignments signed by any other key; their sequence floor starts
+    again, so a forged sequence cannot lock them out.
+    """
+    from control_plane.cli.release import ReleaseClient
+    from control_plane.trust.keys import load_operator_keyset
+
+    cli = cli_context(ctx)
+    keyset = load_operator_keyset(keys, _passphrase())
+    with cli.client() as api:
+        result = ReleaseClient(api, keyset).rotate_director_key(fleet)
+    cli.emit(result)
+    if cli.output != "json":
+        cli.console.print(
+            f"Fleet {fleet}'s assignments are now signed with director key "
+            f"{result['director_keyid'][:12]}; nodes accept no other once they refresh."
+        )
+
+
 @fleet_app.command("create")
 def fleet_create(ctx: typer.Context, name: str, keys: KeysDir) -> None:
     """Create a fleet: the server makes online keys, you sign the root with your root keys."""

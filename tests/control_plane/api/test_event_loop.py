@@ -146,6 +146,14 @@ def rotate_root(world: World) -> Call:
     )
 
 
+def new_online_keys(world: World) -> Call:
+    return Call("POST", f"/v1/fleets/{world.fleet}/online-keys", 201)
+
+
+def new_director_key(world: World) -> Call:
+    return Call("POST", "/v1/director/keys", 201)
+
+
 def push_targets(world: World) -> Call:
     model = sample_models.tiny_detector(world.tmp / "v2.onnx")
     return world.captured(
@@ -232,6 +240,8 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
     ("POST", "/v1/fleets"): create_fleet,
     ("PUT", "/v1/fleets/{fleet}/root"): upload_root,
     ("POST", "/v1/fleets/{fleet}/root"): rotate_root,
+    ("POST", "/v1/fleets/{fleet}/online-keys"): new_online_keys,
+    ("POST", "/v1/director/keys"): new_director_key,
     ("POST", "/v1/fleets/{fleet}/targets"): push_targets,
     ("PUT", "/v1/artifacts/{sha256}"): upload_artifact,
     ("POST", "/v1/tokens"): create_token,

@@ -11,20 +11,24 @@ from typing import Any
 
 import pytest
 from securesystemslib.signer import SSlibKey
+from tuf.api.metadata import Metadata, Root
 from tuf.ngclient import Updater
 
 from control_plane.access.roles import Role
 from control_plane.access.service import SYSTEM
 from control_plane.cli.client import ApiError
 from control_plane.cli.main import main
-from control_plane.cli.release import ReleaseClient
+from control_plane.cli.release import ROOT_TTL, TARGETS_TTL, ReleaseClient
 from control_plane.registry import sample_models
-from control_plane.trust.keys import OperatorKeyset, init_operator_keys
+from control_plane.trust import repository as tufrepo
+from control_plane.trust.keys import OperatorKeyset, generate_signer, init_operator_keys
 from edge_node.updater.director import (
     AssignmentReplayError,
+    AssignmentSignatureError,
     BelowFloorError,
     TargetInfo,
     VerifiedAssignment,
+    director_keys_of_root,
     verify_assignment,
 )
 from protos.edgefleet.fleet.v1.director_pb2 import SignedDirectorAssignment
@@ -422,3 +426,80 @@ def test_pin_many_refusals(cli: Cli, release: ReleaseClient) -> None:
     entries = cli.json("audit", "list", "--action", "node.pin_many")
     assert {e["outcome"] for e in entries} == {"refused"}
     assert len(entries) == 6
+
+
+# ---------------------------------------------- a stolen director key (ADR 0045)
+
+
+def signed_assignment(cli: Cli, node_id: str) -> SignedDirectorAssignment:
+    with cli.server.api() as api:
+        got = api.json("GET", f"/v1/nodes/{node_id}/assignment")
+    return SignedDirectorAssignment.FromString(base64.b64decode(got["signed"]))
+
+
+def test_a_director_key_rotated_by_root_signs_and_is_the_only_one_nodes_accept(
+    cli: Cli, release: ReleaseClient, keyset: OperatorKeyset, tmp_path: Path
+) -> None:
+    node_id = enroll_node(cli.server)
+    cli.json("nodes", "pin", node_id, "--model", "det", "--version", "1.0.0")
+    old = signed_assignment(cli, node_id)
+    enrollment_keyid = cli.server.services.director.director_public_key()["keyid"]
+    assert old.keyid == enrollment_keyid
+
+    # A root listing a director key the control plane does not hold: refused (422).
+    with cli.server.api() as api:
+        root, targets, _ = release.trusted_metadata(FLEET)
+        now = release.clock.now()
+        bogus = tufrepo.build_next_root(
+            root,
+            release_keys=[keyset.release_public_key],
+            director_keys=[generate_signer().public_key],
+            expires=now + ROOT_TTL,
+        )
+        keyset.sign_root(bogus)
+        resigned = tufrepo.resigned_targets(targets, now + TARGETS_TTL)
+        keyset.sign_targets(resigned)
+        with pytest.raises(ApiError) as refused:
+            api.rotate_root(FLEET, bogus.to_dict(), resigned.to_dict())
+    assert refused.value.status == 422
+    assert "does not hold" in refused.value.problem["detail"]
+
+    out = cli.json("keys", "rotate-director", "--fleet", FLEET, "--keys", str(tmp_path / "keys"))
+    new_keyid = out["director_keyid"]
+    assert out["root_version"] == 2
+    assert new_keyid != enrollment_keyid
+
+    # The next pin is signed with the key the root lists.
+    cli.json("nodes", "pin", node_id, "--model", "det", "--version", "1.1.0")
+    new = signed_assignment(cli, node_id)
+    assert new.keyid == new_keyid
+
+    # The node learns the key through TUF (root 2, verified by a stock client).
+    updater = node_view(cli.server, tmp_path / "node")
+    trusted_root = Path(tmp_path / "node" / "meta" / "root.json").read_bytes()
+    listed = director_keys_of_root(Metadata[Root].from_bytes(trusted_root).signed.to_dict())
+    assert [k.keyid for k in listed] == [new_keyid]
+
+    def target(path: str) -> TargetInfo | None:
+        info = updater.get_targetinfo(path)
+        return (
+            None
+            if info is None
+            else TargetInfo(info.path, info.hashes["sha256"], info.length, info.custom)
+        )
+
+    def check(signed: SignedDirectorAssignment) -> int:
+        return verify_assignment(
+            signed,
+            director_key=listed,
+            node_id=node_id,
+            fleet=FLEET,
+            last_sequence=0,
+            now=cli.server.services.clock.now(),
+            target_lookup=target,
+            floor_lookup=lambda model: 0,
+        ).sequence
+
+    assert check(new) == 2
+    with pytest.raises(AssignmentSignatureError):  # the old (stolen) key: refused
+        check(old)

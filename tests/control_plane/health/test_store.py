@@ -456,6 +456,36 @@ def test_offline_nodes_raise_an_alert_that_clears_when_they_return(
     assert health.queries.list_alerts(include_cleared=True)[0].cleared_by == "condition-ended"
 
 
+def test_a_node_refusing_assignments_as_stale_raises_an_alert_until_it_accepts_again(
+    sessions: sessionmaker[Session], health: HealthServices
+) -> None:
+    def report(phase: str, reason: str) -> None:
+        status = {
+            "phase": phase,
+            "reason": reason,
+            "detail": "assignment sequence 3 is below the last one already accepted (4294967297)",
+            "director_sequence": 4294967297,
+            "facts": {"sequence": "3", "last_sequence": "4294967297"},
+        }
+        with sessions() as session:
+            session.execute(
+                update(NodeRow).where(NodeRow.id == "n-a").values(reported_state={"update": status})
+            )
+            session.commit()
+
+    report("failed", "self-test-failed")  # a failed update is not the director locked out
+    health.processor.process_pending()
+    assert kinds(health) == []
+    report("failed", "stale")
+    health.processor.process_pending()
+    assert kinds(health) == ["assignment_refused"]
+    alert = health.queries.list_alerts()[0]
+    assert (alert.details["reason"], alert.details["director_sequence"]) == ("stale", 4294967297)
+    report("active", "")
+    health.processor.process_pending()
+    assert kinds(health) == []
+
+
 def test_two_replicas_at_once_process_each_record_once(
     sessions: sessionmaker[Session], sender: Sender, clock: ManualClock, config: HealthConfig
 ) -> None:

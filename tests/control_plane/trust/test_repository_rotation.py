@@ -435,3 +435,38 @@ def test_after_rotation_only_the_new_key_can_release(fleet: Fleet) -> None:
     change = fleet.release_model("detector", "2.0.0")
     assert change.version == fleet.targets.signed.version
     assert [m.custom.version for m in change.new_models] == ["2.0.0"]
+
+
+def test_online_key_rotation_needs_keys_the_control_plane_holds(fleet: Fleet) -> None:
+    new = {role: CryptoSigner.generate_ed25519() for role in repo.ONLINE_ROLES}
+    md = repo.build_next_root(
+        fleet.root,
+        release_keys=[fleet.release.public_key],
+        online_keys={role: s.public_key for role, s in new.items()},
+        expires=NOW + YEAR,
+    )
+    signed(md, fleet.root_signers[:2])
+    data = repo.to_bytes(md)
+    held = {(role, s.public_key.keyid) for role, s in new.items()}
+    # No key store to ask, or one that lacks either key: refused.
+    with pytest.raises(PolicyError, match="key store holds"):
+        verify(fleet, data)
+    for missing in sorted(held):
+        with pytest.raises(PolicyError, match="key store holds"):
+            repo.verify_root_update(
+                current=fleet.root,
+                new_bytes=data,
+                now=NOW,
+                online_key_held=lambda role, keyid, m=missing: (role, keyid) in held - {m},
+            )
+    accepted = repo.verify_root_update(
+        current=fleet.root,
+        new_bytes=data,
+        now=NOW,
+        online_key_held=lambda role, keyid: (role, keyid) in held,
+    )
+    for role, signer in new.items():
+        assert accepted.signed.roles[role].keyids == [signer.public_key.keyid]
+    # The old online keys are gone from root: whatever they sign no longer verifies.
+    assert fleet.timestamp.public_key.keyid not in accepted.signed.keys
+    assert fleet.snapshot.public_key.keyid not in accepted.signed.keys

@@ -103,3 +103,23 @@ def test_signer_for_never_creates_missing_keys(tmp_path: Path) -> None:
     with pytest.raises(UnavailableError, match="restore"):
         FileOnlineKeyStore(tmp_path).signer_for("plant-a")
     assert not (tmp_path / "plant-a" / "snapshot.key").exists()
+
+
+def test_rotated_keys_sign_by_keyid_and_survive_a_restart(tmp_path: Path) -> None:
+    store = FileOnlineKeyStore(tmp_path)
+    first = store.ensure_keys("plant-a")
+    new = store.new_keys("plant-a")
+    assert {r: k.keyid for r, k in new.items()} != {r: k.keyid for r, k in first.items()}
+    for role, key in new.items():
+        assert store.holds("plant-a", role, key.keyid)
+        assert store.holds("plant-a", role, first[role].keyid)
+        assert not store.holds("plant-a", role, "0" * 64)
+    assert not store.holds("plant-a", "snapshot", new["timestamp"].keyid)  # wrong role
+    keyids = {r: k.keyid for r, k in new.items()}
+    # Another replica (or a restart) picks the key the root names, from the same files.
+    signer = FileOnlineKeyStore(tmp_path).signer_for("plant-a", keyids)
+    for role in repo.ONLINE_ROLES:
+        assert signer.public_key(role) == new[role]
+    assert store.signer_for("plant-a").public_key("timestamp") == first["timestamp"]
+    with pytest.raises(UnavailableError, match="missing"):
+        store.signer_for("plant-a", {"snapshot": "a" * 64, "timestamp": keyids["timestamp"]})
