@@ -45,6 +45,7 @@ _COUNTERS: Final = (
     "queued",
     "max_queue",
     "queue_full",
+    "deferred",
     "observations",
     "time_syncs",
     "configs_published",

@@ -118,6 +118,11 @@ class DeviceGatewayConfig:
     topic_root: str = DEFAULT_TOPIC_ROOT
     # Messages taken from the broker and not yet processed (QoS 1 acks wait for them).
     max_queue: int = 1000
+    # MQTT 5 flow control: the most unacked QoS 1 messages the broker may send at once
+    # (the CONNECT's Receive Maximum; at most `max_queue` is sent). A full queue makes
+    # paho's thread wait for room, at most half the keepalive; what still finds no room
+    # is left unacked (`deferred`) for the broker to send again (ADR 0041).
+    receive_maximum: int = 100
     limits: IntakeLimits = field(default_factory=IntakeLimits)
 
     def __post_init__(self) -> None:
@@ -139,12 +144,14 @@ class DeviceGatewayConfig:
             raise _fail("topic_root", "must be topic levels without wildcards", self.topic_root)
         if not self.client_id:
             raise _fail("client_id", "must not be empty", self.client_id)
-        for name in ("session_expiry_s", "keepalive_s", "max_queue"):
+        for name in ("session_expiry_s", "keepalive_s", "max_queue", "receive_maximum"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise _fail(name, "must be a whole number >= 0", value)
         if self.max_queue < 1 or self.keepalive_s < 1:
             raise _fail("max_queue", "max_queue and keepalive_s must be >= 1", self.max_queue)
+        if not 1 <= self.receive_maximum <= 65535:
+            raise _fail("receive_maximum", "must be 1 to 65535", self.receive_maximum)
         if not _positive_number(self.connect_timeout_s):
             raise _fail("connect_timeout_s", "must be a positive number", self.connect_timeout_s)
 
@@ -158,7 +165,7 @@ class DeviceGatewayConfig:
         for name in ("host", "username", "password", "client_id", "topic_root"):
             if name in options:
                 values[name] = _string(f"{where}.{name}", options[name])
-        for name in ("port", "session_expiry_s", "keepalive_s", "max_queue"):
+        for name in ("port", "session_expiry_s", "keepalive_s", "max_queue", "receive_maximum"):
             if name in options:
                 values[name] = _integer(f"{where}.{name}", options[name])
         if "tls" in options:

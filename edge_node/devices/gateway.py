@@ -14,7 +14,13 @@ the replies and calls the callbacks, so a slow callback delays intake but never 
 keepalive. The queue holds at most ``max_queue`` messages, and each is acked to the
 broker (manual QoS 1 ack) only once processed: a node that stops or dies with messages
 queued gets them again from its persistent session, and the intake's id memory drops
-what it had already taken. A callback that raises is logged and counted, never fatal.
+what it had already taken. Nothing is acked unprocessed: the CONNECT's Receive Maximum
+(``receive_maximum``, at most ``max_queue``) asks the broker to keep no more unacked
+than that; one that sends more anyway (Mosquitto 2.0.11 does once acks flow) finds a
+full queue and paho's thread waits for room (TCP then holds the broker back), at most
+half the keepalive; a message that still finds none is counted ``deferred`` and left
+unacked, for the broker's next session with the gateway (ADR 0041).
+A callback that raises is logged and counted, never fatal.
 The callbacks run on that worker thread: an asyncio agent passes ones that hand over to
 its loop (``loop.call_soon_threadsafe``), and the aggregation's `now` is the agent's.
 """
@@ -87,6 +93,7 @@ class DeviceGateway:
         self._lock = threading.Lock()
         self._queue: collections.deque[_Inbound] = collections.deque()
         self._wake = threading.Condition(self._lock)
+        self._room = threading.Condition(self._lock)  # the worker took one off the queue
         self._ready = threading.Event()
         self._stopping = False
         self._started = False
@@ -99,6 +106,7 @@ class DeviceGateway:
             connect_failures=0,
             disconnects=0,
             queue_full=0,
+            deferred=0,
             callback_errors=0,
             internal_errors=0,
             observations=0,
@@ -124,6 +132,7 @@ class DeviceGateway:
         self._worker.start()
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = self.config.session_expiry_s
+        properties.ReceiveMaximum = self.receive_maximum
         client.connect_async(
             self.config.host,
             self.config.port,
@@ -132,6 +141,11 @@ class DeviceGateway:
             properties=properties,
         )
         client.loop_start()
+
+    @property
+    def receive_maximum(self) -> int:
+        """The Receive Maximum sent on CONNECT: never more than the queue holds."""
+        return min(self.config.receive_maximum, self.config.max_queue)
 
     def wait_ready(self, timeout_s: float) -> bool:
         """True once connected and subscribed (the configs are published by then)."""
@@ -146,6 +160,7 @@ class DeviceGateway:
                 return not self._queue
             self._stopping = True
             self._wake.notify_all()
+            self._room.notify_all()
         drained = True
         if self._worker is not None:
             self._worker.join(max(0.0, deadline_s))
@@ -256,26 +271,37 @@ class DeviceGateway:
     ) -> None:
         received_at = self._time()
         with self._wake:
+            if len(self._queue) >= self.config.max_queue and not self._stopping:
+                # Never ack what was not processed: wait for room (paho's thread stops
+                # reading, so TCP holds the broker back), within half the keepalive so
+                # that the connection's pings are not missed for long.
+                self._counts["queue_full"] += 1
+                deadline = time.monotonic() + self.config.keepalive_s / 2  # a real wait
+                while len(self._queue) >= self.config.max_queue and not self._stopping:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._room.wait(left)
             if self._stopping:
                 return  # unacked: the broker's session delivers it again
             if len(self._queue) >= self.config.max_queue:
-                self._counts["queue_full"] += 1
-                full = True
-            else:
-                self._queue.append(
-                    _Inbound(
-                        message.topic,
-                        bytes(message.payload),
-                        message.mid,
-                        message.qos,
-                        received_at,
-                        self._generation,
-                    )
+                # Unacked: the broker sends it again on its next session with the
+                # gateway (a reconnect or a restart; ADR 0041), never on this one.
+                self._counts["deferred"] += 1
+                self._last_error = "the queue stayed full: messages left unacked"
+                log.warning("device gateway: queue full, %s left unacked", message.topic[:200])
+                return
+            self._queue.append(
+                _Inbound(
+                    message.topic,
+                    bytes(message.payload),
+                    message.mid,
+                    message.qos,
+                    received_at,
+                    self._generation,
                 )
-                self._wake.notify()
-                full = False
-        if full:  # dropped and counted: acked so that the broker does not stall on it
-            client.ack(message.mid, message.qos)
+            )
+            self._wake.notify()
 
     # ------------------------------------------------------------------ worker side
 
@@ -287,6 +313,7 @@ class DeviceGateway:
                 if not self._queue:
                     return  # stopping, and everything is done
                 item = self._queue.popleft()
+                self._room.notify()
                 generation = self._generation
                 try:
                     outcome = self._intake.take(

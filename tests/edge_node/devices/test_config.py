@@ -72,6 +72,8 @@ def test_the_defaults_are_the_sdks() -> None:
         ({"cameras": {"cam-a": {"skip_policy": "odd"}}}, "devices.cameras.cam-a.skip_policy"),
         ({"cameras": {"cam-a": {"fps": 5}}}, "devices.cameras.cam-a.fps"),
         ({"max_queue": 0}, "devices.max_queue"),
+        ({"receive_maximum": 0}, "devices.receive_maximum"),
+        ({"receive_maximum": 65536}, "devices.receive_maximum"),
     ],
 )
 def test_a_bad_setting_is_named(raw: dict[str, Any], field: str) -> None:

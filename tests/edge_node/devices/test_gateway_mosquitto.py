@@ -339,3 +339,84 @@ def test_a_callback_that_raises_is_counted_and_the_next_message_still_arrives(
     eventually(lambda: len(calls) == 2)
     assert calls == ids
     assert gateway.health()["callback_errors"] == 1
+
+
+def test_a_burst_past_the_queue_into_a_slow_callback_loses_nothing(
+    site_factory: Callable[..., Site],
+) -> None:
+    # 8 cameras publish 50 results each as fast as they can into a gateway whose queue
+    # holds 20 and whose callback takes 3 ms. Mosquitto 2.0.11 sends past its in-flight
+    # limit once acks flow, so the queue fills: the gateway must hold back, never drop.
+    cameras = {f"cam-{n}": CameraSettings() for n in range(8)}
+    limits = IntakeLimits(rate_per_s=10_000.0, burst=10_000)
+    site = site_factory(cameras, limits=limits, max_queue=20)
+
+    def slow(observation: Observation) -> None:
+        time.sleep(0.003)
+        site.collected.observation(observation)
+
+    gateway = site.gateway(on_observation=slow)
+    assert gateway.receive_maximum == 20  # min(receive_maximum 100, max_queue)
+    clients = [site.camera(device_id) for device_id in cameras]
+    sent: dict[str, list[str]] = {}
+
+    def burst(device_id: str, camera: DeviceClient) -> None:
+        sent[device_id] = [camera.publish_result(n, time.time(), [PERSON]) for n in range(50)]
+
+    threads = [
+        threading.Thread(target=burst, args=(d, c)) for d, c in zip(cameras, clients, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert all(camera.flush(10) for camera in clients)
+    # Each camera has had all 50 PUBACKed by the broker, so each is the gateway's to take.
+    eventually(lambda: len(site.collected.observations) >= 400)
+    for device_id in cameras:  # every one exactly once, by message id
+        assert sorted(site.collected.ids(device_id)) == sorted(sent[device_id])
+    health = gateway.health()
+    assert health["deferred"] == 0 and health["observations"] == 400
+
+
+def test_a_message_that_finds_the_queue_full_too_long_is_left_unacked_for_the_session(
+    site_factory: Callable[..., Site],
+) -> None:
+    # Queue of 1, keepalive 1 s: paho's thread waits at most 0.5 s for room. The callback
+    # is stuck on the first result, the second is queued, the third waits and is deferred.
+    # The gateway asks for a window of 10: a broker that keeps a window of 1 would never
+    # send the third, this stands in for one that sends past it (Mosquitto 2.0.11).
+    site = site_factory({"cam-a": CameraSettings()})
+    config = replace(site.config, session_expiry_s=10, max_queue=1, keepalive_s=1)
+    release = threading.Event()
+
+    def stuck(observation: Observation) -> None:
+        site.collected.observation(observation)
+        release.wait(5)
+
+    class WideWindow(DeviceGateway):
+        @property
+        def receive_maximum(self) -> int:
+            return 10
+
+    gateway = WideWindow(config, stuck, on_clock_offset=site.collected.offset)
+    site.gateways.append(gateway)
+    gateway.start()
+    assert gateway.wait_ready(10)
+    camera = site.camera("cam-a")
+    ids = [camera.publish_result(n, time.time(), []) for n in range(3)]
+    assert camera.flush(10)
+    eventually(lambda: gateway.health()["deferred"] >= 1)
+    release.set()
+    eventually(lambda: gateway.health()["queued"] == 0)
+    health = gateway.health()
+    assert health["queue_full"] >= 1
+    taken = site.collected.ids("cam-a")
+    assert len(taken) == len(set(taken)) and set(taken) < set(ids)  # one (or more) held
+    gateway.stop(2.0)
+
+    # The deferred one was never acked: the next session has it, nothing else is lost.
+    again = site.gateway(replace(config, max_queue=10))
+    eventually(lambda: set(site.collected.ids("cam-a")) == set(ids))
+    again.stop(2.0)
+    site.gateway(replace(config, session_expiry_s=0)).stop(2.0)  # end the session now

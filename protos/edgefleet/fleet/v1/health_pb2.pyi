@@ -325,6 +325,7 @@ class Devices(_message.Message):
     IDS_EVICTED_EARLY_FIELD_NUMBER: _builtins.int
     CAMERAS_FIELD_NUMBER: _builtins.int
     CAMERAS_OMITTED_FIELD_NUMBER: _builtins.int
+    DEFERRED_FIELD_NUMBER: _builtins.int
     broker: _builtins.str
     """The local broker, HOST:PORT, and whether the gateway is connected to it now; the last
     connection problem (null once connected again).
@@ -344,7 +345,10 @@ class Devices(_message.Message):
     "duplicate", ...: edge_node.devices.intake.REASONS, every reason listed).
     """
     queued: _builtins.int
-    """Messages waiting for the gateway's worker now, its bound, and those dropped over it."""
+    """Messages waiting for the gateway's worker now, its bound, those that found it full
+    and waited for room (none is dropped for it), and those that found it full past the
+    wait and were left unacked for the broker's next session (ADR 0041).
+    """
     max_queue: _builtins.int
     queue_full: _builtins.int
     observations: _builtins.int
@@ -362,6 +366,7 @@ class Devices(_message.Message):
     """The message ids remembered to drop redeliveries; forgotten before their horizon."""
     ids_evicted_early: _builtins.int
     cameras_omitted: _builtins.int
+    deferred: _builtins.int
     @_builtins.property
     def accepted(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
@@ -402,10 +407,11 @@ class Devices(_message.Message):
         ids_evicted_early: _builtins.int = ...,
         cameras: _abc.Mapping[_builtins.str, Global___DeviceCamera] | None = ...,
         cameras_omitted: _builtins.int = ...,
+        deferred: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_last_error", b"_last_error", "last_error", b"last_error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_error", b"_last_error", "accepted", b"accepted", "broker", b"broker", "callback_errors", b"callback_errors", "cameras", b"cameras", "cameras_omitted", b"cameras_omitted", "configs_published", b"configs_published", "connect_failures", b"connect_failures", "connected", b"connected", "connects", b"connects", "disconnects", b"disconnects", "ids_evicted_early", b"ids_evicted_early", "internal_errors", b"internal_errors", "last_error", b"last_error", "max_queue", b"max_queue", "messages", b"messages", "mode", b"mode", "observations", b"observations", "observations_not_aggregated", b"observations_not_aggregated", "publish_failures", b"publish_failures", "queue_full", b"queue_full", "queued", b"queued", "rejected", b"rejected", "remembered_ids", b"remembered_ids", "time_syncs", b"time_syncs", "unknown_devices", b"unknown_devices"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_error", b"_last_error", "accepted", b"accepted", "broker", b"broker", "callback_errors", b"callback_errors", "cameras", b"cameras", "cameras_omitted", b"cameras_omitted", "configs_published", b"configs_published", "connect_failures", b"connect_failures", "connected", b"connected", "connects", b"connects", "deferred", b"deferred", "disconnects", b"disconnects", "ids_evicted_early", b"ids_evicted_early", "internal_errors", b"internal_errors", "last_error", b"last_error", "max_queue", b"max_queue", "messages", b"messages", "mode", b"mode", "observations", b"observations", "observations_not_aggregated", b"observations_not_aggregated", "publish_failures", b"publish_failures", "queue_full", b"queue_full", "queued", b"queued", "rejected", b"rejected", "remembered_ids", b"remembered_ids", "time_syncs", b"time_syncs", "unknown_devices", b"unknown_devices"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__last_error: _TypeAlias = _typing.Literal["last_error"]  # noqa: Y015
     _WhichOneofArgType__last_error: _TypeAlias = _typing.Literal["_last_error", b"_last_error"]  # noqa: Y015
