@@ -21,9 +21,16 @@ error naming the field and reported in health (``aggregation.state`` "failed",
 aggregation stops and the node goes on serving inference: the rules are an operator's
 file, and a typo in it must not take the cameras' inference down with it.
 
-Cameras' results come the same way: the device gateway's worker thread calls
+Cameras' results come the same way, but they are durable messages (QoS 1, acked only once
+processed: ADR 0041), so they are never left out: the device gateway's worker thread calls
 :meth:`AggregationTask.offer_observation` (an ``Observation`` already, through the same
-bounded hand-off and the same overflow count) and :meth:`AggregationTask.set_clock_offset`
+bounded hand-off), which waits for room when the hand-off is full (counted
+``observations_waited``; the worker signals each drain), at most ``timeout_s``, and says
+False when it still cannot take it (stopped, the rules failed, or timed out: counted
+``observations_refused``, not ``offered``), so the gateway leaves that message unacked for
+the broker to deliver again. Only the gateway's worker ever waits there; the pipeline's
+threads call ``offer``, which never does. It also calls
+:meth:`AggregationTask.set_clock_offset`
 for each heartbeat's clock estimate. The offset travels in the hand-off too, in order with
 the observations, so the engine (touched only by the task's worker) applies it to the
 frames that came after it; when the hand-off is full it is kept aside, latest per camera,
@@ -66,12 +73,21 @@ from edge_node.errors import (
 from edge_node.outbox import Outbox
 from protos.bundle.results import InferenceResult
 
-__all__ = ["AggregationStats", "AggregationTask", "AggregationTaskConfig"]
+__all__ = [
+    "OBSERVATION_WAIT_S",
+    "AggregationStats",
+    "AggregationTask",
+    "AggregationTaskConfig",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_QUEUE_SIZE: Final = 1_000_000
 MAX_HELD_EVENTS: Final = 1_000_000
+# How long a camera's observation waits for room in a full hand-off before it is refused
+# (the gateway then leaves the message unacked). Below the gateway's half keepalive (15 s
+# by default), so its queue, not the broker's connection, takes the rest of the wait.
+OBSERVATION_WAIT_S: Final = 5.0
 State = Literal["starting", "running", "failed", "stopped"]
 
 
@@ -125,6 +141,11 @@ class AggregationStats:
     # Of `offered`: cameras' observations (the device gateway); clock offsets handed over.
     device_observations: int = 0
     clock_offsets: int = 0
+    # Cameras' observations that found the hand-off full and waited for room (then taken
+    # or refused); refused (stopping, or no room within the wait: not `offered`, left
+    # unacked by the gateway for the broker to deliver again).
+    observations_waited: int = 0
+    observations_refused: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +162,16 @@ class AggregationTask:
         clock: Clock,
         *,
         load_rules: Callable[[Path], RulesFile] = load_rules_file,
+        observation_wait_s: float = OBSERVATION_WAIT_S,
     ) -> None:
         self.config = config
+        self.observation_wait_s = observation_wait_s
         self._outbox = outbox
         self._clock = clock
         self._load_rules = load_rules
         self._lock = threading.Lock()  # the hand-off: appends and swaps only
+        # Signalled when the worker takes the hand-off (room) or it stops accepting.
+        self._room = threading.Condition(self._lock)
         self._queue: deque[InferenceResult | Observation | _ClockOffset] = deque()
         # Offsets that found the hand-off full: the latest per camera, applied after it.
         self._offsets_aside: dict[str, float] = {}
@@ -173,19 +198,32 @@ class AggregationTask:
                 return
             self._queue.append(result)
 
-    def offer_observation(self, observation: Observation) -> bool:
-        """Hand one camera observation over (the device gateway's worker; O(1), never
-        blocks on the rules). False when the task takes nothing any more (stopped, or the
-        rules failed); one that finds the hand-off full is counted ``queue_overflow``."""
-        with self._lock:
-            if not self._accepting:
+    def offer_observation(
+        self, observation: Observation, *, timeout_s: float | None = None
+    ) -> bool:
+        """Hand one camera observation over (the device gateway's worker only; never
+        blocks on the rules). True once it is in the hand-off. A full hand-off is waited
+        on (``observations_waited``) until the worker drains it, at most ``timeout_s``
+        (default ``observation_wait_s``).
+        False when it is not taken: the task takes nothing any more (stopped, or the rules
+        failed) or there was still no room; never dropped silently: the caller must not
+        ack the message it came in (unless ``state`` is "failed": the rules are off for
+        good, and the device task counts it ``observations_not_aggregated``). Refusals
+        other than "failed" are counted ``observations_refused``."""
+        with self._room:
+            if self._accepting and len(self._queue) >= self.config.queue_size:
+                self.stats.observations_waited += 1
+                self._room.wait_for(
+                    lambda: not self._accepting or len(self._queue) < self.config.queue_size,
+                    timeout=max(0.0, self.observation_wait_s if timeout_s is None else timeout_s),
+                )
+            if not self._accepting or len(self._queue) >= self.config.queue_size:
+                if self.state != "failed":  # failed: the caller counts it not aggregated
+                    self.stats.observations_refused += 1
                 return False
             self.stats.offered += 1
             self.stats.device_observations += 1
-            if len(self._queue) >= self.config.queue_size:
-                self.stats.queue_overflow += 1
-            else:
-                self._queue.append(observation)
+            self._queue.append(observation)
             return True
 
     def set_clock_offset(self, source: str, offset_s: float) -> None:
@@ -247,6 +285,7 @@ class AggregationTask:
         accepting results. Returns the events stored."""
         with self._lock:
             self._accepting = False
+            self._room.notify_all()
         if self.state != "running":
             self._clear()
             return 0
@@ -260,6 +299,7 @@ class AggregationTask:
         with self._lock:
             batch, self._queue = self._queue, deque()
             aside, self._offsets_aside = self._offsets_aside, {}
+            self._room.notify_all()
         events: list[Event] = []
         with self._engine_lock:
             engine = self.aggregator
@@ -345,6 +385,7 @@ class AggregationTask:
             self._accepting = False
             self._queue.clear()
             self._offsets_aside.clear()
+            self._room.notify_all()
 
     # ------------------------------------------------------------------ the agent's task
 
@@ -409,6 +450,8 @@ class AggregationTask:
             "capped": capped,
             "device_observations": stats.device_observations,
             "clock_offsets": stats.clock_offsets,
+            "observations_waited": stats.observations_waited,
+            "observations_refused": stats.observations_refused,
         }
 
 

@@ -5,10 +5,16 @@ drain deadline.
 The gateway's callbacks run on its worker thread; both go straight into the aggregation
 task's bounded hand-off (``AggregationTask.offer_observation`` and ``set_clock_offset``:
 a lock held for an append), so the gateway's worker never waits on the rules and the
-engine is only ever touched by the aggregation's own worker. Without an aggregation (no
-rules file, or one that failed) the gateway runs all the same: it checks, rate-limits,
-dedupes, answers heartbeats and sends each camera its config, and the observations it
-accepts are counted (``observations_not_aggregated``) and dropped. Reconnects are the
+engine is only ever touched by the aggregation's own worker. Cameras' results are durable
+(ADR 0041): when the hand-off is full the gateway's worker waits for the aggregation to
+drain it (backpressure: the gateway's queue fills, then paho stops reading, then TCP holds
+the broker back), and one the aggregation still refuses (no room within its wait, or
+stopping) is reported to the gateway as not processed, so it stays unacked and the broker
+delivers it again. Without an aggregation (no rules file, or one that failed) the gateway
+runs all the same: it checks, rate-limits, dedupes, answers heartbeats and sends each
+camera its config, and the observations it accepts are counted
+(``observations_not_aggregated``), acked and dropped (the rules are off until a restart;
+leaving them unacked would only fill the broker's window). Reconnects are the
 gateway's own (paho's); a gateway that cannot start (its TLS files unusable) fails the
 agent like any task.
 
@@ -85,12 +91,19 @@ class DeviceTask:
 
     # ------------------------------------------------------------ the gateway's worker
 
-    def _observation(self, observation: Observation) -> None:
+    def _observation(self, observation: Observation) -> bool:
+        """True when processed (taken, or counted in counting mode); False when the
+        aggregation refused it (full past its wait, or stopping): the gateway leaves the
+        message unacked."""
         aggregation = self._aggregation
-        if aggregation is not None and aggregation.offer_observation(observation):
-            return
+        if aggregation is not None:
+            if aggregation.offer_observation(observation):
+                return True
+            if aggregation.state != "failed":
+                return False
         with self._lock:
             self.not_aggregated += 1
+        return True
 
     def _clock_offset(self, device_id: str, offset_s: float) -> None:
         aggregation = self._aggregation

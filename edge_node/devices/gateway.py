@@ -20,7 +20,11 @@ than that; one that sends more anyway (Mosquitto 2.0.11 does once acks flow) fin
 full queue and paho's thread waits for room (TCP then holds the broker back), at most
 half the keepalive; a message that still finds none is counted ``deferred`` and left
 unacked, for the broker's next session with the gateway (ADR 0041).
-A callback that raises is logged and counted, never fatal.
+The observation callback may refuse one by returning False (the aggregation had no room
+within its wait, or is stopping): that message is not processed, so it is not acked,
+counted ``deferred`` (and ``observations_refused``) like one the queue could not take, its
+id is forgotten by the intake, and the broker delivers it again on its next session.
+A callback that raises is logged and counted, never fatal (the message is acked, lost).
 The callbacks run on that worker thread: an asyncio agent passes ones that hand over to
 its loop (``loop.call_soon_threadsafe``), and the aggregation's `now` is the agent's.
 """
@@ -53,7 +57,9 @@ __all__ = ["ClockSink", "DeviceGateway", "ObservationSink"]
 
 log = logging.getLogger(__name__)
 
-ObservationSink = Callable[[Observation], None]
+# Returns False when it did not take the observation (leave the message unacked);
+# True or None when it did.
+ObservationSink = Callable[[Observation], bool | None]
 ClockSink = Callable[[str, float], None]  # (device id, camera clock minus node clock, s)
 
 _LEAVES = ("results", "heartbeat", "frame")
@@ -110,6 +116,7 @@ class DeviceGateway:
             callback_errors=0,
             internal_errors=0,
             observations=0,
+            observations_refused=0,
             time_syncs=0,
             configs_published=0,
             publish_failures=0,
@@ -323,18 +330,22 @@ class DeviceGateway:
                     outcome = None
                     self._counts["internal_errors"] += 1
                     log.exception("device gateway: the intake failed on %s", item.topic[:200])
+            processed = True
             if outcome is not None:
                 try:
-                    self._act(outcome)
+                    processed = self._act(outcome)
                 except Exception:
                     with self._lock:
                         self._counts["internal_errors"] += 1
                     log.exception("device gateway: answering %s failed", item.topic[:200])
+            if not processed:
+                continue  # unacked: the broker's next session delivers it again
             client = self._client
             if client is not None and item.generation == generation and item.qos > 0:
                 client.ack(item.mid, item.qos)
 
-    def _act(self, outcome: Outcome) -> None:
+    def _act(self, outcome: Outcome) -> bool:
+        """Reply and call the callbacks; False when the observation was refused."""
         client = self._client
         assert client is not None
         if outcome.time_sync is not None:
@@ -355,15 +366,28 @@ class DeviceGateway:
         if outcome.observation is not None:
             with self._lock:
                 self._counts["observations"] += 1
-            self._call(self._on_observation, outcome.observation)
+            if self._call(self._on_observation, outcome.observation) is False:
+                with self._lock:
+                    if outcome.key is not None:
+                        self._intake.forget(outcome.key)
+                    self._counts["observations_refused"] += 1
+                    self._counts["deferred"] += 1
+                    self._last_error = "the aggregation refused results: messages left unacked"
+                log.warning(
+                    "device gateway: result %s not taken by the aggregation, left unacked",
+                    outcome.key,
+                )
+                return False
+        return True
 
-    def _call(self, callback: Callable[..., None], *args: Any) -> None:
+    def _call(self, callback: Callable[..., bool | None], *args: Any) -> bool | None:
         try:
-            callback(*args)
+            return callback(*args)
         except Exception:
             with self._lock:
                 self._counts["callback_errors"] += 1
             log.exception("device gateway: a callback raised; the message is dropped")
+            return None
 
     def _publish_config(self, client: mqtt.Client, device_id: str) -> None:
         with self._lock:

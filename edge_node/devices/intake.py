@@ -81,6 +81,8 @@ class Outcome:
     # The camera reported a config version above the node's: republish its config.
     config_due: str | None = None
     rejected: str | None = None
+    # With an observation: its (device id, message id), for `DeviceIntake.forget`.
+    key: tuple[str, str] | None = None
 
 
 @dataclass
@@ -149,6 +151,12 @@ class DeviceIntake:
             return self._reject(outcome.rejected, camera)
         camera.last_seen = received_at
         return outcome
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """Take back an accepted observation the node could not process (its message is
+        left unacked): its id is forgotten, so the broker's redelivery is taken, not
+        refused as a duplicate. Counted ``accepted`` again then, once per delivery."""
+        self._recent.forget(key)
 
     def health(self) -> dict[str, Any]:
         """Counters for the node's health report (JSON-able)."""
@@ -219,7 +227,7 @@ class DeviceIntake:
             if self._recent.seen_before((device_id, envelope.message_id), now):
                 return Outcome(rejected="duplicate")
             self._accept(camera, "results")
-            return Outcome(observation=observation)
+            return Outcome(observation=observation, key=(device_id, envelope.message_id))
         if self._recent.seen_before((device_id, envelope.message_id), now):
             return Outcome(rejected="duplicate")
         if body == "frame":

@@ -64,6 +64,10 @@ class RecentIds:
             self.evicted_early += 1
         return False
 
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drop `key` if remembered (a message taken back unprocessed)."""
+        self._seen.pop(key, None)
+
     def _expire(self, now: float) -> None:
         seen = self._seen
         cutoff = now - self.horizon_s

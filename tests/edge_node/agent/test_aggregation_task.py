@@ -347,11 +347,13 @@ def test_an_offset_that_finds_the_hand_off_full_is_kept_and_applied_after_it(
     t0 = T0.timestamp()
     assert task.offer_observation(seen(0, 0.1, clock_s=t0))
     assert task.offer_observation(seen(1, 0.1, clock_s=t0 + 0.1))
-    assert task.offer_observation(seen(2, 0.1, clock_s=t0 + 0.2))  # over: counted
+    # Over, and no room within the wait: refused (the gateway leaves it unacked).
+    assert not task.offer_observation(seen(2, 0.1, clock_s=t0 + 0.2), timeout_s=0.0)
     task.set_clock_offset("gate", 60.0)  # full too: set aside, not lost
     task.set_clock_offset("gate", 120.0)  # the latest wins
     task.set_clock_offset("yard-cam", 5.0)  # not in the rules file's cameras: not counted there
-    assert (task.stats.queue_overflow, task.queued, task.stats.clock_offsets) == (1, 2, 3)
+    assert (task.stats.observations_refused, task.queued, task.stats.clock_offsets) == (1, 2, 3)
+    assert task.stats.queue_overflow == 0
     assert task.start()
     task.drain_once(t0 + 1)
     assert task.aggregator is not None
@@ -360,4 +362,69 @@ def test_an_offset_that_finds_the_hand_off_full_is_kept_and_applied_after_it(
     # Once the rules failed or the task stopped, nothing more is taken.
     task.finish()
     assert not task.offer_observation(seen(3, 0.1, clock_s=t0 + 0.3))
-    assert task.stats.device_observations == 3
+    assert (task.stats.device_observations, task.stats.observations_refused) == (2, 2)
+
+
+def _until(condition: object, what: str) -> None:
+    """Wait (bounded) for another thread to reach a state; never for a timeout to pass."""
+    assert callable(condition)
+    done = threading.Event()
+    for _ in range(1000):
+        if condition():
+            return
+        done.wait(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_cameras_observation_waits_for_room_and_is_taken_once_the_worker_drains(
+    rules: Path, outbox: Outbox
+) -> None:
+    task = task_for(rules, outbox, queue_size=2)
+    assert task.start()
+    t0 = T0.timestamp()
+    assert task.offer_observation(seen(0, 0.1, clock_s=t0))
+    assert task.offer_observation(seen(1, 0.1, clock_s=t0 + 0.1))
+    taken: list[bool] = []
+    gateway = threading.Thread(
+        target=lambda: taken.append(task.offer_observation(seen(2, 0.1, clock_s=t0 + 0.2)))
+    )
+    gateway.start()
+    _until(lambda: task.stats.observations_waited == 1, "the offer to wait")
+    assert taken == [] and task.queued == 2  # waiting, not dropped, not yet taken
+    # The node's own results never wait: a full hand-off counts them and goes on.
+    task.offer(frame(1, 0.2))
+    assert task.stats.queue_overflow == 1
+    task.drain_once(t0 + 1)  # the worker takes the hand-off: room, signalled
+    gateway.join(timeout=10)
+    assert not gateway.is_alive()
+    assert taken == [True]
+    assert task.queued == 1
+    health = task.health()
+    assert (health["observations_waited"], health["observations_refused"]) == (1, 0)
+    assert (health["device_observations"], health["queue_overflow"]) == (3, 1)
+    assert health["offered"] == 4  # 3 camera observations and the node's one result
+    check_report({"schema": SCHEMA, "aggregation": health})
+
+
+def test_a_waiting_observation_is_refused_when_the_task_stops_or_no_room_comes(
+    rules: Path, outbox: Outbox
+) -> None:
+    task = task_for(rules, outbox, queue_size=1)
+    assert task.start()
+    t0 = T0.timestamp()
+    assert task.offer_observation(seen(0, 0.1, clock_s=t0))
+    # No room within the wait: refused, not counted as offered or taken.
+    assert not task.offer_observation(seen(1, 0.1, clock_s=t0 + 0.1), timeout_s=0.0)
+    assert (task.stats.offered, task.stats.device_observations, task.queued) == (1, 1, 1)
+    taken: list[bool] = []
+    gateway = threading.Thread(
+        target=lambda: taken.append(task.offer_observation(seen(2, 0.1, clock_s=t0 + 0.2)))
+    )
+    gateway.start()
+    _until(lambda: task.stats.observations_waited == 2, "the offer to wait")
+    task.finish()  # stopping wakes the waiter: refused, for the broker to redeliver
+    gateway.join(timeout=10)
+    assert not gateway.is_alive()
+    assert taken == [False]
+    assert (task.stats.observations_waited, task.stats.observations_refused) == (2, 2)
+    assert task.stats.device_observations == 1

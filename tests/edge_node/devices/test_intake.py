@@ -151,6 +151,19 @@ def test_a_redelivery_is_not_a_second_observation() -> None:
     assert intake.health()["rejected"]["duplicate"] == 2
 
 
+def test_a_result_taken_back_unprocessed_is_taken_again_on_its_redelivery() -> None:
+    # The aggregation refused it: the gateway leaves it unacked and forgets its id, so the
+    # broker's redelivery is an observation again, not a duplicate.
+    intake = make_intake()
+    payload = envelope(message_id="refused", frame_result=result())
+    outcome = intake.take(f"{ROOT}/cam-a/results", payload, NOW, 0.0)
+    assert outcome.observation is not None and outcome.key == ("cam-a", "refused")
+    intake.forget(outcome.key)
+    again = intake.take(f"{ROOT}/cam-a/results", payload, NOW + 5, 5.0)
+    assert again.observation is not None and again.rejected is None
+    assert intake.take(f"{ROOT}/cam-a/results", payload, NOW + 6, 6.0).rejected == "duplicate"
+
+
 BAD_INPUTS = [
     ("oversize", f"{ROOT}/cam-a/results", b"x" * 2000),
     (

@@ -595,6 +595,8 @@ class Aggregation(_message.Message):
     CAPPED_FIELD_NUMBER: _builtins.int
     DEVICE_OBSERVATIONS_FIELD_NUMBER: _builtins.int
     CLOCK_OFFSETS_FIELD_NUMBER: _builtins.int
+    OBSERVATIONS_WAITED_FIELD_NUMBER: _builtins.int
+    OBSERVATIONS_REFUSED_FIELD_NUMBER: _builtins.int
     state: _builtins.str
     """"running", or "failed" when the rules file could not be used (`error` says why, naming
     the field): the node then serves inference without aggregation.
@@ -629,6 +631,12 @@ class Aggregation(_message.Message):
     own inference results); camera clock offsets handed over (one per heartbeat estimate).
     """
     clock_offsets: _builtins.int
+    observations_waited: _builtins.int
+    """Cameras' observations that found the hand-off full and waited for room; those still
+    refused (stopping, or no room within the wait): not in `offered`, left
+    unacked by the gateway for the broker to deliver again (ADR 0041).
+    """
+    observations_refused: _builtins.int
     @_builtins.property
     def events(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Events raised, by type ("zone.intrusion", ...)."""
@@ -664,10 +672,12 @@ class Aggregation(_message.Message):
         capped: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         device_observations: _builtins.int = ...,
         clock_offsets: _builtins.int = ...,
+        observations_waited: _builtins.int = ...,
+        observations_refused: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "capped", b"capped", "clock_offsets", b"clock_offsets", "device_observations", b"device_observations", "duplicates", b"duplicates", "error", b"error", "events", b"events", "events_held", b"events_held", "events_lost", b"events_lost", "events_replayed", b"events_replayed", "events_stored", b"events_stored", "future", b"future", "invalid_time", b"invalid_time", "late_applied", b"late_applied", "offered", b"offered", "queue_overflow", b"queue_overflow", "queued", b"queued", "rules", b"rules", "rules_file", b"rules_file", "sightings", b"sightings", "state", b"state", "too_late", b"too_late", "unknown_source", b"unknown_source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "capped", b"capped", "clock_offsets", b"clock_offsets", "device_observations", b"device_observations", "duplicates", b"duplicates", "error", b"error", "events", b"events", "events_held", b"events_held", "events_lost", b"events_lost", "events_replayed", b"events_replayed", "events_stored", b"events_stored", "future", b"future", "invalid_time", b"invalid_time", "late_applied", b"late_applied", "observations_refused", b"observations_refused", "observations_waited", b"observations_waited", "offered", b"offered", "queue_overflow", b"queue_overflow", "queued", b"queued", "rules", b"rules", "rules_file", b"rules_file", "sightings", b"sightings", "state", b"state", "too_late", b"too_late", "unknown_source", b"unknown_source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
