@@ -200,7 +200,8 @@ class AggregationSettings(BaseModel):
     rules_file: Path | None = None
     # How often the task aggregates what the pipeline handed over and moves time on.
     tick_s: float = Field(default=0.2, ge=0.01, le=60)
-    # Results waiting for the task; one more is counted (queue_overflow) and left out.
+    # Results waiting for the task; one more of the node's own is counted (queue_overflow)
+    # and left out; a camera's waits for room, then is refused (left unacked, ADR 0041).
     queue_size: int = Field(default=10_000, ge=1, le=1_000_000)
     # Events the outbox refused (budget, full disk), held to be tried again.
     max_held_events: int = Field(default=10_000, ge=1, le=1_000_000)

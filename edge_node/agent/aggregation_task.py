@@ -25,13 +25,13 @@ Cameras' results come the same way, but they are durable messages (QoS 1, acked 
 processed: ADR 0041), so they are never left out: the device gateway's worker thread calls
 :meth:`AggregationTask.offer_observation` (an ``Observation`` already, through the same
 bounded hand-off), which waits for room when the hand-off is full (counted
-``observations_waited``; the worker signals each drain), at most ``timeout_s``, and says
-False when it still cannot take it (stopped, the rules failed, or timed out: counted
-``observations_refused``, not ``offered``), so the gateway leaves that message unacked for
-the broker to deliver again. Only the gateway's worker ever waits there; the pipeline's
-threads call ``offer``, which never does. It also calls
-:meth:`AggregationTask.set_clock_offset`
-for each heartbeat's clock estimate. The offset travels in the hand-off too, in order with
+``observations_waited``; the worker signals each drain), at most ``observation_wait_s``
+(5 s), and says False when it still cannot take it (stopping, or no room by then: counted
+``observations_refused``, not ``offered``; the rules failed: the device task counts it not
+aggregated), so the gateway leaves that message unacked for the broker to deliver again.
+Only the gateway's worker ever waits there; the pipeline's threads call ``offer``, which
+never does. It also calls :meth:`AggregationTask.set_clock_offset` for each heartbeat's
+clock estimate. The offset travels in the hand-off too, in order with
 the observations, so the engine (touched only by the task's worker) applies it to the
 frames that came after it; when the hand-off is full it is kept aside, latest per camera,
 and applied after that batch, so an estimate is never lost to a burst of results.
