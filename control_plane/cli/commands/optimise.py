@@ -1,0 +1,152 @@
+"""`edgefleet model quantize|compare`: an INT8 model from an FP32 one, and how far two agree.
+
+Both run on the operator's machine, offline (no server, no keys). ONNX, ONNX Runtime and
+numpy load inside the commands (`edgefleet --help` stays cheap); the work is in
+`control_plane.registry.quantization` and `control_plane.registry.model_compare`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from control_plane.cli.commands.registry import model_app
+from control_plane.cli.context import CliContext, cli_context
+
+Runtime = Annotated[
+    Path | None,
+    typer.Option(
+        help="runtime.yaml (as pushed): how images become the model's input and how its "
+        "outputs are decoded; needed for a folder of images"
+    ),
+]
+
+
+@model_app.command("compare")
+def model_compare(
+    ctx: typer.Context,
+    a: Annotated[Path, typer.Argument(help="the reference model (e.g. FP32)")],
+    b: Annotated[Path, typer.Argument(help="the model compared with it (e.g. INT8)")],
+    data: Annotated[Path, typer.Option(help="folder of images (.png, .jpg) or .npy tensors")],
+    runtime: Runtime = None,
+) -> None:
+    """Run A and B on every sample and report, per output, how far B strays from A
+    (max/mean absolute error, cosine similarity and SQNR at the 5th percentile over
+    samples) and, with --runtime, how often the decoded results agree."""
+    from control_plane.registry.model_compare import check_same_signature, compare_models
+    from control_plane.registry.model_data import open_samples
+    from control_plane.registry.onnx_inspect import inspect_model
+
+    cli = cli_context(ctx)
+    spec = _runtime(runtime)
+    info_a, info_b = inspect_model(a), inspect_model(b)
+    check_same_signature(info_a, info_b)
+    samples = open_samples(data, info_a, spec)
+    report = {
+        "a": str(a),
+        "b": str(b),
+        "data": str(data),
+        "kind": samples.kind,
+        "coverage": None if samples.coverage is None else samples.coverage.to_report(),
+        **compare_models(a, b, samples).to_report(),
+    }
+    _emit(cli, report)
+
+
+@model_app.command("quantize")
+def model_quantize(
+    ctx: typer.Context,
+    model: Annotated[Path, typer.Argument(help="the FP32 model")],
+    calibration: Annotated[
+        Path, typer.Option(help="folder of images (.png, .jpg) or .npy tensors")
+    ],
+    # Not `-o`: that is the root's --output (table | json), which may follow any command.
+    output: Annotated[Path, typer.Option("--out", help="the INT8 model to write")],
+    runtime: Runtime = None,
+    method: Annotated[
+        str, typer.Option(help="static (QDQ, calibrated) | dynamic (weights only)")
+    ] = "static",
+    per_channel: Annotated[bool, typer.Option(help="one scale per output channel")] = False,
+    exclude: Annotated[
+        list[str] | None, typer.Option(help="a node kept in float (repeatable)")
+    ] = None,
+) -> None:
+    """Quantize with ONNX Runtime (QDQ, QInt8 activations and weights, MinMax calibration on
+    the images through the node's own preprocessing), check the result and report how far
+    it agrees with the FP32 model on the calibration set."""
+    from control_plane.errors import InvalidInputError
+    from control_plane.registry.model_data import MIN_CALIBRATION_SAMPLES, open_samples
+    from control_plane.registry.onnx_inspect import inspect_model
+    from control_plane.registry.quantization import QuantizeOptions, quantize_model
+
+    cli = cli_context(ctx)
+    if method not in ("static", "dynamic"):
+        raise InvalidInputError(f"--method must be static or dynamic, got {method!r}")
+    spec = _runtime(runtime)
+    info = inspect_model(model)
+    samples = open_samples(
+        calibration, info, spec, minimum=MIN_CALIBRATION_SAMPLES, what="calibration"
+    )
+    options = QuantizeOptions(
+        method="static" if method == "static" else "dynamic",
+        per_channel=per_channel,
+        exclude=tuple(exclude or ()),
+    )
+    _emit(cli, quantize_model(model, output, samples, options))
+
+
+def _runtime(path: Path | None) -> Any:
+    if path is None:
+        return None
+    from control_plane.cli.runtime_file import load_runtime_file
+
+    return load_runtime_file(path)
+
+
+def _emit(cli: CliContext, report: dict[str, Any]) -> None:
+    """JSON as it is, or the figures as tables and the warnings on stderr-like lines."""
+    if cli.output == "json":
+        cli.emit(report)
+        return
+    from rich.table import Table
+
+    coverage = report.get("coverage")
+    agreement = report.get("agreement", report)
+    head = {
+        k: v
+        for k, v in report.items()
+        if k not in {"coverage", "agreement", "outputs", "decoded", "warnings"}
+    }
+    cli.emit(head)
+    if coverage is not None:
+        b, c = coverage["brightness_p5_p50_p95"], coverage["contrast_p5_p50_p95"]
+        bands = ", ".join(f"{k} {v}" for k, v in coverage["bands"].items())
+        cli.console.print(
+            f"coverage: {coverage['images']} images; brightness p5/p50/p95 {b[0]}/{b[1]}/{b[2]}"
+            f" (of 255), contrast {c[0]}/{c[1]}/{c[2]}; {bands}",
+            soft_wrap=True,
+        )
+    table = Table(title=f"per output, {agreement['samples']} samples")
+    columns = [
+        "output",
+        "max_abs",
+        "mean_abs",
+        "cosine_min",
+        "cosine_p5",
+        "sqnr_db_p5",
+        "sqnr_db_p50",
+    ]
+    for col in columns:
+        table.add_column(col)
+    for row in agreement["outputs"]:
+        table.add_row(*[str(row[col]) for col in columns])
+    cli.console.print(table)
+    decoded = agreement.get("decoded")
+    if decoded is not None:
+        figures = ", ".join(f"{k} {v}" for k, v in decoded.items() if k not in {"kind"})
+        cli.console.print(f"decoded ({decoded['kind']}): {figures}", soft_wrap=True)
+    warnings = [*(coverage or {}).get("warnings", []), *agreement.get("warnings", [])]
+    for warning in warnings:
+        cli.console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)

@@ -1,0 +1,215 @@
+"""FP32 → INT8 with ONNX Runtime's own quantizer, every setting pinned (`model quantize`).
+
+What it is for: calling ``onnxruntime.quantization.quantize_static`` (or ``quantize_dynamic``)
+with every argument written out — QDQ format, QInt8 activations and weights, MinMax
+calibration, per-channel only when asked — because the library's defaults changed between
+releases (older ones made QOperator/QUInt8 models; ADR 0046). Calibration batches are the
+samples of a :class:`~control_plane.registry.model_data.SampleSet`, read through the
+node's own preprocessing. The result is checked before it is kept: ``onnx.checker``, loaded
+and run by ONNX Runtime, compared with the FP32 model on the calibration samples
+(:func:`~control_plane.registry.model_compare.compare_models`); only then is it moved into
+place (temp file in the same folder, fsync, ``os.replace``). A refused run writes nothing.
+
+What it is not for: writing a quantizer, choosing which nodes to keep in float (the
+operator's ``--exclude``), or deciding whether the result may be released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from control_plane.errors import InvalidInputError, InvalidModelError
+from control_plane.fsutil import fsync_dir
+from control_plane.registry.model_compare import compare_models
+from control_plane.registry.model_data import SampleSet
+from control_plane.registry.onnx_inspect import inspect_model
+
+__all__ = ["QUANTIZED_OPS", "QuantizeOptions", "quantize_model"]
+
+Method = Literal["static", "dynamic"]
+QUANTIZED_OPS: Final = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "ConvInteger",
+        "MatMulInteger",
+    }
+)
+"""Ops that only a quantized model holds: a model with one is not quantized again."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizeOptions:
+    method: Method = "static"
+    per_channel: bool = False
+    exclude: tuple[str, ...] = ()
+
+
+def settings_of(options: QuantizeOptions) -> dict[str, Any]:
+    """What is passed to ONNX Runtime, as the report shows it."""
+    settings: dict[str, Any] = {
+        "method": options.method,
+        "weight_type": "QInt8",
+        "per_channel": options.per_channel,
+        "reduce_range": False,
+        "nodes_excluded": list(options.exclude),
+    }
+    if options.method == "static":
+        settings |= {"format": "QDQ", "activation_type": "QInt8", "calibration": "MinMax"}
+    else:
+        settings |= {"format": "QOperator (dynamic: activations quantized at run time)"}
+    return settings
+
+
+class _Reader:
+    """ONNX Runtime's ``CalibrationDataReader`` protocol over the samples (lazily)."""
+
+    def __init__(self, samples: SampleSet) -> None:
+        self._samples = iter(samples)
+
+    def get_next(self) -> dict[str, Any] | None:
+        sample = next(self._samples, None)
+        return None if sample is None else sample.inputs
+
+
+class _DropPreprocessAdvice(logging.Filter):
+    """ORT logs "Please consider to run pre-processing" on the root logger at every call;
+    the graph is quantized as the operator gave it (node names stay those of --exclude)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing" not in record.getMessage()
+
+
+@contextmanager
+def _quiet_advice() -> Iterator[None]:
+    root = logging.getLogger()
+    dropped = _DropPreprocessAdvice()
+    root.addFilter(dropped)
+    try:
+        yield
+    finally:
+        root.removeFilter(dropped)
+
+
+def quantize_model(
+    source: Path, output: Path, samples: SampleSet, options: QuantizeOptions
+) -> dict[str, Any]:
+    """Quantize ``source`` into ``output`` and report what was done and how far the result
+    agrees with ``source`` on ``samples``. InvalidInputError / InvalidModelError on a model,
+    an option or a result that cannot be used; ``output`` is then left untouched."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    info = inspect_model(source)
+    if output.resolve() == source.resolve():
+        raise InvalidInputError("-o must name a new file, not the FP32 model", field="output")
+    if not output.parent.is_dir():
+        raise InvalidInputError(
+            f"the folder of {output} does not exist", field="output", path=str(output)
+        )
+    graph = onnx.load(str(source)).graph
+    ops = {node.op_type for node in graph.node}
+    if ops & QUANTIZED_OPS:
+        raise InvalidModelError(
+            f"{source} is quantized already (it holds {', '.join(sorted(ops & QUANTIZED_OPS))})",
+            path=str(source),
+        )
+    names = [node.name for node in graph.node]
+    unknown = [n for n in options.exclude if n not in names]
+    if unknown:
+        shown = ", ".join(n for n in names[:20] if n)
+        raise InvalidInputError(
+            f"--exclude {unknown[0]!r}: the model has no node of that name (its nodes: {shown}"
+            + (", …" if len(names) > 20 else "")
+            + ")",
+            field="exclude",
+        )
+    with tempfile.TemporaryDirectory(prefix=".edgefleet-quantize-", dir=output.parent) as tmp:
+        staged = Path(tmp) / output.name
+        try:
+            with _quiet_advice():
+                if options.method == "static":
+                    quantize_static(
+                        model_input=str(source),
+                        model_output=str(staged),
+                        calibration_data_reader=_Reader(samples),
+                        quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=None,
+                        per_channel=options.per_channel,
+                        reduce_range=False,
+                        activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8,
+                        nodes_to_quantize=None,
+                        nodes_to_exclude=list(options.exclude),
+                        use_external_data_format=False,
+                        calibrate_method=CalibrationMethod.MinMax,
+                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+                    )
+                else:
+                    quantize_dynamic(
+                        model_input=str(source),
+                        model_output=str(staged),
+                        op_types_to_quantize=None,
+                        per_channel=options.per_channel,
+                        reduce_range=False,
+                        weight_type=QuantType.QInt8,
+                        nodes_to_quantize=None,
+                        nodes_to_exclude=list(options.exclude),
+                        use_external_data_format=False,
+                        extra_options={"WeightSymmetric": True},
+                    )
+        except InvalidInputError:
+            raise
+        except Exception as exc:  # the quantizer raises what its internals raise
+            raise InvalidModelError(
+                f"ONNX Runtime's quantizer failed on {source}: {' '.join(str(exc).split())}",
+                path=str(source),
+            ) from exc
+        try:
+            onnx.checker.check_model(str(staged), full_check=True)
+        except Exception as exc:
+            raise InvalidModelError(
+                f"the quantized model fails onnx.checker: {' '.join(str(exc).split())}"
+            ) from exc
+        comparison = compare_models(source, staged, samples, a_name="FP32", b_name="INT8")
+        quantized = onnx.load(str(staged)).graph
+        with open(staged, "rb") as f:
+            os.fsync(f.fileno())
+        length = staged.stat().st_size
+        staged.replace(output)
+        fsync_dir(output.parent)
+    counts: dict[str, int] = {}
+    for node in quantized.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return {
+        "model": str(source),
+        "output": str(output),
+        "onnxruntime": ort.__version__,
+        "settings": settings_of(options),
+        "samples": len(samples),
+        "data": samples.kind,
+        "coverage": None if samples.coverage is None else samples.coverage.to_report(),
+        "size_bytes": {"fp32": info.length, "int8": length},
+        "quantize_nodes": counts.get("QuantizeLinear", 0) + counts.get("DynamicQuantizeLinear", 0),
+        "dequantize_nodes": counts.get("DequantizeLinear", 0),
+        # Judged on the calibration samples themselves: an optimistic figure; run
+        # `model compare` on held-out frames before a release.
+        "agreement": comparison.to_report(),
+    }

@@ -1,0 +1,308 @@
+"""`model quantize` and `model compare` (issue 16 §1): real models, real images, real ORT.
+
+The model is :func:`sample_models.tiny_detector` (Conv → Relu → pool → Gemm → Sigmoid,
+deterministic weights) read as a four-class classifier through a runtime spec; the images
+are PNGs written with Pillow, read back through the node's own preprocessing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import yaml
+from onnx import numpy_helper
+from PIL import Image
+
+from control_plane.cli.main import main
+from control_plane.cli.runtime_file import load_runtime_file
+from control_plane.registry import sample_models
+from control_plane.registry.reference_frame import load_frame
+from control_plane.trust.custom import check_runtime
+from protos.bundle.preprocess import Preprocessor
+from protos.bundle.spec import TensorSig
+
+SIZE = 32
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any, str]:
+    capsys.readouterr()
+    code = main(["-o", "json", "model", *args])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else out), err
+
+
+def images(folder: Path, count: int, *, dark: bool = False, seed: int = 1) -> Path:
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        level, spread = (12, 4) if dark else (int(rng.integers(10, 245)), int(rng.integers(10, 60)))
+        pixels = np.clip(rng.normal(level, spread, (48, 64, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i:02d}.png")
+    return folder
+
+
+@pytest.fixture
+def fp32(tmp_path: Path) -> Path:
+    return sample_models.tiny_detector(tmp_path / "fp32.onnx", size=SIZE)
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Path:
+    path = tmp_path / "runtime.yaml"
+    path.write_text(yaml.safe_dump(sample_models.tiny_detector_runtime()))
+    return path
+
+
+@pytest.fixture
+def calibration(tmp_path: Path) -> Path:
+    return images(tmp_path / "calibration", 12)
+
+
+def scaled(source: Path, target: Path, initializer: str, factor: float) -> Path:
+    """`source` with one weight tensor multiplied by `factor`: a deliberately broken model."""
+    model = onnx.load(str(source))
+    for i, tensor in enumerate(model.graph.initializer):
+        if tensor.name == initializer:
+            array = numpy_helper.to_array(tensor) * np.float32(factor)
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(array, initializer))
+    onnx.save(model, str(target))
+    return target
+
+
+def test_static_quantization_writes_a_checked_int8_qdq_model_that_agrees(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path, calibration: Path
+) -> None:
+    out = tmp_path / "int8.onnx"
+    code, report, err = run(
+        capsys, "quantize", str(fp32), "--calibration", str(calibration),
+        "--runtime", str(runtime), "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    # Every setting is pinned, whatever the installed release's defaults are.
+    assert report["settings"] == {
+        "method": "static",
+        "format": "QDQ",
+        "activation_type": "QInt8",
+        "weight_type": "QInt8",
+        "calibration": "MinMax",
+        "per_channel": False,
+        "reduce_range": False,
+        "nodes_excluded": [],
+    }
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+    int8_weights = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    # Activations too are QInt8 (older releases defaulted to QUInt8): int8 zero points only.
+    zero_points = [
+        t
+        for t in model.graph.initializer
+        if t.name.endswith("_zero_point") and not t.name.endswith("_quantized_zero_point")
+    ]  # (the biases' are int32)
+    assert zero_points and {t.data_type for t in zero_points} == {onnx.TensorProto.INT8}
+    assert {t.name.split("_quantized")[0] for t in int8_weights} >= {"conv_w", "fc_w"}
+    # Run both ourselves, on a calibration image through the node's preprocessing.
+    spec = load_runtime_file(runtime)
+    resolved, channels = check_runtime(
+        spec,
+        [TensorSig.of("images", "float32", (1, 3, SIZE, SIZE))],
+        [TensorSig.of("scores", "float32", (1, 4))],
+    )
+    tensor = Preprocessor(resolved, channels)(load_frame(calibration / "03.png"))
+    want = ort.InferenceSession(str(fp32)).run(None, {"images": tensor})[0]
+    got = ort.InferenceSession(str(out)).run(None, {"images": tensor})[0]
+    assert np.abs(got - want).max() < 0.02
+    agreement = report["agreement"]
+    assert agreement["samples"] == 12 and agreement["warnings"] == []
+    (scores,) = agreement["outputs"]
+    assert scores["cosine_p5"] > 0.999 and scores["sqnr_db_p5"] > 30
+    assert agreement["decoded"]["kind"] == "classification"
+    assert agreement["decoded"]["top1_ratio"] == 1.0
+    assert report["coverage"]["images"] == 12 and report["coverage"]["warnings"] == []
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".edgefleet-quantize")]
+
+
+def test_per_channel_and_excluded_nodes_and_dynamic(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path, calibration: Path
+) -> None:
+    out = tmp_path / "mixed.onnx"
+    code, report, err = run(
+        capsys, "quantize", str(fp32), "--calibration", str(calibration), "--runtime",
+        str(runtime), "--out", str(out), "--per-channel", "--exclude", "fc",
+    )  # fmt: skip
+    assert code == 0, err
+    assert report["settings"]["per_channel"] and report["settings"]["nodes_excluded"] == ["fc"]
+    model = onnx.load(str(out))
+    (fc,) = [n for n in model.graph.node if n.name == "fc"]
+    assert fc.input[1] == "fc_w"  # the float weight itself, no DequantizeLinear before it
+    conv_scale = [t for t in model.graph.initializer if t.name.startswith("conv_w_scale")]
+    assert conv_scale and numpy_helper.to_array(conv_scale[0]).shape == (8,)  # per channel
+
+    dynamic = tmp_path / "dynamic.onnx"
+    code, report, err = run(
+        capsys, "quantize", str(fp32), "--calibration", str(calibration), "--runtime",
+        str(runtime), "--out", str(dynamic), "--method", "dynamic",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "DynamicQuantizeLinear" in {n.op_type for n in onnx.load(str(dynamic)).graph.node}
+    assert report["agreement"]["outputs"][0]["cosine_p5"] > 0.999
+
+
+def test_compare_flags_a_broken_model_and_passes_the_same_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path, calibration: Path
+) -> None:
+    broken = scaled(fp32, tmp_path / "broken.onnx", "fc_w", -4.0)
+    code, report, err = run(
+        capsys, "compare", str(fp32), str(broken), "--data", str(calibration),
+        "--runtime", str(runtime),
+    )  # fmt: skip
+    assert code == 0, err
+    (scores,) = report["outputs"]
+    assert scores["cosine_p5"] < 0.9 and scores["max_abs"] > 0.3
+    assert any("cosine similarity" in w for w in report["warnings"])
+    assert report["decoded"]["top1_ratio"] < 0.5
+    assert any("top-1" in w for w in report["warnings"])
+
+    code, report, err = run(capsys, "compare", str(fp32), str(fp32), "--data", str(calibration),
+                            "--runtime", str(runtime))  # fmt: skip
+    assert code == 0, err
+    (scores,) = report["outputs"]
+    assert scores["max_abs"] == 0 and scores["cosine_p5"] == 1.0 and scores["sqnr_db_p5"] == "inf"
+    assert report["warnings"] == []
+
+
+def test_compare_on_tensors_and_as_a_table(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "tensors"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        np.save(folder / f"{i}.npy", rng.standard_normal((1, 3, SIZE, SIZE)).astype(np.float32))
+    other = sample_models.tiny_detector(tmp_path / "other.onnx", size=SIZE, seed=5)
+    code, report, err = run(capsys, "compare", str(fp32), str(other), "--data", str(folder))
+    assert code == 0, err
+    assert report["kind"] == "tensors" and report["coverage"] is None
+    assert report["decoded"] is None and report["samples"] == 3
+    monkeypatch.setenv("COLUMNS", "200")
+    capsys.readouterr()
+    assert main(["model", "compare", str(fp32), str(other), "--data", str(folder)]) == 0
+    table = capsys.readouterr().out
+    assert "per output, 3 samples" in table and "cosine_p5" in table and "scores" in table
+
+
+def test_a_narrow_calibration_set_is_warned_about(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path
+) -> None:
+    dark = images(tmp_path / "night", 10, dark=True)
+    code, report, err = run(
+        capsys, "quantize", str(fp32), "--calibration", str(dark), "--runtime", str(runtime),
+        "--out", str(tmp_path / "int8.onnx"),
+    )  # fmt: skip
+    assert code == 0, err
+    warnings = report["coverage"]["warnings"]
+    assert any(w.startswith("narrow brightness") for w in warnings)
+    assert "100% of the images are dark" in warnings
+    assert report["coverage"]["bands"] == {"dark": 10, "mid": 0, "bright": 0}
+
+
+def bad_folder(tmp_path: Path, case: str) -> Path:
+    folder = tmp_path / case
+    if case == "missing":
+        return folder
+    if case == "file":
+        folder.write_text("x")
+        return folder
+    folder.mkdir()
+    if case == "empty":
+        return folder
+    for i in range(8):
+        Image.fromarray(np.full((20, 20, 3), 100 + i, np.uint8)).save(folder / f"{i}.png")
+    if case == "text":
+        (folder / "notes.txt").write_text("not an image")
+    elif case == "undecodable":
+        (folder / "9.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    elif case == "mixed":
+        np.save(folder / "t.npy", np.zeros((1, 3, SIZE, SIZE), np.float32))
+    elif case == "few":
+        for path in sorted(folder.iterdir())[3:]:
+            path.unlink()
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing", "does not exist"),
+        ("file", "is not a directory"),
+        ("empty", "is empty"),
+        ("text", "'notes.txt' is neither an image"),
+        ("undecodable", "cannot read image"),
+        ("mixed", "mixes images (8) and .npy tensors (1)"),
+        ("few", "holds 3 sample(s); at least 8"),
+    ],
+)
+def test_bad_calibration_folders_are_refused_and_nothing_is_written(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    fp32: Path,
+    runtime: Path,
+    case: str,
+    message: str,
+) -> None:
+    out = tmp_path / "int8.onnx"
+    folder = bad_folder(tmp_path, case)
+    code, _, err = run(
+        capsys, "quantize", str(fp32), "--calibration", str(folder), "--runtime", str(runtime),
+        "--out", str(out),
+    )  # fmt: skip
+    assert code == 1
+    assert message in " ".join(err.split())
+    assert not out.exists()
+
+
+def test_inputs_that_do_not_fit_the_model_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path, calibration: Path
+) -> None:
+    out = tmp_path / "int8.onnx"
+    args = ["quantize", str(fp32), "--out", str(out)]
+    # Images without the runtime spec that makes them the model's input.
+    code, _, err = run(capsys, *args, "--calibration", str(calibration))
+    assert code == 1 and "give it with --runtime" in " ".join(err.split())
+    # Tensors of another shape than the model's input.
+    tensors = tmp_path / "tensors"
+    tensors.mkdir()
+    for i in range(8):
+        np.save(tensors / f"{i}.npy", np.zeros((1, 3, 16, 16), np.float32))
+    code, _, err = run(capsys, *args, "--calibration", str(tensors))
+    assert code == 1 and "the model's input 'images' is float32[1, 3, 32, 32]" in " ".join(
+        err.split()
+    )
+    # A node that is not in the graph, and a model quantized already.
+    code, _, err = run(
+        capsys, *args, "--calibration", str(calibration), "--runtime", str(runtime),
+        "--exclude", "head",
+    )  # fmt: skip
+    assert code == 1 and "--exclude 'head': the model has no node of that name" in err
+    assert not out.exists()
+    int8 = tmp_path / "first.onnx"
+    assert run(capsys, "quantize", str(fp32), "--calibration", str(calibration), "--runtime",
+               str(runtime), "--out", str(int8))[0] == 0  # fmt: skip
+    code, _, err = run(
+        capsys, "quantize", str(int8), "--calibration", str(calibration), "--runtime",
+        str(runtime), "--out", str(out),
+    )  # fmt: skip
+    assert code == 1 and "is quantized already" in err
+    # Two models that are not versions of one model.
+    bigger = sample_models.tiny_detector(tmp_path / "bigger.onnx", size=48)
+    code, _, err = run(capsys, "compare", str(fp32), str(bigger), "--data", str(calibration),
+                       "--runtime", str(runtime))  # fmt: skip
+    assert code == 1 and "B's inputs" in err
+    assert not out.exists()
