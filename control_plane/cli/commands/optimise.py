@@ -97,6 +97,21 @@ def model_quantize(
     _emit(cli, quantize_model(model, output, samples, options))
 
 
+def settings_text(settings: dict[str, Any]) -> str:
+    """The quantizer's settings in one line: `static QDQ, activations QInt8, weights QInt8
+    (per tensor), MinMax; in float: fc`."""
+    parts = [f"{settings['method']} {settings['format']}"]
+    if "activation_type" in settings:
+        parts.append(f"activations {settings['activation_type']}")
+    scope = "per channel" if settings["per_channel"] else "per tensor"
+    parts.append(f"weights {settings['weight_type']} ({scope})")
+    if "calibration" in settings:
+        parts.append(settings["calibration"])
+    excluded = settings.get("nodes_excluded") or []
+    text = ", ".join(parts)
+    return text + (f"; in float: {', '.join(excluded)}" if excluded else "")
+
+
 def _runtime(path: Path | None) -> Any:
     if path is None:
         return None
@@ -119,6 +134,9 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
         for k, v in report.items()
         if k not in {"coverage", "agreement", "outputs", "decoded", "warnings"}
     }
+    settings = head.get("settings")
+    if isinstance(settings, dict):
+        head["settings"] = settings_text(settings)
     cli.emit(head)
     if coverage is not None:
         b, c = coverage["brightness_p5_p50_p95"], coverage["contrast_p5_p50_p95"]
