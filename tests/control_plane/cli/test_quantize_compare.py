@@ -306,3 +306,56 @@ def test_inputs_that_do_not_fit_the_model_are_refused(
                        "--runtime", str(runtime))  # fmt: skip
     assert code == 1 and "B's inputs" in err
     assert not out.exists()
+
+
+def test_a_detector_is_compared_by_its_boxes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, calibration: Path
+) -> None:
+    boxes = sample_models.tiny_box_detector(tmp_path / "boxes.onnx", size=48)
+    runtime = tmp_path / "yolo.yaml"
+    runtime.write_text(
+        yaml.safe_dump(
+            {
+                "preprocess": {"layout": "NCHW", "mean": 0.5, "std": 0.5},
+                "output": {"decoder": "yolo", "objectness": False, "score_threshold": 0.5},
+                "labels": list(sample_models.TINY_DETECTOR_LABELS),
+            }
+        )
+    )
+    int8 = tmp_path / "boxes-int8.onnx"
+    code, report, err = run(
+        capsys, "quantize", str(boxes), "--calibration", str(calibration), "--runtime",
+        str(runtime), "--out", str(int8),
+    )  # fmt: skip
+    assert code == 0, err
+    decoded = report["agreement"]["decoded"]
+    assert decoded["kind"] == "detection" and decoded["frames"] == 12
+    assert decoded["recall"] == 1.0 and decoded["precision"] == 1.0
+    # Boxes (pixels, up to ~40) and scores (0..1) share one output and so one int8 scale:
+    # scores move by a scale step or so (~0.06 here) — the head issue 16's --auto-exclude is for.
+    assert 0 < decoded["mean_score_diff"] < 0.1
+    # Scores pushed under the deployed threshold: B finds none of A's boxes.
+    faint = scaled(boxes, tmp_path / "faint.onnx", "bias", 0.3)
+    code, report, err = run(capsys, "compare", str(boxes), str(faint), "--data",
+                            str(calibration), "--runtime", str(runtime))  # fmt: skip
+    assert code == 0, err
+    assert report["decoded"]["recall"] == 0.0
+    assert "B finds 0.0% of A's boxes, below 90%" in report["warnings"]
+
+
+def test_errors_are_judged_per_sample() -> None:
+    """SQNR is 10·log10(Σa²/Σ(b-a)²) per sample; the 5th percentile is a sample's value."""
+    from control_plane.errors import InvalidInputError
+    from control_plane.registry.model_compare import OutputErrors
+
+    errors = OutputErrors("y")
+    errors.add(np.array([1.0, 1.0]), np.array([1.1, 0.9]))  # signal 2, noise 0.02: 20 dB
+    errors.add(np.array([3.0, 4.0]), np.array([3.0, 4.0]))  # no error: inf
+    errors.add(np.array([1.0, 0.0]), np.array([0.0, 1.0]))  # orthogonal: cosine 0, -3.01 dB
+    report = errors.to_report()
+    assert report["sqnr_db_p5"] == -3.01 and report["sqnr_db_p50"] == 20.0
+    assert report["cosine_min"] == 0.0 and report["cosine_p5"] == 0.0
+    assert report["max_abs"] == 1.0
+    assert report["mean_abs"] == pytest.approx((0.2 + 0 + 2) / 6)
+    with pytest.raises(InvalidInputError, match="B gave shape"):
+        errors.add(np.zeros(2), np.zeros(3))
