@@ -11,14 +11,20 @@ the version's own decoder and the shadow stage's agreement rules
 (:mod:`protos.bundle.agreement`): top-1 agreement for classifiers, IoU-matched recall and
 precision for detectors. A is the reference.
 
+Each run is timed too (one thread each, A and B alternating sample by sample, after one
+untimed warm-up run each), and the report names the CPU's int8 dot-product features: INT8
+without VNNI (x86) or the dot-product extension (ARM) can be slower than FP32.
+
 What it is not for: deciding whether B may be released (a release gate reads this report),
-or benchmarking latency.
+or a benchmark (a few samples make a rough P99; `bench/` measures properly).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import platform
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -117,18 +123,51 @@ class OutputErrors:
         }
 
 
+INT8_FEATURES: Final = frozenset(
+    {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm", "sve"}
+)
+"""CPU flags (``/proc/cpuinfo``) that decide how fast int8 kernels run."""
+
+
+def cpu_features(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The machine, and which of :data:`INT8_FEATURES` its CPU has (empty where the OS does
+    not say: ``/proc/cpuinfo`` is Linux's)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")[:1_000_000]
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in {"flags", "Features"}:
+            flags |= set(value.split())
+    return {"machine": platform.machine(), "int8_features": sorted(flags & INT8_FEATURES)}
+
+
+def latency_report(nanoseconds: list[int]) -> dict[str, Any]:
+    millis = [n / 1e6 for n in nanoseconds]
+    return {
+        "runs": len(millis),
+        "p50_ms": round(percentile(millis, 50), 4) if millis else None,
+        "p99_ms": round(percentile(millis, 99), 4) if millis else None,
+    }
+
+
 @dataclass(frozen=True)
 class Comparison:
     samples: int
     outputs: list[OutputErrors]
     decoded: dict[str, Any] | None
     warnings: list[str]
+    latency: dict[str, Any] = field(default_factory=dict)
 
     def to_report(self) -> dict[str, Any]:
         return {
             "samples": self.samples,
             "outputs": [o.to_report() for o in self.outputs],
             "decoded": self.decoded,
+            "latency": self.latency,
             "warnings": list(self.warnings),
         }
 
@@ -150,10 +189,21 @@ def open_session(path: Path, what: str) -> Any:
         ) from exc
 
 
-def _run(session: Any, inputs: Mapping[str, Any], what: str, sample: str) -> dict[str, Any]:
+def _run(
+    session: Any,
+    inputs: Mapping[str, Any],
+    what: str,
+    sample: str,
+    timer: Callable[[], int],
+    times: list[int] | None,
+) -> dict[str, Any]:
     names = [o.name for o in session.get_outputs()]
+    feed = dict(inputs)
     try:
-        values = session.run(names, dict(inputs))
+        started = timer()
+        values = session.run(names, feed)
+        if times is not None:
+            times.append(timer() - started)
     except Exception as exc:
         raise InvalidModelError(
             f"ONNX Runtime failed to run {what} on {sample}: {' '.join(str(exc).split())}"
@@ -179,9 +229,16 @@ def _sig(specs: list[tuple[str, str, tuple[Any, ...]]]) -> str:
 
 
 def compare_models(
-    a_path: Path, b_path: Path, samples: SampleSet, *, a_name: str = "A", b_name: str = "B"
+    a_path: Path,
+    b_path: Path,
+    samples: SampleSet,
+    *,
+    a_name: str = "A",
+    b_name: str = "B",
+    timer: Callable[[], int] = time.perf_counter_ns,
 ) -> Comparison:
-    """Run both models on every sample and compare B's outputs with A's (see the module)."""
+    """Run both models on every sample and compare B's outputs with A's (see the module);
+    ``timer`` (nanoseconds) times each run."""
     a = open_session(a_path, a_name)
     b = open_session(b_path, b_name)
     decoder = None
@@ -190,9 +247,14 @@ def compare_models(
     tally = AgreementTally()
     errors: dict[str, OutputErrors] = {}
     count = 0
+    times_a: list[int] = []
+    times_b: list[int] = []
     for sample in samples:
-        out_a = _run(a, sample.inputs, a_name, sample.name)
-        out_b = _run(b, sample.inputs, b_name, sample.name)
+        if count == 0:  # warm-up: the first run allocates and plans
+            _run(a, sample.inputs, a_name, sample.name, timer, None)
+            _run(b, sample.inputs, b_name, sample.name, timer, None)
+        out_a = _run(a, sample.inputs, a_name, sample.name, timer, times_a)
+        out_b = _run(b, sample.inputs, b_name, sample.name, timer, times_b)
         count += 1
         for name, value in out_a.items():
             errors.setdefault(name, OutputErrors(name)).add(
@@ -213,7 +275,13 @@ def compare_models(
                     field=f"runtime.{exc.field}",
                 ) from exc
     decoded = None if decoder is None else _decoded(tally)
-    return Comparison(count, list(errors.values()), decoded, _warnings(errors, decoded))
+    latency = {
+        "a": latency_report(times_a),
+        "b": latency_report(times_b),
+        "threads": 1,
+        "cpu": cpu_features(),
+    }
+    return Comparison(count, list(errors.values()), decoded, _warnings(errors, decoded), latency)
 
 
 def _decoded(tally: AgreementTally) -> dict[str, Any]:

@@ -165,6 +165,16 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
     if decoded is not None:
         figures = ", ".join(f"{k} {v}" for k, v in decoded.items() if k not in {"kind"})
         cli.console.print(f"decoded ({decoded['kind']}): {figures}", soft_wrap=True)
+    latency = agreement.get("latency")
+    if latency:
+        a, b, cpu = latency["a"], latency["b"], latency["cpu"]
+        features = ", ".join(cpu["int8_features"]) or "none reported"
+        cli.console.print(
+            f"latency ({latency['threads']} thread, {a['runs']} runs each): "
+            f"A P50 {a['p50_ms']} ms, P99 {a['p99_ms']} ms; B P50 {b['p50_ms']} ms, "
+            f"P99 {b['p99_ms']} ms; {cpu['machine']}, int8 features: {features}",
+            soft_wrap=True,
+        )
     warnings = [*(coverage or {}).get("warnings", []), *agreement.get("warnings", [])]
     for warning in warnings:
         cli.console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)

@@ -359,3 +359,25 @@ def test_errors_are_judged_per_sample() -> None:
     assert report["mean_abs"] == pytest.approx((0.2 + 0 + 2) / 6)
     with pytest.raises(InvalidInputError, match="B gave shape"):
         errors.add(np.zeros(2), np.zeros(3))
+
+
+def test_latency_is_timed_per_run_after_a_warm_up(tmp_path: Path, fp32: Path) -> None:
+    from control_plane.registry.model_compare import compare_models, cpu_features
+    from control_plane.registry.model_data import open_samples
+    from control_plane.registry.onnx_inspect import inspect_model
+
+    folder = tmp_path / "tensors"
+    folder.mkdir()
+    for i in range(4):
+        np.save(folder / f"{i}.npy", np.full((1, 3, SIZE, SIZE), i / 4, np.float32))
+    ticks = iter(range(0, 10**9, 1_000_000))  # every reading 1 ms after the last
+    samples = open_samples(folder, inspect_model(fp32), None)
+    latency = compare_models(fp32, fp32, samples, timer=lambda: next(ticks)).latency
+    # 4 timed runs each (the warm-up is not timed), each 1 ms on this clock.
+    assert latency["a"] == {"runs": 4, "p50_ms": 1.0, "p99_ms": 1.0}
+    assert latency["b"] == latency["a"] and latency["threads"] == 1
+    x86 = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_vnni\n"
+    assert cpu_features(x86)["int8_features"] == ["avx2", "avx512_vnni", "avx512f"]
+    arm = "Features\t: fp asimd asimddp i8mm\n"
+    assert cpu_features(arm)["int8_features"] == ["asimddp", "i8mm"]
+    assert cpu_features("")["int8_features"] == []
