@@ -74,17 +74,20 @@ class Sample:
 class Coverage:
     """How much of the world a set of images covers: mean luma (brightness) and its standard
     deviation (contrast) per image, at the 5th, 50th and 95th percentiles, the images per
-    brightness band, and what is narrow about it."""
+    brightness band and per class folder, and what is narrow about it."""
 
     images: int
     brightness: tuple[float, float, float]
     contrast: tuple[float, float, float]
     bands: dict[str, int]
     warnings: tuple[str, ...]
+    classes: dict[str, int] | None = None
+    """Images per class folder (``DIR/<label>/``); None for a flat folder."""
 
     def to_report(self) -> dict[str, Any]:
         return {
             "images": self.images,
+            "classes": None if self.classes is None else dict(self.classes),
             "brightness_p5_p50_p95": [round(v, 1) for v in self.brightness],
             "contrast_p5_p50_p95": [round(v, 1) for v in self.contrast],
             "bands": dict(self.bands),
@@ -122,7 +125,7 @@ class SampleSet:
             tensor = _read_tensor(path, self.input)
             height, width = _spatial(self.input, tensor)
             geometry = Geometry.stretch(height, width, height, width)
-        return Sample(path.name, {self.input.name: tensor}, geometry)
+        return Sample(str(path.relative_to(self.directory)), {self.input.name: tensor}, geometry)
 
 
 def open_samples(
@@ -136,12 +139,13 @@ def open_samples(
     """Check ``directory`` against the model and measure its coverage.
 
     The folder holds images (which need ``runtime``: they reach the model only through its
-    preprocessing) or ``.npy`` tensors shaped as the model's one input, not both; hidden
-    files are skipped, anything else is refused. Every file is read once here, so a file
+    preprocessing) or ``.npy`` tensors shaped as the model's one input, not both, directly
+    or in one folder per class (``DIR/person/…``, counted against the spec's labels);
+    hidden files are skipped, anything else is refused. Every file is read once here, so a file
     that does not decode or does not fit is refused by name before anything is written.
     InvalidInputError otherwise names the folder and what is wrong.
     """
-    files = _list(directory, what)
+    files, classes = _list(directory, what)
     if len(info.inputs) != 1:
         raise _refuse(
             f"the model has {len(info.inputs)} inputs; {what} folders feed models with one",
@@ -203,31 +207,53 @@ def open_samples(
     for i, path in enumerate(images):  # one frame in memory at a time
         luma = load_frame(path, what="image", field="data").astype(np.float64) @ _LUMA
         brightness[i], contrast[i] = luma.mean(), luma.std()
-    coverage = _coverage(brightness, contrast)
+    labels = () if signed is None else signed.labels
+    coverage = _coverage(brightness, contrast, classes, labels)
     return SampleSet(directory, "images", tuple(files), spec, preprocessor, signed, coverage)
 
 
-def _list(directory: Path, what: str) -> list[Path]:
+def _entries(folder: Path, what: str) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError as exc:
+        raise _refuse(f"cannot read {what} folder {folder}: {exc.strerror or exc}", folder) from exc
+
+
+def _list(directory: Path, what: str) -> tuple[list[Path], dict[str, int] | None]:
+    """The sample files, and per class folder (``DIR/<label>/…``) how many, if so laid out."""
     if not directory.exists():
         raise _refuse(f"{what} folder {directory} does not exist", directory)
     if not directory.is_dir():
         raise _refuse(f"{what} folder {directory} is not a directory", directory)
-    try:
-        entries = sorted(p for p in directory.iterdir() if not p.name.startswith("."))
-    except OSError as exc:
-        raise _refuse(
-            f"cannot read {what} folder {directory}: {exc.strerror or exc}", directory
-        ) from exc
+    entries = _entries(directory, what)
     folders = [p for p in entries if p.is_dir()]
-    if folders:
+    if not folders:
+        if not entries:
+            raise _refuse(f"{what} folder {directory} is empty", directory)
+        return entries, None
+    if len(folders) != len(entries):
+        loose = next(p for p in entries if not p.is_dir())
         raise _refuse(
-            f"{what} folder {directory} holds a folder ({folders[0].name!r}); samples are "
-            "read from the folder itself, not below it",
+            f"{what} folder {directory} mixes class folders ({folders[0].name!r}) and files "
+            f"({loose.name!r}); put every sample in its class's folder, or none",
             directory,
         )
-    if not entries:
+    files: list[Path] = []
+    classes: dict[str, int] = {}
+    for folder in folders:
+        inside = _entries(folder, what)
+        nested = [p for p in inside if p.is_dir()]
+        if nested:
+            raise _refuse(
+                f"{what} folder {folder} holds a folder ({nested[0].name!r}); samples are "
+                "read one level deep (DIR/<label>/image.png)",
+                directory,
+            )
+        classes[folder.name] = len(inside)
+        files += inside
+    if not files:
         raise _refuse(f"{what} folder {directory} is empty", directory)
-    return entries
+    return files, classes
 
 
 def _read_tensor(path: Path, spec: TensorSpec) -> npt.NDArray[Any]:
@@ -267,7 +293,12 @@ def _spatial(spec: TensorSpec, tensor: npt.NDArray[Any]) -> tuple[int, int]:
     return 1, 1
 
 
-def _coverage(brightness: npt.NDArray[np.float64], contrast: npt.NDArray[np.float64]) -> Coverage:
+def _coverage(
+    brightness: npt.NDArray[np.float64],
+    contrast: npt.NDArray[np.float64],
+    classes: dict[str, int] | None = None,
+    labels: tuple[str, ...] = (),
+) -> Coverage:
     count = len(brightness)
     b = tuple(float(np.percentile(brightness, q)) for q in (5, 50, 95))
     c = tuple(float(np.percentile(contrast, q)) for q in (5, 50, 95))
@@ -291,7 +322,16 @@ def _coverage(brightness: npt.NDArray[np.float64], contrast: npt.NDArray[np.floa
     for name, inside in bands.items():
         if count > 1 and inside / count >= ONE_BAND:
             warnings.append(f"{inside / count:.0%} of the images are {name}")
-    return Coverage(count, (b[0], b[1], b[2]), (c[0], c[1], c[2]), bands, tuple(warnings))
+    if classes is not None and labels:
+        strangers = [name for name in classes if name not in labels]
+        if strangers:
+            warnings.append(
+                f"class folder(s) {', '.join(strangers)} name no label of the runtime spec"
+            )
+        missing = [label for label in labels if not classes.get(label)]
+        if missing:
+            warnings.append(f"no images of {', '.join(missing)}")
+    return Coverage(count, (b[0], b[1], b[2]), (c[0], c[1], c[2]), bands, tuple(warnings), classes)
 
 
 def _refuse(message: str, directory: Path) -> InvalidInputError:

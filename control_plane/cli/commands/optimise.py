@@ -146,6 +146,9 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
             f" (of 255), contrast {c[0]}/{c[1]}/{c[2]}; {bands}",
             soft_wrap=True,
         )
+        if coverage.get("classes"):
+            counts = ", ".join(f"{k} {v}" for k, v in coverage["classes"].items())
+            cli.console.print(f"classes: {counts}", soft_wrap=True)
     table = Table(title=f"per output, {agreement['samples']} samples")
     columns = [
         "output",

@@ -381,3 +381,33 @@ def test_latency_is_timed_per_run_after_a_warm_up(tmp_path: Path, fp32: Path) ->
     arm = "Features\t: fp asimd asimddp i8mm\n"
     assert cpu_features(arm)["int8_features"] == ["asimddp", "i8mm"]
     assert cpu_features("")["int8_features"] == []
+
+
+def test_class_folders_are_counted_against_the_labels(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path
+) -> None:
+    folder = tmp_path / "by-class"
+    folder.mkdir()
+    images(folder / "person", 5, seed=2)
+    images(folder / "vehicle", 4, seed=3)
+    images(folder / "persn", 1, seed=4)
+    code, report, err = run(
+        capsys, "quantize", str(fp32), "--calibration", str(folder), "--runtime", str(runtime),
+        "--out", str(tmp_path / "int8.onnx"),
+    )  # fmt: skip
+    assert code == 0, err
+    coverage = report["coverage"]
+    assert report["samples"] == 10 and coverage["images"] == 10
+    assert coverage["classes"] == {"person": 5, "persn": 1, "vehicle": 4}
+    assert "class folder(s) persn name no label of the runtime spec" in coverage["warnings"]
+    assert "no images of bicycle, animal" in coverage["warnings"]
+    # Files beside class folders, and folders below them, are refused.
+    (folder / "loose.png").write_bytes((folder / "person" / "00.png").read_bytes())
+    code, _, err = run(capsys, "compare", str(fp32), str(fp32), "--data", str(folder),
+                       "--runtime", str(runtime))  # fmt: skip
+    assert code == 1 and "mixes class folders ('persn') and files ('loose.png')" in err
+    (folder / "loose.png").unlink()
+    (folder / "person" / "deeper").mkdir()
+    code, _, err = run(capsys, "compare", str(fp32), str(fp32), "--data", str(folder),
+                       "--runtime", str(runtime))  # fmt: skip
+    assert code == 1 and "holds a folder ('deeper')" in " ".join(err.split())
