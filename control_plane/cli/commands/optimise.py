@@ -132,7 +132,7 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
     head = {
         k: v
         for k, v in report.items()
-        if k not in {"coverage", "agreement", "outputs", "decoded", "warnings"}
+        if k not in {"coverage", "agreement", "outputs", "decoded", "latency", "warnings"}
     }
     settings = head.get("settings")
     if isinstance(settings, dict):

@@ -196,6 +196,7 @@ def test_compare_on_tensors_and_as_a_table(
     assert main(["model", "compare", str(fp32), str(other), "--data", str(folder)]) == 0
     table = capsys.readouterr().out
     assert "per output, 3 samples" in table and "cosine_p5" in table and "scores" in table
+    assert "latency (1 thread, 3 runs each)" in table and '"p50_ms"' not in table
 
 
 def test_a_narrow_calibration_set_is_warned_about(
@@ -341,6 +342,85 @@ def test_a_detector_is_compared_by_its_boxes(
     assert code == 0, err
     assert report["decoded"]["recall"] == 0.0
     assert "B finds 0.0% of A's boxes, below 90%" in report["warnings"]
+
+
+def concat_head(path: Path, size: int = 640) -> Path:
+    """A detector-like head: boxes in input pixels (up to ~450) and sigmoid class scores
+    concatenated into one [1, 8, 2] output, as YOLO exports do. Quantized whole, the concat
+    shares one int8 scale (~2 per step) between both, and every score rounds to 0."""
+    from onnx import TensorProto, helper
+
+    labels, n = 4, 2
+    boxes = np.array([[0.7, 0.25], [0.6, 0.7], [0.2, 0.3], [0.6, 0.25]], np.float32) * size
+    logits = np.full((labels, n), -3.0, np.float32)
+    logits[0, 0], logits[1, 1] = 2.2, 1.4  # a person (0.9) and a vehicle (0.8)
+    moves = np.zeros((3, 4 * n), np.float32)
+    moves[0, 0] = size / 8  # the person's cx follows the first channel's mean
+    tensors = {
+        "flat": np.array([1, 3], np.int64),
+        "box_w": moves,
+        "box_b": boxes.reshape(-1),
+        "score_w": np.zeros((3, labels * n), np.float32),
+        "score_b": logits.reshape(-1),
+        "box_shape": np.array([1, 4, n], np.int64),
+        "score_shape": np.array([1, labels, n], np.int64),
+    }
+    node = helper.make_node
+    graph = helper.make_graph(
+        [
+            node("GlobalAveragePool", ["images"], ["pooled"], name="pool"),
+            node("Reshape", ["pooled", "flat"], ["features"], name="flatten"),
+            node("MatMul", ["features", "box_w"], ["box_m"], name="box_fc"),
+            node("Add", ["box_m", "box_b"], ["box_a"], name="box_bias"),
+            node("Reshape", ["box_a", "box_shape"], ["box"], name="box_reshape"),
+            node("MatMul", ["features", "score_w"], ["score_m"], name="score_fc"),
+            node("Add", ["score_m", "score_b"], ["score_a"], name="score_bias"),
+            node("Sigmoid", ["score_a"], ["score_s"], name="score_sigmoid"),
+            node("Reshape", ["score_s", "score_shape"], ["score"], name="score_reshape"),
+            node("Concat", ["box", "score"], ["output0"], name="head", axis=1),
+        ],
+        "concat_head",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 4 + labels, n])],
+        [numpy_helper.from_array(v, k) for k, v in tensors.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_concatenated_head_fails_whole_and_passes_with_the_concat_in_float(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, calibration: Path
+) -> None:
+    """onnxruntime#14233's failure, seen by the decoded agreement and not by the tensor
+    figures (the boxes dominate the signal), and fixed by keeping one node in float."""
+    head = concat_head(tmp_path / "head.onnx")
+    runtime = tmp_path / "yolo.yaml"
+    runtime.write_text(
+        yaml.safe_dump(
+            {
+                "preprocess": {"layout": "NCHW", "mean": 0.5, "std": 0.5},
+                "output": {"decoder": "yolo", "objectness": False, "score_threshold": 0.5},
+                "labels": list(sample_models.TINY_DETECTOR_LABELS),
+            }
+        )
+    )
+    args = ["quantize", str(head), "--calibration", str(calibration), "--runtime", str(runtime)]
+    code, report, err = run(capsys, *args, "--out", str(tmp_path / "whole.onnx"))
+    assert code == 0, err
+    agreement = report["agreement"]
+    assert agreement["decoded"]["recall"] == 0.0
+    assert agreement["outputs"][0]["cosine_p5"] > 0.999  # the tensor looks fine
+    assert "B finds 0.0% of A's boxes, below 90%" in agreement["warnings"]
+    code, report, err = run(
+        capsys, *args, "--out", str(tmp_path / "mixed.onnx"), "--exclude", "head"
+    )
+    assert code == 0, err
+    agreement = report["agreement"]
+    assert agreement["decoded"]["recall"] == 1.0 and agreement["decoded"]["precision"] == 1.0
+    assert agreement["warnings"] == []
 
 
 def test_errors_are_judged_per_sample() -> None:
