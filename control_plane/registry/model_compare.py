@@ -44,8 +44,10 @@ __all__ = [
     "Comparison",
     "OutputErrors",
     "compare_models",
+    "number",
     "open_session",
     "percentile",
+    "sqnr_db",
 ]
 
 COSINE_WARNING: Final = 0.99
@@ -60,7 +62,17 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="lower"))
 
 
-def _number(value: float, places: int = 6) -> float | str:
+def sqnr_db(reference: npt.NDArray[np.float64], error: npt.NDArray[np.float64]) -> float:
+    """``10·log10(Σref² / Σerror²)``: +inf without error, -inf for an all-zero reference."""
+    signal, noise = float(np.dot(reference, reference)), float(np.dot(error, error))
+    if noise == 0:
+        return math.inf
+    if signal == 0:
+        return -math.inf
+    return 10 * math.log10(signal / noise)
+
+
+def number(value: float, places: int = 6) -> float | str:
     """JSON has no infinity: an infinite SQNR (no error at all) is written as "inf"."""
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
@@ -101,25 +113,19 @@ class OutputErrors:
         else:
             cosine = 1.0 if not ref.any() and not cand.any() else 0.0
         self.cosines.append(cosine)
-        signal, noise = float(np.dot(ref, ref)), float(np.dot(diff, diff))
-        if noise == 0:
-            self.sqnrs.append(math.inf)
-        elif signal == 0:
-            self.sqnrs.append(-math.inf)
-        else:
-            self.sqnrs.append(10 * math.log10(signal / noise))
+        self.sqnrs.append(sqnr_db(ref, diff))
 
     def to_report(self) -> dict[str, Any]:
         return {
             "output": self.name,
             "shape": self.shape,
             "samples": self.samples,
-            "max_abs": _number(self.max_abs),
-            "mean_abs": _number(self.abs_sum / self.values if self.values else 0.0),
-            "cosine_min": _number(min(self.cosines, default=1.0)),
-            "cosine_p5": _number(percentile(self.cosines, 5) if self.cosines else 1.0),
-            "sqnr_db_p5": _number(percentile(self.sqnrs, 5) if self.sqnrs else math.inf, 2),
-            "sqnr_db_p50": _number(percentile(self.sqnrs, 50) if self.sqnrs else math.inf, 2),
+            "max_abs": number(self.max_abs),
+            "mean_abs": number(self.abs_sum / self.values if self.values else 0.0),
+            "cosine_min": number(min(self.cosines, default=1.0)),
+            "cosine_p5": number(percentile(self.cosines, 5) if self.cosines else 1.0),
+            "sqnr_db_p5": number(percentile(self.sqnrs, 5) if self.sqnrs else math.inf, 2),
+            "sqnr_db_p50": number(percentile(self.sqnrs, 50) if self.sqnrs else math.inf, 2),
         }
 
 

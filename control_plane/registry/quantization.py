@@ -27,11 +27,14 @@ from typing import Any, Final, Literal
 
 from control_plane.errors import InvalidInputError, InvalidModelError
 from control_plane.fsutil import fsync_dir
-from control_plane.registry.model_compare import compare_models
+from control_plane.registry.model_compare import compare_models, number, percentile, sqnr_db
 from control_plane.registry.model_data import SampleSet
 from control_plane.registry.onnx_inspect import inspect_model
 
-__all__ = ["QUANTIZED_OPS", "QuantizeOptions", "quantize_model"]
+__all__ = ["MAX_LAYERS_SHOWN", "QUANTIZED_OPS", "QuantizeOptions", "layer_errors", "quantize_model"]
+
+MAX_LAYERS_SHOWN: Final = 20
+"""The report lists this many tensors, worst first."""
 
 Method = Literal["static", "dynamic"]
 QUANTIZED_OPS: Final = frozenset(
@@ -71,15 +74,75 @@ def settings_of(options: QuantizeOptions) -> dict[str, Any]:
     return settings
 
 
-class _Reader:
-    """ONNX Runtime's ``CalibrationDataReader`` protocol over the samples (lazily)."""
+def _reader(samples: SampleSet) -> Any:
+    """ONNX Runtime's ``CalibrationDataReader`` over the samples (lazily)."""
+    from onnxruntime.quantization import CalibrationDataReader
 
-    def __init__(self, samples: SampleSet) -> None:
-        self._samples = iter(samples)
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._samples = iter(samples)
 
-    def get_next(self) -> dict[str, Any] | None:
-        sample = next(self._samples, None)
-        return None if sample is None else sample.inputs
+        def get_next(self) -> dict[str, Any] | None:
+            sample = next(self._samples, None)
+            return None if sample is None else sample.inputs
+
+    return Reader()
+
+
+def layer_errors(fp32: Path, qdq: Path, samples: SampleSet) -> list[dict[str, Any]]:
+    """Per tensor of the FP32 graph that the QDQ model quantizes: the SQNR of its
+    dequantized value against the float one, per sample (``qdq_loss_debug``'s matching,
+    judged at the 5th percentile here rather than pooled), worst first.
+
+    Each tensor's error is what quantization left there, upstream layers included, so the
+    first rows are where the damage shows, not always where it starts; and a tensor that
+    joins large and small values (boxes and scores) can look fine while its small part is
+    ruined — `model compare`'s decoded figures are the judge."""
+    import onnx
+    from onnxruntime.quantization.qdq_loss_debug import (
+        collect_activations,
+        create_activation_matching,
+        modify_model_output_intermediate_tensors,
+    )
+
+    producers = {out: node for node in onnx.load(str(fp32)).graph.node for out in node.output}
+    with tempfile.TemporaryDirectory(prefix="edgefleet-layers-") as tmp:
+        float_aug, qdq_aug = f"{tmp}/float.onnx", f"{tmp}/qdq.onnx"
+        modify_model_output_intermediate_tensors(str(fp32), float_aug)
+        modify_model_output_intermediate_tensors(str(qdq), qdq_aug)
+        matched = create_activation_matching(
+            collect_activations(qdq_aug, _reader(samples)),
+            collect_activations(float_aug, _reader(samples)),
+        )
+    rows = []
+    for tensor, values in matched.items():
+        if "post_qdq" not in values or "float" not in values:
+            continue
+        sqnrs = [
+            sqnr_db(ref.astype("float64").ravel(), (q.astype("float64") - ref).ravel())
+            for q, ref in zip(values["post_qdq"], values["float"], strict=True)
+        ]
+        node = producers.get(tensor)
+        rows.append(
+            {
+                "tensor": tensor,
+                "node": "(input)" if node is None else node.name,
+                "op": "-" if node is None else node.op_type,
+                "p5": percentile(sqnrs, 5),
+                "p50": percentile(sqnrs, 50),
+            }
+        )
+    rows.sort(key=lambda row: row["p5"])
+    return [
+        {
+            "tensor": row["tensor"],
+            "node": row["node"],
+            "op": row["op"],
+            "sqnr_db_p5": number(row["p5"], 2),
+            "sqnr_db_p50": number(row["p50"], 2),
+        }
+        for row in rows[:MAX_LAYERS_SHOWN]
+    ]
 
 
 class _DropPreprocessAdvice(logging.Filter):
@@ -149,7 +212,7 @@ def quantize_model(
                     quantize_static(
                         model_input=str(source),
                         model_output=str(staged),
-                        calibration_data_reader=_Reader(samples),
+                        calibration_data_reader=_reader(samples),
                         quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=None,
                         per_channel=options.per_channel,
@@ -189,6 +252,7 @@ def quantize_model(
                 f"the quantized model fails onnx.checker: {' '.join(str(exc).split())}"
             ) from exc
         comparison = compare_models(source, staged, samples, a_name="FP32", b_name="INT8")
+        layers = layer_errors(source, staged, samples) if options.method == "static" else None
         quantized = onnx.load(str(staged)).graph
         with open(staged, "rb") as f:
             os.fsync(f.fileno())
@@ -212,4 +276,6 @@ def quantize_model(
         # Judged on the calibration samples themselves: an optimistic figure; run
         # `model compare` on held-out frames before a release.
         "agreement": comparison.to_report(),
+        # Static only: a dynamic model has no QuantizeLinear/DequantizeLinear pairs to match.
+        "layers": layers,
     }

@@ -132,7 +132,7 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
     head = {
         k: v
         for k, v in report.items()
-        if k not in {"coverage", "agreement", "outputs", "decoded", "latency", "warnings"}
+        if k not in {"coverage", "agreement", "outputs", "decoded", "latency", "layers", "warnings"}
     }
     settings = head.get("settings")
     if isinstance(settings, dict):
@@ -164,6 +164,15 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
     for row in agreement["outputs"]:
         table.add_row(*[str(row[col]) for col in columns])
     cli.console.print(table)
+    layers = report.get("layers")
+    if layers:
+        worst = Table(title="per layer, worst first (SQNR of the dequantized tensor, dB)")
+        for col in ("tensor", "node", "op", "sqnr_db_p5", "sqnr_db_p50"):
+            worst.add_column(col)
+        for row in layers[:5]:
+            worst.add_row(*[str(row[col]) for col in ("tensor", "node", "op", "sqnr_db_p5",
+                                                       "sqnr_db_p50")])  # fmt: skip
+        cli.console.print(worst)
     decoded = agreement.get("decoded")
     if decoded is not None:
         figures = ", ".join(f"{k} {v}" for k, v in decoded.items() if k not in {"kind"})

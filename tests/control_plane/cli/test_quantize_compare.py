@@ -126,6 +126,14 @@ def test_static_quantization_writes_a_checked_int8_qdq_model_that_agrees(
     assert agreement["decoded"]["kind"] == "classification"
     assert agreement["decoded"]["top1_ratio"] == 1.0
     assert report["coverage"]["images"] == 12 and report["coverage"]["warnings"] == []
+    # Per layer: the dequantized tensors against the float ones, worst first, per sample.
+    layers = {row["tensor"]: row for row in report["layers"]}
+    assert {"images", "relu", "logits", "scores"} <= set(layers)
+    assert layers["logits"]["node"] == "fc" and layers["logits"]["op"] == "Gemm"
+    assert layers["images"]["node"] == "(input)"
+    assert set(layers["images"]) == {"tensor", "node", "op", "sqnr_db_p5", "sqnr_db_p50"}
+    p5 = [row["sqnr_db_p5"] for row in report["layers"]]
+    assert p5 == sorted(p5) and 20 < p5[0] < 80
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".edgefleet-quantize")]
 
 
@@ -152,6 +160,7 @@ def test_per_channel_and_excluded_nodes_and_dynamic(
     )  # fmt: skip
     assert code == 0, err
     assert "DynamicQuantizeLinear" in {n.op_type for n in onnx.load(str(dynamic)).graph.node}
+    assert report["layers"] is None  # nothing to match without QDQ pairs
     assert report["agreement"]["outputs"][0]["cosine_p5"] > 0.999
 
 
@@ -414,6 +423,9 @@ def test_a_concatenated_head_fails_whole_and_passes_with_the_concat_in_float(
     assert agreement["decoded"]["recall"] == 0.0
     assert agreement["outputs"][0]["cosine_p5"] > 0.999  # the tensor looks fine
     assert "B finds 0.0% of A's boxes, below 90%" in agreement["warnings"]
+    # Nor does the per-layer SQNR see it: the boxes dominate the concat's signal.
+    (output,) = [row for row in report["layers"] if row["tensor"] == "output0"]
+    assert output["node"] == "head" and output["sqnr_db_p5"] > 40
     code, report, err = run(
         capsys, *args, "--out", str(tmp_path / "mixed.onnx"), "--exclude", "head"
     )
