@@ -21,7 +21,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -35,6 +35,10 @@ __all__ = ["MAX_LAYERS_SHOWN", "QUANTIZED_OPS", "QuantizeOptions", "layer_errors
 
 MAX_LAYERS_SHOWN: Final = 20
 """The report lists this many tensors, worst first."""
+AUTO_MAX_TRIALS: Final = 16
+"""Nodes tried per round of `--auto-exclude` (each trial quantizes and compares once)."""
+AUTO_MAX_ROUNDS: Final = 8
+"""Nodes `--auto-exclude` keeps in float at most, beyond --exclude."""
 
 Method = Literal["static", "dynamic"]
 QUANTIZED_OPS: Final = frozenset(
@@ -56,6 +60,8 @@ class QuantizeOptions:
     method: Method = "static"
     per_channel: bool = False
     exclude: tuple[str, ...] = ()
+    auto_target: float | None = None
+    """With a target, `--auto-exclude`: nodes are kept in float until agreement reaches it."""
 
 
 def settings_of(options: QuantizeOptions) -> dict[str, Any]:
@@ -89,7 +95,9 @@ def _reader(samples: SampleSet) -> Any:
     return Reader()
 
 
-def layer_errors(fp32: Path, qdq: Path, samples: SampleSet) -> list[dict[str, Any]]:
+def layer_errors(
+    fp32: Path, qdq: Path, samples: SampleSet, *, limit: int | None = MAX_LAYERS_SHOWN
+) -> list[dict[str, Any]]:
     """Per tensor of the FP32 graph that the QDQ model quantizes: the SQNR of its
     dequantized value against the float one, per sample (``qdq_loss_debug``'s matching,
     judged at the 5th percentile here rather than pooled), worst first.
@@ -141,7 +149,7 @@ def layer_errors(fp32: Path, qdq: Path, samples: SampleSet) -> list[dict[str, An
             "sqnr_db_p5": number(row["p5"], 2),
             "sqnr_db_p50": number(row["p50"], 2),
         }
-        for row in rows[:MAX_LAYERS_SHOWN]
+        for row in rows[:limit]
     ]
 
 
@@ -164,14 +172,9 @@ def _quiet_advice() -> Iterator[None]:
         root.removeFilter(dropped)
 
 
-def quantize_model(
-    source: Path, output: Path, samples: SampleSet, options: QuantizeOptions
-) -> dict[str, Any]:
-    """Quantize ``source`` into ``output`` and report what was done and how far the result
-    agrees with ``source`` on ``samples``. InvalidInputError / InvalidModelError on a model,
-    an option or a result that cannot be used; ``output`` is then left untouched."""
+def _quantize(source: Path, staged: Path, samples: SampleSet, options: QuantizeOptions) -> None:
+    """One run of ORT's quantizer into ``staged``, checked by ``onnx.checker``."""
     import onnx
-    import onnxruntime as ort
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
@@ -180,9 +183,134 @@ def quantize_model(
         quantize_static,
     )
 
+    try:
+        with _quiet_advice():
+            if options.method == "static":
+                quantize_static(
+                    model_input=str(source),
+                    model_output=str(staged),
+                    calibration_data_reader=_reader(samples),
+                    quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=None,
+                    per_channel=options.per_channel,
+                    reduce_range=False,
+                    activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8,
+                    nodes_to_quantize=None,
+                    nodes_to_exclude=list(options.exclude),
+                    use_external_data_format=False,
+                    calibrate_method=CalibrationMethod.MinMax,
+                    extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+                )
+            else:
+                quantize_dynamic(
+                    model_input=str(source),
+                    model_output=str(staged),
+                    op_types_to_quantize=None,
+                    per_channel=options.per_channel,
+                    reduce_range=False,
+                    weight_type=QuantType.QInt8,
+                    nodes_to_quantize=None,
+                    nodes_to_exclude=list(options.exclude),
+                    use_external_data_format=False,
+                    extra_options={"WeightSymmetric": True},
+                )
+    except InvalidInputError:
+        raise
+    except Exception as exc:  # the quantizer raises what its internals raise
+        raise InvalidModelError(
+            f"ONNX Runtime's quantizer failed on {source}: {' '.join(str(exc).split())}",
+            path=str(source),
+        ) from exc
+    try:
+        onnx.checker.check_model(str(staged), full_check=True)
+    except Exception as exc:
+        raise InvalidModelError(
+            f"the quantized model fails onnx.checker: {' '.join(str(exc).split())}"
+        ) from exc
+
+
+def agreement_score(report: dict[str, Any]) -> float:
+    """The weakest figure of a comparison: every output's 5th-percentile cosine, and the
+    decoded top-1 agreement or box recall when there is a decoder."""
+    figures = [float(o["cosine_p5"]) for o in report["outputs"]]
+    decoded = report.get("decoded") or {}
+    figures += [float(decoded[k]) for k in ("top1_ratio", "recall") if decoded.get(k) is not None]
+    return min(figures, default=1.0)
+
+
+def _auto_exclude(
+    source: Path, staged: Path, samples: SampleSet, options: QuantizeOptions, tmp: Path
+) -> tuple[QuantizeOptions, dict[str, Any]]:
+    """Keep nodes in float, one per round, until the agreement reaches the target.
+
+    Each round tries, one at a time, the quantized nodes whose tensors have the lowest
+    per-sample SQNR (at most AUTO_MAX_TRIALS of them) and keeps the one whose exclusion
+    raises the agreement most; a round that raises nothing ends the search. Tried by
+    measurement rather than taken from the ranking: a concatenated head's scores are ruined
+    while its tensor's SQNR stays high (ADR 0046). ``staged`` ends as the chosen model."""
+    target = options.auto_target
+    assert target is not None
+    score = agreement_score(compare_models(source, staged, samples).to_report())
+    search: dict[str, Any] = {
+        "target": target,
+        "score_before": round(score, 6),
+        "kept_in_float": [],
+        "rounds": [],
+    }
+    trial = tmp / "trial.onnx"
+    for _ in range(AUTO_MAX_ROUNDS):
+        if score >= target:
+            break
+        tried = set(options.exclude)
+        candidates = [
+            row["node"]
+            for row in layer_errors(source, staged, samples, limit=None)
+            if row["node"] not in tried and row["node"] != "(input)"
+        ]
+        candidates = list(dict.fromkeys(candidates))[:AUTO_MAX_TRIALS]
+        best: tuple[str, float] | None = None
+        for node in candidates:
+            attempt = replace(options, exclude=(*options.exclude, node))
+            _quantize(source, trial, samples, attempt)
+            value = agreement_score(compare_models(source, trial, samples).to_report())
+            if best is None or value > best[1]:
+                best = (node, value)
+        if best is None or best[1] <= score:
+            break
+        options = replace(options, exclude=(*options.exclude, best[0]))
+        score = best[1]
+        search["kept_in_float"].append(best[0])
+        search["rounds"].append({"kept_in_float": best[0], "tried": len(candidates),
+                                 "score": round(score, 6)})  # fmt: skip
+        _quantize(source, staged, samples, options)
+    search["score"] = round(score, 6)
+    search["reached"] = score >= target
+    return options, search
+
+
+def quantize_model(
+    source: Path, output: Path, samples: SampleSet, options: QuantizeOptions
+) -> dict[str, Any]:
+    """Quantize ``source`` into ``output`` and report what was done and how far the result
+    agrees with ``source`` on ``samples``. InvalidInputError / InvalidModelError on a model,
+    an option or a result that cannot be used; ``output`` is then left untouched."""
+    import onnx
+    import onnxruntime as ort
+
     info = inspect_model(source)
     if output.resolve() == source.resolve():
-        raise InvalidInputError("-o must name a new file, not the FP32 model", field="output")
+        raise InvalidInputError("--out must name a new file, not the FP32 model", field="output")
+    if options.auto_target is not None:
+        if options.method != "static":
+            raise InvalidInputError(
+                "--auto-exclude needs --method static: it keeps QDQ nodes in float",
+                field="auto_exclude",
+            )
+        if not 0 < options.auto_target <= 1:
+            raise InvalidInputError(
+                f"--target is an agreement in (0, 1], got {options.auto_target}", field="target"
+            )
     if not output.parent.is_dir():
         raise InvalidInputError(
             f"the folder of {output} does not exist", field="output", path=str(output)
@@ -206,51 +334,10 @@ def quantize_model(
         )
     with tempfile.TemporaryDirectory(prefix=".edgefleet-quantize-", dir=output.parent) as tmp:
         staged = Path(tmp) / output.name
-        try:
-            with _quiet_advice():
-                if options.method == "static":
-                    quantize_static(
-                        model_input=str(source),
-                        model_output=str(staged),
-                        calibration_data_reader=_reader(samples),
-                        quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=None,
-                        per_channel=options.per_channel,
-                        reduce_range=False,
-                        activation_type=QuantType.QInt8,
-                        weight_type=QuantType.QInt8,
-                        nodes_to_quantize=None,
-                        nodes_to_exclude=list(options.exclude),
-                        use_external_data_format=False,
-                        calibrate_method=CalibrationMethod.MinMax,
-                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
-                    )
-                else:
-                    quantize_dynamic(
-                        model_input=str(source),
-                        model_output=str(staged),
-                        op_types_to_quantize=None,
-                        per_channel=options.per_channel,
-                        reduce_range=False,
-                        weight_type=QuantType.QInt8,
-                        nodes_to_quantize=None,
-                        nodes_to_exclude=list(options.exclude),
-                        use_external_data_format=False,
-                        extra_options={"WeightSymmetric": True},
-                    )
-        except InvalidInputError:
-            raise
-        except Exception as exc:  # the quantizer raises what its internals raise
-            raise InvalidModelError(
-                f"ONNX Runtime's quantizer failed on {source}: {' '.join(str(exc).split())}",
-                path=str(source),
-            ) from exc
-        try:
-            onnx.checker.check_model(str(staged), full_check=True)
-        except Exception as exc:
-            raise InvalidModelError(
-                f"the quantized model fails onnx.checker: {' '.join(str(exc).split())}"
-            ) from exc
+        _quantize(source, staged, samples, options)
+        search: dict[str, Any] | None = None
+        if options.auto_target is not None:
+            options, search = _auto_exclude(source, staged, samples, options, Path(tmp))
         comparison = compare_models(source, staged, samples, a_name="FP32", b_name="INT8")
         layers = layer_errors(source, staged, samples) if options.method == "static" else None
         quantized = onnx.load(str(staged)).graph
@@ -278,4 +365,5 @@ def quantize_model(
         "agreement": comparison.to_report(),
         # Static only: a dynamic model has no QuantizeLinear/DequantizeLinear pairs to match.
         "layers": layers,
+        "auto_exclude": search,
     }

@@ -72,6 +72,19 @@ def model_quantize(
     exclude: Annotated[
         list[str] | None, typer.Option(help="a node kept in float (repeatable)")
     ] = None,
+    auto_exclude: Annotated[
+        bool,
+        typer.Option(
+            help="keep nodes in float, one at a time, until the agreement reaches --target"
+        ),
+    ] = False,
+    target: Annotated[
+        float,
+        typer.Option(
+            help="with --auto-exclude: the weakest of every output's 5th-percentile cosine "
+            "and the decoded top-1 agreement or box recall"
+        ),
+    ] = 0.99,
 ) -> None:
     """Quantize with ONNX Runtime (QDQ, QInt8 activations and weights, MinMax calibration on
     the images through the node's own preprocessing), check the result and report how far
@@ -93,6 +106,7 @@ def model_quantize(
         method="static" if method == "static" else "dynamic",
         per_channel=per_channel,
         exclude=tuple(exclude or ()),
+        auto_target=target if auto_exclude else None,
     )
     _emit(cli, quantize_model(model, output, samples, options))
 
@@ -173,6 +187,14 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
             worst.add_row(*[str(row[col]) for col in ("tensor", "node", "op", "sqnr_db_p5",
                                                        "sqnr_db_p50")])  # fmt: skip
         cli.console.print(worst)
+    search = report.get("auto_exclude")
+    if search:
+        kept = ", ".join(search["kept_in_float"]) or "nothing"
+        cli.console.print(
+            f"auto-exclude: kept in float: {kept} (agreement {search['score_before']} -> "
+            f"{search['score']}, target {search['target']})",
+            soft_wrap=True,
+        )
     decoded = agreement.get("decoded")
     if decoded is not None:
         figures = ", ".join(f"{k} {v}" for k, v in decoded.items() if k not in {"kind"})
@@ -188,5 +210,10 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
             soft_wrap=True,
         )
     warnings = [*(coverage or {}).get("warnings", []), *agreement.get("warnings", [])]
+    if search and not search["reached"]:
+        warnings.append(
+            f"--auto-exclude did not reach the target {search['target']} (best "
+            f"{search['score']}); the model written is the best found"
+        )
     for warning in warnings:
         cli.console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)

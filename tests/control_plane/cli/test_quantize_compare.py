@@ -503,3 +503,52 @@ def test_class_folders_are_counted_against_the_labels(
     code, _, err = run(capsys, "compare", str(fp32), str(fp32), "--data", str(folder),
                        "--runtime", str(runtime))  # fmt: skip
     assert code == 1 and "holds a folder ('deeper')" in " ".join(err.split())
+
+
+def test_auto_exclude_keeps_the_concat_in_float_and_nothing_else(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path
+) -> None:
+    frames = images(tmp_path / "frames", 8, seed=7)
+    head = concat_head(tmp_path / "head.onnx")
+    yolo = tmp_path / "yolo.yaml"
+    yolo.write_text(
+        yaml.safe_dump(
+            {
+                "preprocess": {"layout": "NCHW", "mean": 0.5, "std": 0.5},
+                "output": {"decoder": "yolo", "objectness": False, "score_threshold": 0.5},
+                "labels": list(sample_models.TINY_DETECTOR_LABELS),
+            }
+        )
+    )
+    out = tmp_path / "auto.onnx"
+    code, report, err = run(
+        capsys, "quantize", str(head), "--calibration", str(frames), "--runtime", str(yolo),
+        "--out", str(out), "--auto-exclude", "--target", "0.99",
+    )  # fmt: skip
+    assert code == 0, err
+    search = report["auto_exclude"]
+    assert search["score_before"] == 0.0 and search["reached"] and search["score"] >= 0.99
+    assert search["kept_in_float"] == ["head"]
+    (only,) = search["rounds"]
+    assert only["kept_in_float"] == "head" and only["tried"] >= 2  # found by trial, not rank
+    assert report["settings"]["nodes_excluded"] == ["head"]
+    assert report["agreement"]["decoded"]["recall"] == 1.0
+    assert "Concat" in {n.op_type for n in onnx.load(str(out)).graph.node}
+    # A model that agrees already keeps everything quantized.
+    code, report, err = run(
+        capsys, "quantize", str(fp32), "--calibration", str(frames), "--runtime", str(runtime),
+        "--out", str(tmp_path / "int8.onnx"), "--auto-exclude",
+    )  # fmt: skip
+    assert code == 0, err
+    assert report["auto_exclude"]["kept_in_float"] == [] and report["auto_exclude"]["reached"]
+    # What it cannot do is refused.
+    for extra, message in (
+        (["--method", "dynamic"], "--auto-exclude needs --method static"),
+        (["--target", "1.5"], "--target is an agreement in (0, 1], got 1.5"),
+    ):
+        code, _, err = run(
+            capsys, "quantize", str(fp32), "--calibration", str(frames), "--runtime",
+            str(runtime), "--out", str(tmp_path / "x.onnx"), "--auto-exclude", *extra,
+        )  # fmt: skip
+        assert code == 1 and message in err
+    assert not (tmp_path / "x.onnx").exists()
