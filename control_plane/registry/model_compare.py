@@ -263,6 +263,11 @@ def compare_models(
         out_b = _run(b, sample.inputs, b_name, sample.name, timer, times_b)
         count += 1
         for name, value in out_a.items():
+            if name not in out_b:
+                raise InvalidInputError(
+                    f"{b_name} gives no output {name!r} (it gives {sorted(out_b)})",
+                    field="outputs",
+                )
             errors.setdefault(name, OutputErrors(name)).add(
                 np.asarray(value), np.asarray(out_b[name])
             )

@@ -47,6 +47,8 @@ IMAGE_SUFFIXES: Final = (".png", ".jpg", ".jpeg")
 TENSOR_SUFFIXES: Final = (".npy",)
 MAX_SAMPLES: Final = 1000
 """More files than this in one folder are refused (every file is decoded twice)."""
+MAX_HELD_BYTES: Final = 512 * 1024**2
+"""The most sample tensors :meth:`SampleSet.hold` keeps in memory."""
 MIN_CALIBRATION_SAMPLES: Final = 8
 """Fewer calibration samples than this give ranges that say nothing about the world."""
 NARROW_BRIGHTNESS: Final = 40.0
@@ -109,12 +111,30 @@ class SampleSet:
     coverage: Coverage | None
     """Measured for images; None for tensors (their values are not pixels)."""
 
+    held: tuple[Sample, ...] | None = None
+    """The samples themselves, once :meth:`hold` kept them in memory."""
+
     def __len__(self) -> int:
         return len(self.files)
 
     def __iter__(self) -> Iterator[Sample]:
+        if self.held is not None:
+            yield from self.held
+            return
         for path in self.files:
             yield self._load(path)
+
+    def hold(self, limit_bytes: int = MAX_HELD_BYTES) -> SampleSet:
+        """The same set with its tensors kept in memory, when they fit in ``limit_bytes``
+        (else this set, read from disk again on every pass): for work that passes over the
+        samples many times (``--auto-exclude``)."""
+        if self.held is not None or not self.files:
+            return self
+        first = self._load(self.files[0])
+        size = sum(t.nbytes for t in first.inputs.values()) * len(self.files)
+        if size > limit_bytes:
+            return self
+        return replace(self, held=(first, *(self._load(p) for p in self.files[1:])))
 
     def _load(self, path: Path) -> Sample:
         if self.preprocessor is not None:
@@ -123,7 +143,7 @@ class SampleSet:
             geometry = self.preprocessor.geometry(*frame.shape[:2])
         else:
             tensor = _read_tensor(path, self.input)
-            height, width = _spatial(self.input, tensor)
+            height, width = _spatial(tensor)
             geometry = Geometry.stretch(height, width, height, width)
         return Sample(str(path.relative_to(self.directory)), {self.input.name: tensor}, geometry)
 
@@ -284,7 +304,7 @@ def _read_tensor(path: Path, spec: TensorSpec) -> npt.NDArray[Any]:
     return array
 
 
-def _spatial(spec: TensorSpec, tensor: npt.NDArray[Any]) -> tuple[int, int]:
+def _spatial(tensor: npt.NDArray[Any]) -> tuple[int, int]:
     """(height, width) of an image-like tensor for box geometry; 1x1 for anything else."""
     if tensor.ndim == 4:
         channels_first = tensor.shape[1] in (1, 3)

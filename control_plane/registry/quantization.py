@@ -251,6 +251,7 @@ def _auto_exclude(
     while its tensor's SQNR stays high (ADR 0046). ``staged`` ends as the chosen model."""
     target = options.auto_target
     assert target is not None
+    samples = samples.hold()  # each trial passes over them three times
     score = agreement_score(compare_models(source, staged, samples).to_report())
     search: dict[str, Any] = {
         "target": target,

@@ -79,11 +79,13 @@ def test_static_quantization_writes_a_checked_int8_qdq_model_that_agrees(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path, calibration: Path
 ) -> None:
     out = tmp_path / "int8.onnx"
+    (calibration / ".DS_Store").write_bytes(b"\x00\x01")  # hidden files are not samples
     code, report, err = run(
         capsys, "quantize", str(fp32), "--calibration", str(calibration),
         "--runtime", str(runtime), "--out", str(out),
     )  # fmt: skip
     assert code == 0, err
+    assert report["samples"] == 12
     # Every setting is pinned, whatever the installed release's defaults are.
     assert report["settings"] == {
         "method": "static",
@@ -401,10 +403,11 @@ def concat_head(path: Path, size: int = 640) -> Path:
 
 
 def test_a_concatenated_head_fails_whole_and_passes_with_the_concat_in_float(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, calibration: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """onnxruntime#14233's failure, seen by the decoded agreement and not by the tensor
     figures (the boxes dominate the signal), and fixed by keeping one node in float."""
+    calibration = images(tmp_path / "frames", 8, seed=7)  # 640x640 inputs: few
     head = concat_head(tmp_path / "head.onnx")
     runtime = tmp_path / "yolo.yaml"
     runtime.write_text(
@@ -433,6 +436,23 @@ def test_a_concatenated_head_fails_whole_and_passes_with_the_concat_in_float(
     agreement = report["agreement"]
     assert agreement["decoded"]["recall"] == 1.0 and agreement["decoded"]["precision"] == 1.0
     assert agreement["warnings"] == []
+
+
+def test_samples_are_held_in_memory_only_when_they_fit(tmp_path: Path, fp32: Path) -> None:
+    from control_plane.registry.model_data import open_samples
+    from control_plane.registry.onnx_inspect import inspect_model
+
+    folder = tmp_path / "tensors"
+    folder.mkdir()
+    for i in range(3):
+        np.save(folder / f"{i}.npy", np.full((1, 3, SIZE, SIZE), i, np.float32))
+    samples = open_samples(folder, inspect_model(fp32), None)
+    assert samples.hold(limit_bytes=3 * 3 * SIZE * SIZE * 4 - 1) is samples  # too big
+    held = samples.hold()
+    assert held.held is not None and [s.name for s in held] == ["0.npy", "1.npy", "2.npy"]
+    for path in folder.iterdir():
+        path.unlink()  # held: the files are not read again
+    assert [float(s.inputs["images"].max()) for s in held] == [0.0, 1.0, 2.0]
 
 
 def test_errors_are_judged_per_sample() -> None:
