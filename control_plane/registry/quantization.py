@@ -9,9 +9,10 @@ node's own preprocessing. The result is checked before it is kept: ``onnx.checke
 and run by ONNX Runtime, compared with the FP32 model on the calibration samples
 (:func:`~control_plane.registry.model_compare.compare_models`); only then is it moved into
 place (temp file in the same folder, fsync, ``os.replace``). A refused run writes nothing.
+Beside it: the per-layer SQNR (``qdq_loss_debug``'s matching, judged per sample) and
+``--auto-exclude``, a bounded search for the nodes to keep in float.
 
-What it is not for: writing a quantizer, choosing which nodes to keep in float (the
-operator's ``--exclude``), or deciding whether the result may be released.
+What it is not for: writing a quantizer, or deciding whether the result may be released.
 """
 
 from __future__ import annotations

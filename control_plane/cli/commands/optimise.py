@@ -88,7 +88,8 @@ def model_quantize(
 ) -> None:
     """Quantize with ONNX Runtime (QDQ, QInt8 activations and weights, MinMax calibration on
     the images through the node's own preprocessing), check the result and report how far
-    it agrees with the FP32 model on the calibration set."""
+    it agrees with the FP32 model on the calibration set, per output and per layer;
+    --auto-exclude keeps nodes in float until the agreement reaches --target."""
     from control_plane.errors import InvalidInputError
     from control_plane.registry.model_data import MIN_CALIBRATION_SAMPLES, open_samples
     from control_plane.registry.onnx_inspect import inspect_model
