@@ -147,6 +147,9 @@ CLI_ONLY = (
     "control_plane.registry.sample_models",
     "control_plane.cli.release",
     "control_plane.cli.runtime_file",
+    "control_plane.registry.model_data",
+    "control_plane.registry.model_compare",
+    "control_plane.registry.quantization",
     "control_plane.demo",
 )
 # The server's modules that need numpy and scipy, which `edgefleet[server]` carries for

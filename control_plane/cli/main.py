@@ -15,7 +15,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-import control_plane.cli.commands.director  # noqa: F401  (registers `nodes pin`)
+# Imported for the commands they register: `nodes pin`, `model quantize|compare`.
+import control_plane.cli.commands.director
+import control_plane.cli.commands.optimise  # noqa: F401
 from control_plane.cli.commands.access import audit_app, token_app
 from control_plane.cli.commands.alerts import alerts_app
 from control_plane.cli.commands.events import events_app

@@ -74,24 +74,26 @@ def generated_frame(
     return frame
 
 
-def load_frame(path: Path) -> npt.NDArray[np.uint8]:
+def load_frame(
+    path: Path, *, what: str = "reference frame", field: str = _FIELD
+) -> npt.NDArray[np.uint8]:
     """The operator's reference frame: a ``.npy`` holding HxWx3 uint8 RGB, or a PNG/JPEG
-    (converted to RGB). InvalidInputError names the file and what is wrong with it."""
+    (converted to RGB). InvalidInputError names the file and what is wrong with it (``what``
+    and ``field`` say which frame it is: a calibration image too is read here)."""
     where = str(path)
     suffix = path.suffix.lower()
     if suffix not in FRAME_SUFFIXES:
         raise InvalidInputError(
-            f"reference frame {where}: must be one of {', '.join(FRAME_SUFFIXES)}, "
-            f"got {path.name!r}",
-            field=_FIELD,
+            f"{what} {where}: must be one of {', '.join(FRAME_SUFFIXES)}, got {path.name!r}",
+            field=field,
             path=where,
         )
     try:
         size = path.stat().st_size
         if size > MAX_FRAME_FILE_BYTES:
             raise InvalidInputError(
-                f"reference frame {where} is {size} bytes, over {MAX_FRAME_FILE_BYTES}",
-                field=_FIELD,
+                f"{what} {where} is {size} bytes, over {MAX_FRAME_FILE_BYTES}",
+                field=field,
                 path=where,
             )
         frame = _read_npy(path) if suffix == ".npy" else _read_image(path)
@@ -99,21 +101,21 @@ def load_frame(path: Path) -> npt.NDArray[np.uint8]:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise InvalidInputError(
-            f"cannot read reference frame {where}: {exc}", field=_FIELD, path=where
+            f"cannot read {what} {where}: {exc}", field=field, path=where
         ) from exc
     try:
         image = check_image(frame)
     except ImageError as exc:
         raise InvalidInputError(
-            f"reference frame {where}: {exc} (an RGB image, height x width x 3, uint8)",
-            field=_FIELD,
+            f"{what} {where}: {exc} (an RGB image, height x width x 3, uint8)",
+            field=field,
             path=where,
         ) from exc
     height, width = image.shape[:2]
     if height > MAX_SIDE or width > MAX_SIDE:
         raise InvalidInputError(
-            f"reference frame {where} is {width}x{height}; at most {MAX_SIDE} a side",
-            field=_FIELD,
+            f"{what} {where} is {width}x{height}; at most {MAX_SIDE} a side",
+            field=field,
             path=where,
         )
     return np.ascontiguousarray(image)
