@@ -121,7 +121,9 @@ METRICS: Final = {
         shadow_abs_diff_metric(level): f"raw: frames with a largest difference of at most {level:g}"
         for level in ABS_DIFF_LEVELS
     },
-    "shadow_p99_ms": "the shadow candidate's P99 inference time (its CPU time)",
+    "shadow_p99_ms": "the shadow candidate's P99 time per sampled frame (its CPU time)",
+    "shadow_reference_p99_ms": "the served model's P99 timed as the candidate is, same frames",
+    "shadow_latency_ratio_p50": "median per-frame ratio of the candidate's time to the reference's",
     "shadow_rss_delta_bytes": "RSS growth while the candidate loaded and self-tested",
 }
 _SHADOW_AGREEMENT: Final = (
@@ -317,11 +319,18 @@ def _shadow(section: object, metrics: dict[str, float]) -> dict[str, Any] | None
     `metrics` as `shadow_*`."""
     if not isinstance(section, Mapping):
         return None
-    shadow = {key: value for key, value in section.items() if key != "latency"}
-    latency = section.get("latency")
-    if isinstance(latency, Mapping):
-        shadow["latency"] = {k: v for k, v in latency.items() if k != "sketch_ms"}
-        _put(metrics, "shadow_p99_ms", latency.get("p99_ms"))
+    shadow = {
+        key: value for key, value in section.items() if key not in ("latency", "reference_latency")
+    }
+    for kind, p99_name in (
+        ("latency", "shadow_p99_ms"),
+        ("reference_latency", "shadow_reference_p99_ms"),
+    ):
+        latency = section.get(kind)
+        if isinstance(latency, Mapping):
+            shadow[kind] = {k: v for k, v in latency.items() if k != "sketch_ms"}
+            _put(metrics, p99_name, latency.get("p99_ms"))
+    _put(metrics, "shadow_latency_ratio_p50", section.get("latency_ratio_p50"))
     metrics["shadow_running"] = 1.0 if section.get("state") == "running" else 0.0
     for name in ("frames_compared", "samples_dropped", "samples_skipped_cpu", "cpu_percent"):
         _put(metrics, f"shadow_{name}", section.get(name))

@@ -11,9 +11,12 @@ the same number before. In the shadow stage a node's series is the candidate's P
 beside it (`shadow_p99_ms`), its baseline the served model's over the same points, and
 its agreement counts come from the newest point (the node reports them since the
 candidate started), its counters only the frames the candidate was compared on (never
-the served model's frames or errors). What it is not for: reading the database
-(`gates_source.py`) or judging (`gates.py`). Pure: no I/O, no framework (the gates' data
-classes only).
+the served model's frames or errors). Where the node timed the served model's bytes the
+candidate's way on the same sampled frames (`shadow_reference_p99_ms`, ADR 0031
+amendment), that is the baseline instead: the served model's own P99 includes its queue
+and its thread pool, which the candidate's CPU time does not. What it is not for: reading
+the database (`gates_source.py`) or judging (`gates.py`). Pure: no I/O, no framework (the
+gates' data classes only).
 """
 
 from __future__ import annotations
@@ -194,6 +197,16 @@ def _control(
     )
 
 
+def _shadow_baseline_s(point: Point, serving: str | None) -> float | None:
+    """What the candidate's P99 is compared with on `point` (seconds): the reference (the
+    served model's bytes timed as the candidate is, on the same frames), else the served
+    model's own P99 (a node that sends no reference)."""
+    reference = _metric(point, "shadow_reference_p99_ms")
+    if reference is not None and reference > 0:
+        return reference / 1000.0
+    return None if serving is None else p99_s(point, serving)
+
+
 def _shadow(
     node_id: str, points: Sequence[Point], serving: str | None, started: datetime
 ) -> NodeSamples:
@@ -203,8 +216,7 @@ def _shadow(
         for p in after
         if (shadow := _metric(p, "shadow_p99_ms")) is not None
         and shadow > 0
-        and serving is not None
-        and (served := p99_s(p, serving)) is not None
+        and (served := _shadow_baseline_s(p, serving)) is not None
     ]
     counts = _shadow_counts(after)
     return NodeSamples(

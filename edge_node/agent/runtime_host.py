@@ -10,6 +10,8 @@ node.yaml's `runtime.preprocess` serves only versions without a signed spec and 
 `model_path`. It is the `ShadowHost` too (ADR 0031): a shadow candidate is loaded with one
 intra-op thread (so its CPU time is its thread's) and self-tested at background priority,
 then run by a `ShadowRunner` on the frames the pipeline's tap hands it; it never serves.
+Beside it the served model's bytes are loaded the same way, as the runner's `reference`:
+timed on the same sampled frames, so the candidate's latency is compared with like.
 Not here: which model to serve, or when (the update task).
 """
 
@@ -274,11 +276,17 @@ class RuntimeHost:
         *extra, session = loaded
         for unused in extra:
             unused.close()
+        reference = await anyio.to_thread.run_sync(
+            lambda: run_in_background(
+                lambda: self._reference(options), name="edgefleet shadow reference", mode=mode
+            )
+        )
         runner = ShadowRunner(
             session,
             sample_per_mille=settings.sample_per_mille,
             max_cpu_percent=settings.max_cpu_percent,
             decoder=default_decoder(),
+            reference=reference,
             priority=mode,
         )
         async with self._lock:
@@ -292,6 +300,27 @@ class RuntimeHost:
             await anyio.to_thread.run_sync(previous.close)
         log.info("shadow %s runs beside %s", runner.label, self._model or "nothing yet")
         return result
+
+    def _reference(self, options: SessionConfig) -> ModelSession | None:
+        """The served model's bytes loaded with the candidate's `options`, for the runner
+        to time on the same frames (None: nothing serves, or it did not load: the
+        candidate is then timed alone)."""
+        pipeline = self._pipeline
+        served = pipeline.session if pipeline is not None else self._standby
+        if served is None:
+            return None
+        try:
+            return ModelSession.load(
+                served.path,
+                options,
+                served.preprocess,
+                runtime=served.runtime,
+                model=served.model,
+                version=served.version,
+            )
+        except Exception as exc:  # the candidate runs on; only its latency is unpaired
+            log.warning("shadow reference %s did not load: %s", served.label, exc)
+            return None
 
     async def stop_shadow(self) -> None:
         """Detach the candidate from the frames, stop its thread and close its session."""
@@ -309,6 +338,11 @@ class RuntimeHost:
             return None
         figures = runner.figures()
         figures["latency"] = sketch_summary(figures["latency"], with_sketch=True)
+        reference = figures.pop("reference_latency")
+        if reference is not None:
+            figures["reference_latency"] = sketch_summary(reference, with_sketch=True)
+        if figures["latency_ratio_p50"] is None:
+            del figures["latency_ratio_p50"]
         return figures
 
     @property

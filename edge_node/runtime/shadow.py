@@ -13,6 +13,16 @@ preprocessing, runs it, decodes the outputs with the candidate's own signed deco
 compares them with the active model's (:mod:`protos.bundle.agreement`; raw outputs as
 tensors). It times the candidate on its CPU time into a latency sketch.
 
+Latency, like with like (ADR 0031 amendment): the served model's own latency (queue,
+preprocess, inference and decode in wall time, on a thread at normal priority, with the
+node's thread pool) is not what the candidate's is. With a `reference` -- the active
+model's bytes loaded the way the candidate is (one intra-op thread) -- the thread runs both
+on each sampled frame, one after the other in an order that alternates frame by frame (so
+neither always finds the frame in cache), and times each the same way: its CPU time to
+decode, preprocess, run and decode the outputs. It reports the reference's sketch beside
+the candidate's and the median of the per-frame ratios (candidate over reference), so a
+candidate twice as slow reads as 2 whatever the served model's queueing and threads.
+
 What it is not for: deciding which candidate runs or whether it passed its self-test (the
 updater's shadow stage), or serving: nothing it computes reaches the results interface.
 The candidate session must start no thread pool (one intra-op thread, sequential), so
@@ -76,8 +86,11 @@ class ShadowCounts:
 class ShadowRunner:
     """Runs `session` beside the served model; `close()` stops it (safe to call twice).
 
-    `cpu_time` is the runner thread's CPU clock (``time.thread_time``), `wall` a monotonic
-    clock: both injectable so a test can hold the budget."""
+    `reference`: the active model loaded as the candidate is (one intra-op thread), timed
+    on the same frames the same way (closed with the runner); it is run only on frames
+    served by a model of its label. `cpu_time` is the runner thread's CPU clock
+    (``time.thread_time``), `wall` a monotonic clock: both injectable so a test can hold
+    the budget."""
 
     def __init__(
         self,
@@ -86,6 +99,7 @@ class ShadowRunner:
         sample_per_mille: int,
         max_cpu_percent: int,
         decoder: FrameDecoder | None = None,
+        reference: ModelSession | None = None,
         priority: Background = "nice",
         cpu_time: Callable[[], float] = time.thread_time,
         wall: Callable[[], float] = time.monotonic,
@@ -97,6 +111,10 @@ class ShadowRunner:
         self.max_cpu_percent = max_cpu_percent
         self._decoder = decoder
         self._target = DecodeTarget.of(session.preprocessor)
+        self._reference = reference
+        self._reference_target = (
+            None if reference is None else DecodeTarget.of(reference.preprocessor)
+        )
         self._priority: Background = priority
         self._cpu_time = cpu_time
         self._wall = wall
@@ -104,6 +122,9 @@ class ShadowRunner:
         self._budget = CpuBudget(max_cpu_percent, wall())
         self._tally = AgreementTally()
         self._sketch = LatencySketch()
+        self._reference_sketch = LatencySketch()
+        self._ratios = LatencySketch()
+        self._paired = 0
         self._against = ""
         self._queue: deque[_Sample] = deque()
         self._lock = threading.Lock()
@@ -123,6 +144,11 @@ class ShadowRunner:
     @property
     def label(self) -> str:
         return self.session.label
+
+    @property
+    def reference(self) -> ModelSession | None:
+        """The active model's session timed beside the candidate (None: timed alone)."""
+        return self._reference
 
     # -- the serving side (inference workers) ------------------------------------------
 
@@ -162,7 +188,7 @@ class ShadowRunner:
                 self._busy = True
             started = self._cpu_time()
             try:
-                frame, computed = self._compare(sample, started)
+                frame, computed, referenced = self._compare(sample, started)
             except Exception as exc:  # a candidate that cannot run a frame: counted
                 spent = self._cpu_time() - started
                 with self._lock:
@@ -180,9 +206,15 @@ class ShadowRunner:
                     # Another model serves now: its agreement is a new question.
                     self._against = sample.against
                     self._tally.reset()
+                    self._reference_sketch = LatencySketch()
+                    self._ratios = LatencySketch()
                 self._tally.add(frame)
                 self._compared += 1
                 self._sketch.add(computed * 1000.0)
+                if referenced is not None:
+                    self._reference_sketch.add(referenced * 1000.0)
+                    if referenced > 0 and computed > 0:
+                        self._ratios.add(computed / referenced)
                 self._done(spent)
 
     def _done(self, spent_s: float) -> None:
@@ -190,16 +222,38 @@ class ShadowRunner:
         self._busy = False
         self._budget.spend(spent_s, self._wall())
 
-    def _compare(self, sample: _Sample, started: float) -> tuple[FrameAgreement, float]:
-        """Run the candidate on the sample; its agreement and CPU seconds of compute."""
-        session = self.session
-        image = decode_frame(sample.data, self._decoder, self._target)
+    def _compare(
+        self, sample: _Sample, started: float
+    ) -> tuple[FrameAgreement, float, float | None]:
+        """Run the candidate on the sample; its agreement, its CPU seconds of compute and,
+        with a reference of the model that served the frame, the reference's, timed the
+        same way (the order alternates frame by frame)."""
+        reference = self._reference
+        if reference is None or reference.label != sample.against or reference.closed:
+            outputs, decoded, computed = self._timed(self.session, self._target, sample)
+            referenced = None
+        else:
+            self._paired += 1
+            if self._paired % 2:
+                outputs, decoded, computed = self._timed(self.session, self._target, sample)
+                referenced = self._timed(reference, self._reference_target, sample)[2]
+            else:
+                referenced = self._timed(reference, self._reference_target, sample)[2]
+                outputs, decoded, computed = self._timed(self.session, self._target, sample)
+        if sample.decoded.kind == "raw" and decoded.kind == "raw":
+            return compare_raw(sample.outputs, outputs), computed, referenced
+        return compare_decoded(sample.decoded, decoded), computed, referenced
+
+    def _timed(
+        self, session: ModelSession, target: DecodeTarget | None, sample: _Sample
+    ) -> tuple[Mapping[str, npt.NDArray[Any]], Decoded, float]:
+        """`session` on the sample's frame: its outputs, decoded result and CPU seconds
+        (frame decode, preprocessing, run and output decode)."""
+        started = self._cpu_time()
+        image = decode_frame(sample.data, self._decoder, target)
         outputs = session.run(session.preprocessor(image, reuse=True))
         decoded = session.decode(outputs, int(image.shape[0]), int(image.shape[1]))
-        computed = self._cpu_time() - started
-        if sample.decoded.kind == "raw" and decoded.kind == "raw":
-            return compare_raw(sample.outputs, outputs), computed
-        return compare_decoded(sample.decoded, decoded), computed
+        return outputs, decoded, self._cpu_time() - started
 
     # -- reading and stopping ------------------------------------------------------------
 
@@ -211,7 +265,9 @@ class ShadowRunner:
 
     def figures(self) -> dict[str, Any]:
         """The running figures of the health report's `shadow` section; `latency` is a
-        copy of the candidate's latency sketch (milliseconds), for the report to sum up."""
+        copy of the candidate's latency sketch (milliseconds), for the report to sum up,
+        `reference_latency` the reference's on the same frames (None without one), and
+        `latency_ratio_p50` the median per-frame ratio of the two (None before a pair)."""
         with self._lock:
             cpu = self._budget.cpu_percent(self._wall())
             return {
@@ -224,6 +280,12 @@ class ShadowRunner:
                 "cpu_percent": None if cpu is None else round(cpu, 3),
                 "agreement": self._tally.summary().to_report(),
                 "latency": self._sketch.copy(),
+                "reference_latency": None
+                if self._reference is None
+                else self._reference_sketch.copy(),
+                "latency_ratio_p50": None
+                if not self._ratios.count
+                else round(self._ratios.quantile(0.5) or 0.0, 3),
             }
 
     def close(self, timeout_s: float = _JOIN_S) -> None:
@@ -236,3 +298,5 @@ class ShadowRunner:
             self._ready.notify_all()
         self._thread.join(timeout_s)
         self.session.close()
+        if self._reference is not None:
+            self._reference.close()

@@ -432,8 +432,10 @@ def _sketch_holders(report: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
             if isinstance(holder, dict):
                 yield holder
     shadow = report.get("shadow")
-    if isinstance(shadow, dict) and isinstance(shadow.get("latency"), dict):
-        yield shadow["latency"]
+    if isinstance(shadow, dict):
+        for kind in ("latency", "reference_latency"):
+            if isinstance(shadow.get(kind), dict):
+                yield shadow[kind]
 
 
 def bound_size(report: dict[str, Any], max_bytes: int) -> bytes:

@@ -129,7 +129,15 @@ class ShadowOut(BaseModel):
         default=None, description="RSS growth while the candidate loaded and self-tested"
     )
     latency_ms: dict[str, float] = Field(
-        default_factory=dict, description="the candidate's inference time: p50_ms ... max_ms"
+        default_factory=dict,
+        description="the candidate's CPU time per sampled frame: p50_ms ... max_ms",
+    )
+    reference_latency_ms: dict[str, float] = Field(
+        default_factory=dict,
+        description="the served model's, timed as the candidate's on the same frames",
+    )
+    latency_ratio_p50: float | None = Field(
+        default=None, description="median per-frame ratio of the candidate's to the reference's"
     )
     agreement: dict[str, Any] = Field(
         default_factory=dict,
@@ -221,6 +229,7 @@ def _shadow_out(section: dict[str, Any], at: datetime) -> ShadowOut | None:
     """The stored section as the API shows it; one a newer agent shaped otherwise
     (no candidate, a figure of another type) is left out rather than failing the read."""
     latency = section.get("latency")
+    reference = section.get("reference_latency")
     fields = {k: v for k, v in section.items() if k in ShadowOut.model_fields}
     fields.pop("latency", None)
     try:
@@ -228,6 +237,7 @@ def _shadow_out(section: dict[str, Any], at: datetime) -> ShadowOut | None:
             **fields,
             reported_at=at,
             latency_ms=latency if isinstance(latency, dict) else {},
+            reference_latency_ms=reference if isinstance(reference, dict) else {},
         )
     except ValidationError:
         return None

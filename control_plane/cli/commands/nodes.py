@@ -420,7 +420,13 @@ def shadow_lines(shadow: Any) -> list[str]:
     facts = [f"agreement ({kind}): {', '.join(figures)}" if figures else "agreement: none yet"]
     latency = shadow.get("latency_ms") or {}
     if isinstance(latency.get("p99_ms"), int | float):
-        facts.append(f"p99 {latency['p99_ms']:.3g} ms")
+        p99 = f"p99 {latency['p99_ms']:.3g} ms"
+        reference = shadow.get("reference_latency_ms") or {}
+        if isinstance(reference.get("p99_ms"), int | float):
+            p99 += f" (active {reference['p99_ms']:.3g} ms on the same frames"
+            ratio = shadow.get("latency_ratio_p50")
+            p99 += f", ratio {ratio:.2f})" if isinstance(ratio, int | float) else ")"
+        facts.append(p99)
     if isinstance(shadow.get("cpu_percent"), int | float):
         facts.append(f"CPU {shadow['cpu_percent']:.3g} %")
     if isinstance(shadow.get("rss_delta_bytes"), int | float):

@@ -227,6 +227,8 @@ def test_nodes_show_says_what_the_node_shadows(
         "cpu_percent": 3.25,
         "agreement": {"kind": "detection", "frames": 120, "recall": 0.975, "precision": 0.95},
         "latency": {"p50_ms": 8.0, "p99_ms": 14.5, "sketch_ms": {"v": 1, "n": 0}},
+        "reference_latency": {"p50_ms": 7.5, "p99_ms": 14.0, "sketch_ms": {"v": 1, "n": 0}},
+        "latency_ratio_p50": 1.04,
         "rss_delta_bytes": 21_500_000,
     }
     sender.send("n-a", v2_report(now - timedelta(minutes=1), shadow=shadow))
@@ -240,8 +242,8 @@ def test_nodes_show_says_what_the_node_shadows(
     assert lines[head].startswith("shadow: detector@1.1.0 running beside detector@1.0.0 (report ")
     assert lines[head + 1 : head + 3] == [
         "  120 frames compared of 130 sampled (6 dropped busy, 4 skipped for CPU, 0 failed)",
-        "  agreement (detection): recall 0.975, precision 0.950; p99 14.5 ms; CPU 3.25 %; "
-        "RSS +21.5 MB",
+        "  agreement (detection): recall 0.975, precision 0.950; p99 14.5 ms (active 14 ms "
+        "on the same frames, ratio 1.04); CPU 3.25 %; RSS +21.5 MB",
     ]
     shown = cli.json("nodes", "show", "n-a")["shadow"]
     assert (shown["candidate"], shown["state"], shown["frames_compared"]) == (
@@ -250,6 +252,8 @@ def test_nodes_show_says_what_the_node_shadows(
         120,
     )
     assert shown["latency_ms"] == {"p50_ms": 8.0, "p99_ms": 14.5}
+    assert shown["reference_latency_ms"] == {"p50_ms": 7.5, "p99_ms": 14.0}
+    assert shown["latency_ratio_p50"] == 1.04
     assert shown["agreement"]["recall"] == 0.975
     # A node that shadows nothing shows no shadow line.
     code, out, err = cli.run("nodes", "show", "n-b")

@@ -128,6 +128,8 @@ def test_the_shadow_section_reaches_the_metrics_and_the_point() -> None:
         "cpu_percent": 6.5,
         "agreement": {"kind": "detection", "frames": 840, "recall": 0.97, "precision": 0.9},
         "latency": {"p99_ms": 41.0, "sketch_ms": {"v": 1, "n": 0}},
+        "reference_latency": {"p99_ms": 40.0, "sketch_ms": {"v": 1, "n": 0}},
+        "latency_ratio_p50": 1.02,
         "rss_delta_bytes": 25_000_000,
         "a_newer_field": 1,  # an agent newer than this reader
     }
@@ -142,11 +144,14 @@ def test_the_shadow_section_reaches_the_metrics_and_the_point() -> None:
         "shadow_recall": 0.97,
         "shadow_precision": 0.9,
         "shadow_p99_ms": 41.0,
+        "shadow_reference_p99_ms": 40.0,
+        "shadow_latency_ratio_p50": 1.02,
         "shadow_rss_delta_bytes": 25_000_000.0,
     }
     assert point.shadow is not None
     assert (point.shadow["candidate"], point.shadow["state"]) == ("detector@1.5.0", "running")
     assert point.shadow["latency"] == {"p99_ms": 41.0}  # no sketch kept
+    assert point.shadow["reference_latency"] == {"p99_ms": 40.0}
     assert "a_newer_field" not in point.shadow
     # A failed candidate, with a field of the wrong type: read as far as it is understood.
     doc["shadow"] = {"candidate": "detector@1.5.0", "state": "failed", "reason": 7}

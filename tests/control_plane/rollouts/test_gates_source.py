@@ -281,6 +281,43 @@ def test_samples_pair_each_canary_with_its_own_past() -> None:
     assert p99_s(points["c0"][0], "det@2.0") is None
 
 
+def test_a_shadow_candidate_is_compared_with_its_reference_on_the_same_frames() -> None:
+    """The served model's end-to-end P99 (queue and thread pool included) is the baseline
+    only for a node that sends no reference; with one, the reference is."""
+    spec = parse_rollout_spec(
+        fleet="gates", model="det", version="2.0", stages="shadow:1,1,100%", bake="30m"
+    )
+    record = NodeRecord(
+        stage=1,
+        rank=0,
+        stratum="",
+        previous="1.0",
+        since=T0,
+        phase="healthy",
+        track="shadow",
+        shadowing=True,
+        started_at=T0,
+    )
+    shadowing = replace(RolloutState.new("7", spec, T0), status="baking", nodes={"c0": record})
+    served = {"det@1.0": {"end_to_end": {"p99_ms": 40.0}}}
+    points = {
+        "c0": [
+            Point(T0 + timedelta(minutes=1), {"shadow_p99_ms": 20.0}, served),
+            Point(
+                T0 + timedelta(minutes=2),
+                {"shadow_p99_ms": 20.0, "shadow_reference_p99_ms": 10.0},
+                served,
+            ),
+        ]
+    }
+    samples = stage_samples(
+        shadowing, points, {}, window_start=T0, now=T0 + timedelta(minutes=3), canaries=["c0"]
+    )
+    (node,) = samples.canaries
+    assert list(node.p99_s) == [0.02, 0.02]
+    assert list(node.baseline_p99_s) == [0.04, 0.01]
+
+
 def test_an_agreeing_shadow_candidate_passes_its_stage(sessions: sessionmaker[Session]) -> None:
     """The shadow stage judged on what a shadow node stores: the candidate's P99 beside
     the served model's and how often they agree. Its counters are the candidate's frames

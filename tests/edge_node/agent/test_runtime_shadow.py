@@ -130,6 +130,14 @@ async def test_candidates_run_beside_the_served_model(
         4,
     )
     assert report["latency"]["p99_ms"] is not None and "sketch_ms" in report["latency"]
+    # The served model's bytes, loaded as the candidate is, timed on the same frames.
+    reference = runner.reference
+    assert reference is not None and host.pipeline is not None
+    assert (reference.label, reference.config.intra_op_threads) == ("det@1.0.0", 1)
+    assert reference is not host.pipeline.session  # its own session, not the served one
+    assert report["reference_latency"]["p99_ms"] is not None
+    assert "sketch_ms" in report["reference_latency"]
+    assert report["latency_ratio_p50"] > 0
     assert report["rss_delta_bytes"] is not None
     # Served: the active version only.
     assert {r.model_label for r in served.items} == {"det@1.0.0"}
@@ -144,7 +152,7 @@ async def test_candidates_run_beside_the_served_model(
 
     # Cleared by a later assignment without a candidate: stopped and unloaded.
     await rec.apply(world.assign(active))
-    assert host.shadow is None and runner.session.closed
+    assert host.shadow is None and runner.session.closed and reference.closed
     assert rec.shadow.report() is None
     pipeline = host.pipeline
     assert pipeline is not None and pipeline.tap is None

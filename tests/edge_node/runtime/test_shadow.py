@@ -249,3 +249,88 @@ def test_a_candidate_that_fails_on_a_frame_is_counted(tmp_path: Path) -> None:
     finally:
         runner.close()
     runner.close()  # twice is fine
+
+
+def matmul_chain(path: Path, steps: int) -> Path:
+    """[1, 3, 32, 32] -> the same shape, through `steps` MatMuls by a fixed 32x32 matrix:
+    the work grows with `steps`, nothing else does."""
+    weight = np.eye(32, dtype=np.float32) * 0.5
+    nodes = []
+    name = "images"
+    for i in range(steps):
+        nodes.append(helper.make_node("MatMul", [name, "w"], [f"t{i}"]))
+        name = f"t{i}"
+    nodes.append(helper.make_node("Identity", [name], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        inputs=[helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 32, 32])],
+        outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 32, 32])],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, [32, 32], weight.ravel())],
+    )
+    return _save(graph, path)
+
+
+def paired_ratio(tmp_path: Path, candidate_steps: int, frames: int = 24) -> dict[str, object]:
+    """The runner's latency figures of a candidate of `candidate_steps` beside an active
+    model of 8, with the active model's bytes as the reference (one thread each, as the
+    agent loads them)."""
+    spec = RuntimeSpec(preprocess=PreprocessConfig(size=(32, 32)))
+    one = SessionConfig(intra_op_threads=1, inter_op_threads=1, execution_mode="sequential")
+    active_path = matmul_chain(tmp_path / "active.onnx", 8)
+    load = ModelSession.load
+    active = load(active_path, SessionConfig(), runtime=spec, model="m", version="1")
+    reference = load(active_path, one, runtime=spec, model="m", version="1")
+    candidate = load(
+        matmul_chain(tmp_path / f"c{candidate_steps}.onnx", candidate_steps),
+        one,
+        runtime=spec,
+        model="m",
+        version="2",
+    )
+    runner = ShadowRunner(
+        candidate, sample_per_mille=1000, max_cpu_percent=100, reference=reference
+    )
+    served = Served(active, runner)
+    try:
+        for i in range(frames):
+            served.serve(frame(i))
+            wait_for(runner, i + 1)
+        figures = runner.figures()
+    finally:
+        runner.close()
+        active.close()
+    assert reference.closed and candidate.closed
+    return figures
+
+
+def test_shadow_latency_is_paired_with_the_active_model_on_the_same_frames(
+    tmp_path: Path,
+) -> None:
+    """Identical bytes read as a ratio near 1 (not the served model's queue and threads
+    against the candidate's CPU time); a candidate with 64x the work reads clearly slower."""
+    same = paired_ratio(tmp_path, 8)
+    assert same["frames_compared"] == 24
+    assert same["latency"].count == same["reference_latency"].count == 24  # type: ignore[attr-defined]
+    ratio = same["latency_ratio_p50"]
+    assert isinstance(ratio, float) and 0.5 <= ratio <= 2.0, ratio
+    slower = paired_ratio(tmp_path, 512)["latency_ratio_p50"]
+    assert isinstance(slower, float) and slower >= 3 * ratio, (slower, ratio)
+
+
+def test_without_a_reference_only_the_candidate_is_timed(tmp_path: Path) -> None:
+    active = session(echo_model(tmp_path / "a.onnx", (1, 3, *SIZE)), RAW, "1")
+    other = session(echo_model(tmp_path / "r.onnx", (1, 3, *SIZE)), RAW, "9")
+    same = session(echo_model(tmp_path / "b.onnx", (1, 3, *SIZE), add=-0.0), RAW, "2")
+    # A reference of another label than the served model's is not timed.
+    runner = ShadowRunner(same, sample_per_mille=1000, max_cpu_percent=100, reference=other)
+    try:
+        Served(active, runner).serve(frame(0))
+        wait_for(runner, 1)
+        figures = runner.figures()
+    finally:
+        runner.close()
+    assert figures["latency"].count == 1
+    assert figures["reference_latency"].count == 0
+    assert figures["latency_ratio_p50"] is None
+    assert other.closed

@@ -711,6 +711,8 @@ class Shadow(_message.Message):
     AGREEMENT_FIELD_NUMBER: _builtins.int
     LATENCY_FIELD_NUMBER: _builtins.int
     RSS_DELTA_BYTES_FIELD_NUMBER: _builtins.int
+    REFERENCE_LATENCY_FIELD_NUMBER: _builtins.int
+    LATENCY_RATIO_P50_FIELD_NUMBER: _builtins.int
     candidate: _builtins.str
     """`name@version` of the candidate."""
     state: _builtins.str
@@ -741,11 +743,22 @@ class Shadow(_message.Message):
     """The candidate's CPU time over the wall time since it started, percent of one core."""
     rss_delta_bytes: _builtins.int
     """How much the process's RSS grew while the candidate loaded and self-tested."""
+    latency_ratio_p50: _builtins.float
+    """The median over those frames of the candidate's time over the reference's."""
     @_builtins.property
     def agreement(self) -> Global___ShadowAgreement: ...
     @_builtins.property
     def latency(self) -> Global___LatencySummary:
-        """The candidate's inference time per frame, on its thread's CPU time."""
+        """The candidate's time per sampled frame (frame decode, preprocessing, run, output
+        decode), on its thread's CPU time.
+        """
+
+    @_builtins.property
+    def reference_latency(self) -> Global___LatencySummary:
+        """The served model's bytes loaded as the candidate is (one intra-op thread) and timed
+        the same way on the same sampled frames (ADR 0031 amendment): what `latency` is
+        compared with. Absent when no such reference loaded (then only `latency` is sent).
+        """
 
     def __init__(
         self,
@@ -766,19 +779,25 @@ class Shadow(_message.Message):
         agreement: Global___ShadowAgreement | None = ...,
         latency: Global___LatencySummary | None = ...,
         rss_delta_bytes: _builtins.int | None = ...,
+        reference_latency: Global___LatencySummary | None = ...,
+        latency_ratio_p50: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_percent", b"_cpu_percent", "_reason", b"_reason", "_rss_delta_bytes", b"_rss_delta_bytes", "agreement", b"agreement", "cpu_percent", b"cpu_percent", "latency", b"latency", "reason", b"reason", "rss_delta_bytes", b"rss_delta_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_percent", b"_cpu_percent", "_latency_ratio_p50", b"_latency_ratio_p50", "_reason", b"_reason", "_rss_delta_bytes", b"_rss_delta_bytes", "agreement", b"agreement", "cpu_percent", b"cpu_percent", "latency", b"latency", "latency_ratio_p50", b"latency_ratio_p50", "reason", b"reason", "reference_latency", b"reference_latency", "rss_delta_bytes", b"rss_delta_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_percent", b"_cpu_percent", "_reason", b"_reason", "_rss_delta_bytes", b"_rss_delta_bytes", "against", b"against", "agreement", b"agreement", "candidate", b"candidate", "cpu_percent", b"cpu_percent", "detail", b"detail", "frames_compared", b"frames_compared", "frames_sampled", b"frames_sampled", "latency", b"latency", "max_cpu_percent", b"max_cpu_percent", "reason", b"reason", "rss_delta_bytes", b"rss_delta_bytes", "sample_per_mille", b"sample_per_mille", "samples_dropped", b"samples_dropped", "samples_failed", b"samples_failed", "samples_skipped_cpu", b"samples_skipped_cpu", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_percent", b"_cpu_percent", "_latency_ratio_p50", b"_latency_ratio_p50", "_reason", b"_reason", "_rss_delta_bytes", b"_rss_delta_bytes", "against", b"against", "agreement", b"agreement", "candidate", b"candidate", "cpu_percent", b"cpu_percent", "detail", b"detail", "frames_compared", b"frames_compared", "frames_sampled", b"frames_sampled", "latency", b"latency", "latency_ratio_p50", b"latency_ratio_p50", "max_cpu_percent", b"max_cpu_percent", "reason", b"reason", "reference_latency", b"reference_latency", "rss_delta_bytes", b"rss_delta_bytes", "sample_per_mille", b"sample_per_mille", "samples_dropped", b"samples_dropped", "samples_failed", b"samples_failed", "samples_skipped_cpu", b"samples_skipped_cpu", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu_percent: _TypeAlias = _typing.Literal["cpu_percent"]  # noqa: Y015
     _WhichOneofArgType__cpu_percent: _TypeAlias = _typing.Literal["_cpu_percent", b"_cpu_percent"]  # noqa: Y015
+    _WhichOneofReturnType__latency_ratio_p50: _TypeAlias = _typing.Literal["latency_ratio_p50"]  # noqa: Y015
+    _WhichOneofArgType__latency_ratio_p50: _TypeAlias = _typing.Literal["_latency_ratio_p50", b"_latency_ratio_p50"]  # noqa: Y015
     _WhichOneofReturnType__reason: _TypeAlias = _typing.Literal["reason"]  # noqa: Y015
     _WhichOneofArgType__reason: _TypeAlias = _typing.Literal["_reason", b"_reason"]  # noqa: Y015
     _WhichOneofReturnType__rss_delta_bytes: _TypeAlias = _typing.Literal["rss_delta_bytes"]  # noqa: Y015
     _WhichOneofArgType__rss_delta_bytes: _TypeAlias = _typing.Literal["_rss_delta_bytes", b"_rss_delta_bytes"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_percent) -> _WhichOneofReturnType__cpu_percent | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__latency_ratio_p50) -> _WhichOneofReturnType__latency_ratio_p50 | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__reason) -> _WhichOneofReturnType__reason | None: ...
     @_typing.overload
