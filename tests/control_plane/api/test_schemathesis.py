@@ -1,0 +1,202 @@
+"""The REST API against its own OpenAPI document: schemathesis, in-process, bounded.
+
+Every operation gets a few generated requests (a fixed seed, derandomized, stateless)
+with the admin token, on a fresh SQLite data dir holding a fleet with one model; a
+response fails the run if it is a 5xx, or if its status, content type or body is not
+what the document declares (problem+json errors included, control_plane.api.openapi).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
+from schemathesis.generation import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from control_plane.api.app import create_app
+from control_plane.cli.client import ApiClient
+from control_plane.cli.release import ReleaseClient
+from control_plane.registry import sample_models
+from control_plane.services import ServiceConfig, Services, build_services
+from control_plane.trust.keys import init_operator_keys
+
+FLEET, MODEL, VERSION = "demo", "det", "1.0.0"
+EXAMPLES_PER_OPERATION = 10
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+
+
+class _Api:
+    """The app under test and the admin token that every generated request carries."""
+
+    def __init__(self, app: FastAPI, token: str) -> None:
+        self.app = app
+        self.token = token
+
+
+@pytest.fixture(scope="module")
+def api_under_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Api]:
+    root = tmp_path_factory.mktemp("schemathesis")
+    data = root / "server"
+    services: Services = build_services(
+        ServiceConfig(
+            data_dir=data,
+            database_url=f"sqlite:///{root / 'edgefleet.db'}",
+            artifacts_url=(data / "artifacts").as_uri(),
+            max_json_bytes=64 * 1024,
+            max_artifact_bytes=1 << 20,
+            refresh_interval_s=3600,
+        )
+    )
+    try:
+        token = services.admin_token_file.read_text().strip()
+        app = create_app(services, run_background=False)
+        with TestClient(app) as http:
+            _create_fleet_with_a_model(http, token, root)
+            yield _Api(app, token)
+    finally:
+        services.close()
+
+
+def _create_fleet_with_a_model(http: TestClient, token: str, root: Path) -> None:
+    """Data for the routes to find: the operator CLI's own calls, sent to the app."""
+
+    def relay(request: httpx.Request) -> httpx.Response:
+        return http.request(
+            request.method,
+            request.url.raw_path.decode(),
+            headers=request.headers,
+            content=request.content,
+        )
+
+    keyset = init_operator_keys(root / "keys", root_keys=1, root_threshold=1, passphrase=None)
+    with ApiClient("http://testserver", token, transport=httpx.MockTransport(relay)) as api:
+        release = ReleaseClient(api, keyset)
+        release.create_fleet(FLEET)
+        model = sample_models.tiny_detector(root / "det.onnx")
+        release.push_model(FLEET, model, name=MODEL, version=VERSION)
+
+
+@pytest.fixture(scope="module")
+def openapi_schema(api_under_test: _Api) -> Any:
+    config = SchemathesisConfig.from_dict(
+        {
+            "seed": 15,
+            "generation": {"deterministic": True, "max-examples": 4},
+            # Routes with data: the fleet and model made above (others are generated).
+            "parameters": {"path.fleet": FLEET, "path.model": MODEL, "path.version": VERSION},
+        }
+    )
+    return schemathesis.openapi.from_asgi("/openapi.json", api_under_test.app, config=config)
+
+
+def test_every_operation_answers_as_documented(openapi_schema: Any, api_under_test: _Api) -> None:
+    headers = {"Authorization": f"Bearer {api_under_test.token}"}
+    failures: dict[str, str] = {}
+    operations = [result.ok() for result in openapi_schema.get_all_operations()]
+    assert len(operations) > 40  # the whole API, not a part that happened to load
+
+    for operation, mode in itertools.product(operations, GenerationMode):
+
+        @given(case=operation.as_strategy(mode))
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            derandomize=True,
+            database=None,
+            deadline=None,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        def answers_as_documented(case: Any) -> None:
+            case.call_and_validate(headers=headers, checks=CHECKS)
+
+        try:
+            answers_as_documented()
+        except Unsatisfiable:
+            # No request breaks this operation's schema (no parameters, or only free
+            # strings): nothing to send in negative mode.
+            if mode is not GenerationMode.NEGATIVE:
+                raise
+        # Every operation runs; the failures are reported together (a group of check
+        # failures is a BaseExceptionGroup).
+        except (Exception, BaseExceptionGroup) as exc:
+            failures[f"{operation.label} ({mode.value})"] = _describe(exc)
+
+    assert not failures, "\n\n".join(f"{label}\n{why}" for label, why in failures.items())
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "\n".join(_describe(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"[:1500]
+
+
+# ------------------------------------------------- what the run relies on, and found
+
+
+def test_the_document_declares_bearer_auth_on_every_route_that_takes_a_token(
+    api_under_test: _Api,
+) -> None:
+    document = api_under_test.app.openapi()
+    assert document["components"]["securitySchemes"]["HTTPBearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API token (`edgefleet token create`).",
+    }
+    secured = {
+        f"{method.upper()} {path}"
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+        if operation.get("security") == [{"HTTPBearer": []}]
+    }
+    assert {"GET /v1/fleets", "POST /v1/tokens", "GET /v1/audit"} <= secured
+    # Public routes stay public: probes, the CA, TUF metadata, enrollment.
+    assert not {"GET /healthz", "GET /v1/ca.pem", "POST /v1/enroll"} & secured
+    assert "GET /v1/fleets/{fleet}/tuf/metadata/{filename}" not in secured
+
+
+def test_errors_are_documented_as_the_problems_the_api_sends(api_under_test: _Api) -> None:
+    document = api_under_test.app.openapi()
+    responses = document["paths"]["/v1/fleets/{fleet}"]["get"]["responses"]
+    for status in ("400", "401", "403", "404", "409", "413", "422", "503"):
+        assert responses[status]["content"] == {
+            "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+        }
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    with TestClient(api_under_test.app) as http:
+        answer = http.get(f"/v1/fleets/{FLEET}")  # no token
+    assert answer.status_code == 401
+    assert answer.headers["content-type"] == "application/problem+json"
+
+
+def test_the_ca_certificate_is_documented_with_the_type_it_is_served_with(
+    api_under_test: _Api,
+) -> None:
+    # Found by the run: documented text/plain, served application/x-pem-file.
+    document = api_under_test.app.openapi()
+    content = document["paths"]["/v1/ca.pem"]["get"]["responses"]["200"]["content"]
+    with TestClient(api_under_test.app) as http:
+        answer = http.get("/v1/ca.pem")
+    assert list(content) == ["application/x-pem-file"]
+    assert answer.headers["content-type"].split(";")[0] == "application/x-pem-file"
+    assert answer.text.startswith("-----BEGIN CERTIFICATE-----")
