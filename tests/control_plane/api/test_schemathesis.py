@@ -35,6 +35,7 @@ from control_plane.cli.release import ReleaseClient
 from control_plane.registry import sample_models
 from control_plane.services import ServiceConfig, Services, build_services
 from control_plane.trust.keys import init_operator_keys
+from tests.control_plane.identity.helpers import make_csr
 
 FLEET, MODEL, VERSION = "demo", "det", "1.0.0"
 EXAMPLES_PER_OPERATION = 10
@@ -47,11 +48,13 @@ CHECKS = [
 
 
 class _Api:
-    """The app under test and the admin token that every generated request carries."""
+    """The app under test, the admin token every generated request carries, and the
+    node enrolled for the node routes."""
 
-    def __init__(self, app: FastAPI, token: str) -> None:
+    def __init__(self, app: FastAPI, token: str, node_id: str) -> None:
         self.app = app
         self.token = token
+        self.node_id = node_id
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +76,8 @@ def api_under_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Api]:
         app = create_app(services, run_background=False)
         with TestClient(app) as http:
             _create_fleet_with_a_model(http, token, root)
-            yield _Api(app, token)
+            node_id = _enroll_a_node(http, token)
+            yield _Api(app, token, node_id)
     finally:
         services.close()
 
@@ -97,14 +101,30 @@ def _create_fleet_with_a_model(http: TestClient, token: str, root: Path) -> None
         release.push_model(FLEET, model, name=MODEL, version=VERSION)
 
 
+def _enroll_a_node(http: TestClient, token: str) -> str:
+    auth = {"Authorization": f"Bearer {token}"}
+    made = http.post(f"/v1/fleets/{FLEET}/node-tokens", json={}, headers=auth)
+    assert made.status_code == 201, made.text
+    csr = make_csr().decode()
+    enrolled = http.post("/v1/enroll", json={"token": made.json()["token"], "csr_pem": csr})
+    assert enrolled.status_code == 201, enrolled.text
+    node_id: str = enrolled.json()["node_id"]
+    return node_id
+
+
 @pytest.fixture(scope="module")
 def openapi_schema(api_under_test: _Api) -> Any:
     config = SchemathesisConfig.from_dict(
         {
             "seed": 15,
             "generation": {"deterministic": True, "max-examples": 4},
-            # Routes with data: the fleet and model made above (others are generated).
-            "parameters": {"path.fleet": FLEET, "path.model": MODEL, "path.version": VERSION},
+            # Routes with data: the fleet, model and node made above (other ids are generated).
+            "parameters": {
+                "path.fleet": FLEET,
+                "path.model": MODEL,
+                "path.version": VERSION,
+                "path.node_id": api_under_test.node_id,
+            },
         }
     )
     return schemathesis.openapi.from_asgi("/openapi.json", api_under_test.app, config=config)
