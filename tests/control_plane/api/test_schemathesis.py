@@ -1,33 +1,25 @@
 """The REST API against its own OpenAPI document: schemathesis, in-process, bounded.
 
-Every operation gets a few generated requests (a fixed seed, derandomized, stateless)
-with the admin token, on a fresh SQLite data dir holding a fleet with one model; a
+schemathesis's engine runs every operation, stateless, through its coverage phase
+(boundary values, each parameter broken in turn) and its fuzzing phase (hypothesis,
+positive and negative, a few examples each, fixed seed, derandomized), with the admin
+token, on a fresh SQLite data dir holding a fleet with one model and an enrolled node. A
 response fails the run if it is a 5xx, or if its status, content type or body is not
 what the document declares (problem+json errors included, control_plane.api.openapi).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import schemathesis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis.errors import Unsatisfiable
-from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
-from schemathesis.generation import GenerationMode
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
+from schemathesis.engine import events
 
 from control_plane.api.app import create_app
 from control_plane.cli.client import ApiClient
@@ -39,22 +31,26 @@ from tests.control_plane.identity.helpers import make_csr
 
 FLEET, MODEL, VERSION = "demo", "det", "1.0.0"
 EXAMPLES_PER_OPERATION = 10
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_schema_conformance,
-]
+CHECKS = (
+    "not_a_server_error",
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_schema_conformance",
+)
 
 
 class _Api:
     """The app under test, the admin token every generated request carries, and the
     node enrolled for the node routes."""
 
-    def __init__(self, app: FastAPI, token: str, node_id: str) -> None:
+    def __init__(self, app: FastAPI, token: str, node_id: str, victim_token_id: str) -> None:
         self.app = app
         self.token = token
         self.node_id = node_id
+        # The token `DELETE /v1/tokens/{token_id}` revokes: another admin token made by
+        # `POST /v1/tokens` could otherwise let the run revoke its own, and every later
+        # operation would be checked only as a 401.
+        self.victim_token_id = victim_token_id
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +73,13 @@ def api_under_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Api]:
         with TestClient(app) as http:
             _create_fleet_with_a_model(http, token, root)
             node_id = _enroll_a_node(http, token)
-            yield _Api(app, token, node_id)
+            victim = http.post(
+                "/v1/tokens",
+                json={"name": "schemathesis-victim", "role": "viewer"},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert victim.status_code == 201, victim.text
+            yield _Api(app, token, node_id, victim.json()["id"])
     finally:
         services.close()
 
@@ -112,63 +114,51 @@ def _enroll_a_node(http: TestClient, token: str) -> str:
     return node_id
 
 
-@pytest.fixture(scope="module")
-def openapi_schema(api_under_test: _Api) -> Any:
+def test_every_operation_answers_as_documented(api_under_test: _Api) -> None:
     config = SchemathesisConfig.from_dict(
         {
             "seed": 15,
-            "generation": {"deterministic": True, "max-examples": 4},
+            "headers": {"Authorization": f"Bearer {api_under_test.token}"},
+            # Stateless: the coverage phase (boundary values, each parameter broken in
+            # turn: ids beyond int64, times without a zone, missing fields) and the
+            # fuzzing phase (hypothesis, positive and negative).
+            "phases": {
+                "examples": {"enabled": False},
+                "coverage": {"enabled": True},
+                "fuzzing": {"enabled": True},
+                "stateful": {"enabled": False},
+            },
+            "generation": {"deterministic": True, "max-examples": EXAMPLES_PER_OPERATION},
+            "checks": {"enabled": False, **{name: {"enabled": True} for name in CHECKS}},
             # Routes with data: the fleet, model and node made above (other ids are generated).
             "parameters": {
                 "path.fleet": FLEET,
                 "path.model": MODEL,
                 "path.version": VERSION,
                 "path.node_id": api_under_test.node_id,
+                "path.token_id": api_under_test.victim_token_id,
             },
         }
     )
-    return schemathesis.openapi.from_asgi("/openapi.json", api_under_test.app, config=config)
-
-
-def test_every_operation_answers_as_documented(openapi_schema: Any, api_under_test: _Api) -> None:
-    headers = {"Authorization": f"Bearer {api_under_test.token}"}
-    failures: dict[str, str] = {}
-    operations = [result.ok() for result in openapi_schema.get_all_operations()]
-    assert len(operations) > 40  # the whole API, not a part that happened to load
-
-    for operation, mode in itertools.product(operations, GenerationMode):
-
-        @given(case=operation.as_strategy(mode))
-        @settings(
-            max_examples=EXAMPLES_PER_OPERATION,
-            derandomize=True,
-            database=None,
-            deadline=None,
-            phases=[Phase.explicit, Phase.generate],
-            suppress_health_check=list(HealthCheck),
-        )
-        def answers_as_documented(case: Any) -> None:
-            case.call_and_validate(headers=headers, checks=CHECKS)
-
-        try:
-            answers_as_documented()
-        except Unsatisfiable:
-            # No request breaks this operation's schema (no parameters, or only free
-            # strings): nothing to send in negative mode.
-            if mode is not GenerationMode.NEGATIVE:
-                raise
-        # Every operation runs; the failures are reported together (a group of check
-        # failures is a BaseExceptionGroup).
-        except (Exception, BaseExceptionGroup) as exc:
-            failures[f"{operation.label} ({mode.value})"] = _describe(exc)
-
-    assert not failures, "\n\n".join(f"{label}\n{why}" for label, why in failures.items())
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup):
-        return "\n".join(_describe(inner) for inner in exc.exceptions)
-    return f"{type(exc).__name__}: {exc}"[:1500]
+    schema = schemathesis.openapi.from_asgi("/openapi.json", api_under_test.app, config=config)
+    operations: set[str] = set()
+    failures: list[str] = []
+    for event in schemathesis.engine.from_schema(schema).execute():
+        if isinstance(event, events.ScenarioFinished):
+            operations.add(event.recorder.label)
+            failures.extend(
+                f"{event.recorder.label} ({event.phase.value}) {check.name}: "
+                f"{check.failure_info.failure}"[:1500]
+                for checks in event.recorder.checks.values()
+                for check in checks
+                if check.failure_info is not None
+            )
+        elif isinstance(event, events.NonFatalError):
+            failures.append(f"{event.label}: {event.value!r}"[:1500])
+        elif isinstance(event, events.FatalError):
+            raise event.exception
+    assert len(operations) > 40  # the whole API ran, not a part that happened to load
+    assert not failures, "\n\n".join(sorted(set(failures)))
 
 
 # ------------------------------------------------- what the run relies on, and found
@@ -220,3 +210,37 @@ def test_the_ca_certificate_is_documented_with_the_type_it_is_served_with(
     assert list(content) == ["application/x-pem-file"]
     assert answer.headers["content-type"].split(";")[0] == "application/x-pem-file"
     assert answer.text.startswith("-----BEGIN CERTIFICATE-----")
+
+
+def test_artifacts_are_documented_as_the_bytes_they_are(api_under_test: _Api) -> None:
+    # Found by the run: documented application/json, served application/octet-stream.
+    document = api_under_test.app.openapi()
+    for path in (
+        "/v1/fleets/{fleet}/models/{model}/versions/{version}/artifact",
+        "/v1/fleets/{fleet}/tuf/targets/{path}",
+    ):
+        responses = document["paths"][path]["get"]["responses"]
+        assert list(responses["200"]["content"]) == ["application/octet-stream"]
+        assert list(responses["206"]["content"]) == ["application/octet-stream"]
+        assert "content" not in responses["416"]  # answered with no body
+    with TestClient(api_under_test.app) as http:
+        answer = http.get(
+            f"/v1/fleets/{FLEET}/models/{MODEL}/versions/{VERSION}/artifact",
+            headers={"Authorization": f"Bearer {api_under_test.token}", "Range": "bytes=0-3"},
+        )
+    assert answer.status_code == 206
+    assert answer.headers["content-type"] == "application/octet-stream"
+
+
+def test_the_artifact_probe_is_documented_without_a_body(api_under_test: _Api) -> None:
+    # Found by the run: HEAD documented application/json, answered with no content type.
+    document = api_under_test.app.openapi()
+    responses = document["paths"]["/v1/artifacts/{sha256}"]["head"]["responses"]
+    assert "content" not in responses["200"] and "content" not in responses["404"]
+    with TestClient(api_under_test.app) as http:
+        answer = http.head(
+            "/v1/artifacts/" + "0" * 64,
+            headers={"Authorization": f"Bearer {api_under_test.token}"},
+        )
+    assert answer.status_code == 404
+    assert "content-type" not in answer.headers
