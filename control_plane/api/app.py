@@ -15,7 +15,7 @@ import anyio
 import anyio.to_thread
 from fastapi import FastAPI
 
-from control_plane.api import problems
+from control_plane.api import openapi, problems
 from control_plane.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from control_plane.api.routes import (
     access,
@@ -160,6 +160,7 @@ def create_app(services: Services, *, run_background: bool = True) -> FastAPI:
     # The REST transport's node inbox (the enrollment route); no cache: one call per node.
     app.state.rest_inbox = services.node_inbox("rest", auth_cache_s=0.0)
     problems.install(app)
+    openapi.install(app)
     for router in (
         health,
         fleets,

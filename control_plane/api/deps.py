@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from control_plane.access.roles import Principal
 from control_plane.access.service import AccessService, RequestContext
@@ -124,10 +125,17 @@ RolloutsDep = Annotated[RolloutService, Depends(get_rollouts)]
 ServiceConfigDep = Annotated[ServiceConfig, Depends(get_service_config)]
 
 
-def get_principal(request: Request, access: AccessDep) -> Principal:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    bearer = token.strip() if scheme.lower() == "bearer" else None
+# Declares the bearer scheme in the OpenAPI document (securitySchemes, and `security` on
+# every route that takes a caller); it only reads the header: `authenticate` decides, so a
+# missing or wrong token is the API's own 401 problem, never FastAPI's 403.
+_bearer = HTTPBearer(auto_error=False, description="An API token (`edgefleet token create`).")
+
+
+def get_principal(
+    access: AccessDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+) -> Principal:
+    bearer = credentials.credentials.strip() if credentials is not None else None
     return access.authenticate(bearer)
 
 

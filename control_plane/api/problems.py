@@ -28,6 +28,13 @@ _STATUS: list[tuple[type[errors.EdgefleetError], int]] = [
 ]
 
 
+# Every status a problem can carry: the domain errors above, and the request-level ones
+# (a body over its limit, a wrong method, a validation error); documented on every operation.
+PROBLEM_STATUSES: tuple[int, ...] = tuple(
+    sorted({status for _, status in _STATUS} | {405, 413, 422})
+)
+
+
 def status_for(exc: errors.EdgefleetError) -> int:
     for kind, status in _STATUS:
         if isinstance(exc, kind):

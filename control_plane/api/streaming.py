@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -107,6 +107,16 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
             f"range {header!r} not satisfiable for {size} bytes", unsatisfiable=True, size=size
         )
     return start, end
+
+
+_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+# The OpenAPI responses of a route answered by `artifact_response` (with
+# `response_class=Response`: FastAPI would otherwise document JSON).
+ARTIFACT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The whole artifact.", "content": _BYTES},
+    206: {"description": "The requested byte range.", "content": _BYTES},
+    416: {"description": "The range is not satisfiable (no body; see Content-Range)."},
+}
 
 
 def artifact_response(

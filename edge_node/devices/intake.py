@@ -39,7 +39,9 @@ REASONS: Final = (
     "wrong_topic",  # not <root>/<device>/{results,heartbeat,frame}, or a body of another leaf
     "unknown_device",  # not on this node's allow-list
     "rate_limited",  # the camera's token bucket was empty
-    "malformed",  # not a DeviceEnvelope, no body or id, a score or box out of range
+    # not a DeviceEnvelope, no body or id, a score or box out of range, a text field with
+    # a NUL or over 256 characters
+    "malformed",
     "protocol_version",  # a protocol_version this node does not know
     "device_mismatch",  # the envelope's device id is not the topic's
     "timestamp_future",  # captured after the node's now + max_future_s
@@ -50,6 +52,15 @@ _LEAVES: Final = {"results": "frame_result", "heartbeat": "heartbeat", "frame": 
 _SLACK: Final = 1e-6  # float rounding at a box's edge is forgiven, nothing more
 _MAX_UNKNOWN_LISTED: Final = 16
 _MAX_VERSION: Final = 2**64 - 1  # DeviceConfig.version is a uint64
+# A camera's text that reaches an event (its message id as the evidence's observation id,
+# class names, model, version, firmware, attributes): the control plane's event store
+# refuses a whole event over one NUL or a field over 256 characters (events.wire), so a
+# camera could make every event it takes part in unreadable. Refused here, as malformed.
+_MAX_TEXT: Final = 256
+
+
+def _is_text(*values: str) -> bool:
+    return all(len(v) <= _MAX_TEXT and "\x00" not in v for v in values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +227,11 @@ class DeviceIntake:
         if envelope.device_id != device_id:
             return Outcome(rejected="device_mismatch")
         body = envelope.WhichOneof("body")
-        if body is None or not envelope.message_id:
+        if body is None or not envelope.message_id or not _is_text(envelope.message_id):
+            return Outcome(rejected="malformed")
+        if body == "heartbeat" and not _is_text(
+            envelope.heartbeat.firmware_version, envelope.boot_id
+        ):
             return Outcome(rejected="malformed")
         if body != _LEAVES[leaf]:
             return Outcome(rejected="wrong_topic")
@@ -283,6 +298,11 @@ class DeviceIntake:
         limits = self.config.limits
         if len(result.detections) > limits.max_detections:
             return "oversize"
+        if not _is_text(result.model, result.model_version) or not all(
+            _is_text(d.class_name, *d.attributes.keys(), *d.attributes.values())
+            for d in result.detections
+        ):
+            return "malformed"
         captured_at = result.captured_at.ToMicroseconds() / 1e6
         if not result.HasField("captured_at"):
             return "timestamp_past"

@@ -29,7 +29,15 @@ async def upload_artifact(
     return ArtifactOut(sha256=sha256, length=length, created=created)
 
 
-@router.head("/{sha256}")
+# A HEAD answer has no body: documented without content (FastAPI would say JSON).
+@router.head(
+    "/{sha256}",
+    response_class=Response,
+    responses={
+        200: {"description": "Stored; Content-Length is its size."},
+        404: {"description": "Not stored."},
+    },
+)
 def artifact_exists(sha256: str, _: PrincipalDep, registry: RegistryDep) -> Response:
     size = registry.artifact_size(sha256)
     if size is None:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from control_plane.api.deps import ArtifactStoreDep, DirectorDep, PrincipalDep, RegistryDep
 from control_plane.api.schemas import ModelVersionOut
-from control_plane.api.streaming import artifact_response
+from control_plane.api.streaming import ARTIFACT_RESPONSES, artifact_response
 from control_plane.artifacts.base import ArtifactStore
 from control_plane.registry.service import ModelVersionInfo
 
@@ -67,7 +67,11 @@ def get_version(
     return _out(registry.get_version(fleet, model, version), store)
 
 
-@router.get("/{model}/versions/{version}/artifact")
+@router.get(
+    "/{model}/versions/{version}/artifact",
+    response_class=Response,
+    responses=ARTIFACT_RESPONSES,
+)
 def download_version(
     fleet: str,
     model: str,

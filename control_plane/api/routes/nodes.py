@@ -359,14 +359,20 @@ def enroll(body: EnrollRequest, request: Request, inbox: RestInboxDep) -> Enroll
     )
 
 
-@router.get("/ca.pem", response_class=PlainTextResponse)
-def ca_certificate(ca: CertificateAuthorityDep) -> PlainTextResponse:
+class PemResponse(PlainTextResponse):
+    """A PEM document, documented as such in the OpenAPI document (not text/plain)."""
+
+    media_type = "application/x-pem-file"
+
+
+@router.get("/ca.pem", response_class=PemResponse)
+def ca_certificate(ca: CertificateAuthorityDep) -> PemResponse:
     """The fleet CA (PEM) that signs node and gRPC server certificates; no token needed.
 
     Public, but only as trustworthy as the channel it is fetched over: a node should get
     it from the operator (with its bootstrap token) or over HTTPS it already trusts.
     """
-    return PlainTextResponse(ca.ca_pem, media_type="application/x-pem-file")
+    return PemResponse(ca.ca_pem)
 
 
 @router.get("/nodes")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from control_plane.api.deps import ArtifactStoreDep, RegistryDep
-from control_plane.api.streaming import artifact_response
+from control_plane.api.streaming import ARTIFACT_RESPONSES, artifact_response
 
 router = APIRouter(prefix="/v1/fleets/{fleet}/tuf", tags=["tuf"])
 
@@ -25,7 +25,7 @@ def metadata(fleet: str, filename: str, registry: RegistryDep) -> Response:
     return Response(body, media_type="application/json", headers={"Cache-Control": cache})
 
 
-@router.get("/targets/{path:path}")
+@router.get("/targets/{path:path}", response_class=Response, responses=ARTIFACT_RESPONSES)
 def target(
     fleet: str, path: str, request: Request, registry: RegistryDep, store: ArtifactStoreDep
 ) -> Response:

@@ -296,3 +296,38 @@ def test_a_config_version_at_the_top_of_uint64_is_left_alone() -> None:
     outcome = intake.take(f"{ROOT}/cam-a/heartbeat", envelope(heartbeat=top), NOW, 0.0)
     assert outcome.config_due is None and outcome.time_sync is not None
     assert intake.config_version("cam-a") == 1000
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"message_id": "m\x00"},
+        {"message_id": "m" * 257},
+        {"model": "plates\x00"},
+        {"class_name": "v" * 257},
+        {"attribute": ("color", "red\x00")},
+    ],
+    ids=["nul-id", "long-id", "nul-model", "long-class", "nul-attribute"],
+)
+def test_text_the_event_store_cannot_hold_is_refused_as_malformed(bad: dict[str, Any]) -> None:
+    # Found by fuzzing (test_intake_fuzz): the message id becomes an event's evidence id,
+    # the class and model its entity and provenance; with a NUL or over 256 characters
+    # the control plane refused the whole event (events.wire), for every camera in it.
+    d = detection(class_name=bad.get("class_name", "vehicle"))
+    if "attribute" in bad:
+        d.attributes[bad["attribute"][0]] = bad["attribute"][1]
+    frame = result(NOW, d)
+    frame.model = bad.get("model", frame.model)
+    intake = make_intake()
+    payload = envelope(message_id=bad.get("message_id", "m1"), frame_result=frame)
+    assert intake.take(f"{ROOT}/cam-a/results", payload, NOW, 1.0).rejected == "malformed"
+    at_the_limit = envelope(message_id="m" * 256, frame_result=result(NOW, detection()))
+    assert intake.take(f"{ROOT}/cam-a/results", at_the_limit, NOW, 2.0).rejected is None
+
+
+def test_a_heartbeat_with_a_nul_in_its_firmware_is_refused() -> None:
+    beat = heartbeat()
+    beat.firmware_version = "fw\x00"
+    intake = make_intake()
+    payload = envelope(heartbeat=beat)
+    assert intake.take(f"{ROOT}/cam-a/heartbeat", payload, NOW, 1.0).rejected == "malformed"
