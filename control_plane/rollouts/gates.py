@@ -64,6 +64,9 @@ MAX_SLOPE_NODES: Final = 200  # nodes per side behind the RSS gate
 MAX_STREAK: Final = 100  # the most failing evaluations a gate may wait for
 WORST_NODES: Final = 3  # canaries tested one by one (the worst by their point estimate)
 MB: Final = 1_000_000
+SHORT_OF_DATA: Final = "short_of_data"
+"""The key in a gate's numbers that marks an inconclusive answer for want of data that
+more time brings (too few samples, too little exposure yet)."""
 
 GATE_NAMES: Final = (
     "latency_vs_control",
@@ -257,13 +260,17 @@ class GatesSpec:
 
     ``confidence``: of every test (one-sided at ``1 - confidence``) and every interval
     (two-sided). ``consecutive_failures``: failing evaluations in a row before a gate
-    fails (a gate may set its own). ``max_sample_age_s``: samples whose window ended
+    fails (a gate may set its own). ``early_fail_p``: below its minimum sample a
+    proportion or rate gate may still fail (never pass) when its one-sided p-value is
+    below this much stricter level (0 turns it off); the consecutive-failures rule still
+    applies. ``max_sample_age_s``: samples whose window ended
     longer ago than this are inconclusive. ``compare_with_control`` false: a rollout
     without a control group; latency is then judged against the baseline only, rates
     against ``min_rate``, RSS against its ceiling."""
 
     confidence: float = 0.98
     consecutive_failures: int = 3
+    early_fail_p: float = 1e-6
     max_sample_age_s: float = 900.0
     compare_with_control: bool = True
     min_samples: MinSamples = MinSamples()
@@ -286,6 +293,15 @@ class GatesSpec:
         ):
             raise _F.fail("gates.confidence", "must be a number in [0.5, 1)", confidence)
         _F.check_int("gates.consecutive_failures", self.consecutive_failures, 1, MAX_STREAK)
+        early = self.early_fail_p
+        if (
+            isinstance(early, bool)
+            or not isinstance(early, int | float)
+            or not 0 <= early <= 1.0 - confidence
+        ):
+            raise _F.fail(
+                "gates.early_fail_p", f"must be a number in [0, {1.0 - confidence:g}]", early
+            )
         _F.check_positive("gates.max_sample_age_s", self.max_sample_age_s)
         _F.to_bool("gates.compare_with_control", self.compare_with_control)
         for item in fields(self):
@@ -619,6 +635,19 @@ class Decision:
     def gate(self, name: str) -> GateResult | None:
         return next((gate for gate in self.gates if gate.name == name), None)
 
+    @property
+    def waiting_for_data(self) -> str:
+        """Why an inconclusive decision needs only more time ("" when something else is
+        missing): every inconclusive gate is short of data (`SHORT_OF_DATA`) or on its way
+        to ``required_failures`` failing evaluations."""
+        if self.outcome != "inconclusive" or not self.gates:
+            return ""
+        waiting = [g for g in self.gates if g.outcome == "inconclusive"]
+        if not all(g.failing or g.numbers.get(SHORT_OF_DATA) is True for g in waiting):
+            return ""
+        line = "; ".join(f"{g.name}: {g.reason}" for g in waiting[:2])
+        return line + (f"; {len(waiting) - 2} more" if len(waiting) > 2 else "")
+
     def summary(self) -> str:
         """One line for a webhook or the CLI: the outcome and why."""
         if not self.gates:
@@ -806,6 +835,13 @@ def _inconclusive(reason: str, numbers: dict[str, Number]) -> _Verdict:
     return _Verdict("inconclusive", reason, numbers)
 
 
+def _short(reason: str, numbers: dict[str, Number]) -> _Verdict:
+    """Inconclusive for want of data that more time brings (samples, exposure): the
+    rollout keeps baking on it until the verdict deadline (`Decision.waiting_for_data`)."""
+    numbers[SHORT_OF_DATA] = True
+    return _Verdict("inconclusive", reason, numbers)
+
+
 # ----------------------------------------------------------------------------- statistics
 
 
@@ -921,7 +957,7 @@ def _latency_vs_control(spec: GatesSpec, gate: LatencyVsControlGate, samples: Sa
         "levelled": False,
     }
     if min(n_c, n_t) < least.latency_intervals:
-        return _inconclusive(
+        return _short(
             f"too few p99 intervals: n={n_c}/{n_t} (need {least.latency_intervals} a side)",
             numbers,
         )
@@ -1025,7 +1061,7 @@ def _latency_vs_baseline(
         "min_samples": least.baseline_pairs,
     }
     if len(pooled) < least.baseline_pairs:
-        return _inconclusive(
+        return _short(
             f"too few before/after p99 pairs: n={len(pooled)} (need {least.baseline_pairs})",
             numbers,
         )
@@ -1125,7 +1161,7 @@ def _rss_slope(spec: GatesSpec, gate: RssSlopeGate, samples: Samples) -> _Verdic
     }
     enough = f"{least.rss_points} RSS points over {least.rss_span_s:.0f} s"
     if not canary:
-        return _inconclusive(f"no canary has {enough}", numbers)
+        return _short(f"no canary has {enough}", numbers)
     worst = max(canary, key=lambda s: s.low)
     numbers.update(
         {
@@ -1248,12 +1284,23 @@ def _rate_gate(name: str) -> _Judge:
             "min_rate": gate.min_rate,
             "alpha": spec.alpha,
         }
-        if x_c < need:
-            return _inconclusive(
+        # Below the minimum exposure the test may still fail, at `early_fail_p`, never pass.
+        short = x_c < need
+        level = spec.early_fail_p if short else spec.alpha
+
+        def too_little() -> _Verdict:
+            return _short(
                 f"too little exposure: canaries {_exposure_text(x_c, reading.hours)} "
                 f"{reading.per} (need {_exposure_text(need, reading.hours)})",
                 numbers,
             )
+
+        def early(line: str) -> str:
+            numbers["early_fail"] = True
+            return f"{line}; early: below the minimum exposure, p < {spec.early_fail_p:g}"
+
+        if short and (level <= 0 or x_c <= 0 or (not reading.hours and round(x_c) < 1)):
+            return too_little()
         seen = f"{e_c:,}/{_exposure_text(x_c, reading.hours)} {reading.per}"
         if not spec.compare_with_control:
             if reading.hours:
@@ -1265,7 +1312,9 @@ def _rate_gate(name: str) -> _Judge:
                 f"{reading.what} {_rate_text(rate_c, reading.hours)} ({seen}; "
                 f"at most {_rate_text(gate.min_rate, reading.hours)}, p={_p(p_value)})"
             )
-            failed = p_value < spec.alpha and rate_c > gate.min_rate
+            failed = p_value < level and rate_c > gate.min_rate
+            if short:
+                return _Verdict("fail", early(line), numbers) if failed else too_little()
             return _Verdict("fail" if failed else "pass", line, numbers)
         control = [n.counters for n in samples.controls if n.counters is not None]
         events_t = [reading.events(c) for c in control]
@@ -1275,12 +1324,17 @@ def _rate_gate(name: str) -> _Judge:
             {"events_control": e_t, "exposure_control": x_t, "control_nodes": len(control)}
         )
         if len(control) < least.control_nodes or x_t < need:
-            return _inconclusive(
+            if short:
+                return too_little()
+            text = (
                 f"too little control exposure: {len(control)} nodes, "
                 f"{_exposure_text(x_t, reading.hours)} {reading.per} "
-                f"(need {least.control_nodes} nodes, {_exposure_text(need, reading.hours)})",
-                numbers,
+                f"(need {least.control_nodes} nodes, {_exposure_text(need, reading.hours)})"
             )
+            # Control exposure grows with time; too few control nodes does not.
+            if len(control) >= least.control_nodes:
+                return _short(text, numbers)
+            return _inconclusive(text, numbers)
         rate_t = e_t / x_t
         allowed = 1 + gate.max_increase
         phi = _dispersion(events_t, exposures_t)
@@ -1302,10 +1356,16 @@ def _rate_gate(name: str) -> _Judge:
             f"{_rate_text(rate_t, reading.hours)} ({seen} vs "
             f"{e_t:,}/{_exposure_text(x_t, reading.hours)}; p={_p(p_value)})"
         )
-        failed = p_value < spec.alpha and rate_c > gate.min_rate and rate_c > allowed * rate_t
+        failed = p_value < level and rate_c > gate.min_rate and rate_c > allowed * rate_t
+        if short:
+            return _Verdict("fail", early(line), numbers) if failed else too_little()
         return _Verdict("fail" if failed else "pass", line, numbers)
 
     return judge
+
+
+def _canaries(count: int) -> str:
+    return f"{count} {'canary' if count == 1 else 'canaries'}"
 
 
 def _count_gate(field_name: str, what: str) -> _Judge:
@@ -1326,11 +1386,11 @@ def _count_gate(field_name: str, what: str) -> _Judge:
             numbers["worst_node"] = node_id
             return _Verdict(
                 "fail",
-                f"{total} {what} on {len(counted)} canaries ({node_id}: {most}; "
+                f"{total} {what} on {_canaries(len(counted))} ({node_id}: {most}; "
                 f"at most {gate.max_count})",
                 numbers,
             )
-        return _Verdict("pass", f"{total} {what} on {len(counted)} canaries", numbers)
+        return _Verdict("pass", f"{total} {what} on {_canaries(len(counted))}", numbers)
 
     return judge
 
@@ -1402,11 +1462,13 @@ def _output_agreement(spec: GatesSpec, gate: AgreementGate, samples: Samples) ->
         "frames": frames,
         "alpha": spec.alpha,
     }
-    if frames < least.shadow_frames:
-        return _inconclusive(
-            f"too few shadow frames: {frames} (need {least.shadow_frames})", numbers
-        )
-    lines, short, failed = [], [], []
+    few_frames = frames < least.shadow_frames
+    too_few = f"too few shadow frames: {frames} (need {least.shadow_frames})"
+    if few_frames and (spec.early_fail_p <= 0 or not frames):
+        return _short(too_few, numbers)
+    lines: list[str] = []
+    short: list[str] = []
+    failed: list[str] = []
     for metric in _AGREEMENTS:
         agreed = sum(metric.agreed(s, gate) for _, s in shadows)
         compared = sum(metric.compared(s, gate) for _, s in shadows)
@@ -1415,8 +1477,19 @@ def _output_agreement(spec: GatesSpec, gate: AgreementGate, samples: Samples) ->
         minimum, need = metric.minimum(gate), metric.least(least)
         numbers.update({f"{metric.label}_agreed": agreed, f"{metric.label}_compared": compared})
         numbers[f"{metric.label}_min"] = minimum
-        if compared < need:
+        if few_frames or compared < need:
+            # Below the minimum sample only overwhelming evidence counts, and only to fail.
             short.append(f"{metric.label} n={compared} (need {need})")
+            if spec.early_fail_p > 0:
+                p_value = _below(agreed, compared, minimum)
+                numbers[f"{metric.label}_p_value"] = p_value
+                if p_value < spec.early_fail_p:
+                    numbers.update({metric.label: agreed / compared, "early_fail": True})
+                    failed.append(
+                        f"{metric.label} {agreed / compared:.1%} (min {minimum:.0%}, "
+                        f"n={compared}, p={_p(p_value)}; early: below the minimum sample, "
+                        f"p < {spec.early_fail_p:g})"
+                    )
             continue
         p_value = _below(agreed, compared, minimum)
         numbers.update({metric.label: agreed / compared, f"{metric.label}_p_value": p_value})
@@ -1446,8 +1519,12 @@ def _output_agreement(spec: GatesSpec, gate: AgreementGate, samples: Samples) ->
                 break
     if failed:
         return _Verdict("fail", "; ".join(failed), numbers)
-    if short or not lines:
-        what = ", ".join(short) if short else "no top-1 labels, reference boxes or raw counts"
+    if few_frames:
+        return _short(too_few, numbers)
+    if short:
+        return _short(f"too few shadow comparisons: {', '.join(short)}", numbers)
+    if not lines:
+        what = "no top-1 labels, reference boxes or raw counts"
         return _inconclusive(f"too few shadow comparisons: {what}", numbers)
     return _Verdict("pass", "; ".join(lines), numbers)
 

@@ -55,6 +55,10 @@ class _Judged:
     def summary(self) -> str:
         return self.decision.summary().removeprefix(f"{self.decision.outcome}: ")
 
+    @property
+    def waiting_for_data(self) -> str:
+        return self.decision.waiting_for_data
+
     def to_dict(self) -> dict[str, Any]:
         return self.decision.to_dict()
 

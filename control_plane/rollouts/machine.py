@@ -83,6 +83,7 @@ _SETTLED: Final = frozenset({"healthy", "failed", "timed-out", "left"})
 _IN_PROGRESS: Final = frozenset({"running", "baking", "paused"})
 _FOLLOWING: Final = _IN_PROGRESS | {"done"}  # statuses that take in nodes enrolling later
 _WINDOW_HOLD: Final = "outside the maintenance window"
+_WAITING: Final = "waiting for data: "
 _MAX_NAMED: Final = 20  # node ids a decision's numbers list before cutting
 
 
@@ -128,6 +129,12 @@ class Verdict(Protocol):
     def summary(self) -> str: ...
 
     def to_dict(self) -> Mapping[str, Any]: ...
+
+    @property
+    def waiting_for_data(self) -> str:
+        """For an inconclusive verdict that only more time can settle (too few samples,
+        too little exposure yet), why; "" otherwise (no traffic, missing metrics)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +289,7 @@ class _Run:
         self.hold = state.hold
         self.baseline = state.baseline
         self.promote_by = state.promote_by
+        self.ended = state.ended
         self.last = state.last
         self.actions: list[Action] = []
 
@@ -301,6 +309,7 @@ class _Run:
             hold=self.hold,
             baseline=self.baseline,
             promote_by=self.promote_by,
+            ended=self.ended,
             last=self.last,
         )
         return state, tuple(self.actions)
@@ -345,7 +354,7 @@ class _Run:
         }
         if not plan.order:
             if plan.already:
-                self.record("done", f"all {len(plan.already)} matched nodes run it", numbers)
+                self.record("done", f"all {_nodes(len(plan.already), 'matched')} run it", numbers)
                 self.enter("done")
                 self.notify("done", f"nothing to do: every matched node runs {self.spec.version}")
             else:
@@ -393,6 +402,7 @@ class _Run:
             if adds:
                 break
             self.record("stage-skipped", f"{self.where} adds no node")
+            self.ended = (*self.ended, "skipped")
             if stage + 1 == stages.count:
                 self.finish()
                 return
@@ -452,8 +462,20 @@ class _Run:
         self.enter("done")
         self.controls, self.hold = (), ""
         counts = self.counts()
-        self.record("done", f"every stage passed; {counts.get('healthy', 0)} nodes healthy", counts)
-        self.notify("done", f"{self.spec.model} {self.spec.version}: every stage passed")
+        how = self.how_it_ended()
+        healthy = _nodes(counts.get("healthy", 0))
+        self.record("done", f"{how}; {healthy} healthy", {**counts, "stages": list(self.ended)})
+        self.notify("done", f"{self.spec.model} {self.spec.version}: {how}")
+
+    def how_it_ended(self) -> str:
+        """`every stage passed`, or what passed and what a person promoted without a
+        verdict (a stage that added no node is skipped and not counted)."""
+        ends = Counter(self.ended)
+        if not ends["promoted"]:
+            return "every stage passed"
+        passed = ends["passed"]
+        stages = "stage" if passed == 1 else "stages"
+        return f"{passed} {stages} passed, {ends['promoted']} promoted without a verdict"
 
     # ---------------------------------------------------------------- follow
 
@@ -499,7 +521,7 @@ class _Run:
             )
         self.record(
             "nodes-joined",
-            f"{len(joined)} matching nodes joined",
+            f"{_nodes(len(joined), 'matching')} joined",
             {"stages": dict(list(placed.items())[:_MAX_NAMED]), "count": len(joined)},
         )
 
@@ -559,8 +581,8 @@ class _Run:
         if budget.exceeded(len(failed), len(started)):
             self.roll_back(
                 "budget",
-                f"failure budget {budget} exceeded: {len(failed)} of {len(started)} started "
-                "nodes failed or timed out",
+                f"failure budget {budget} exceeded: {len(failed)} of "
+                f"{_nodes(len(started), 'started')} failed or timed out",
                 {
                     "failed": len(failed),
                     "started": len(started),
@@ -583,7 +605,10 @@ class _Run:
         queue = sorted(self.queued(), key=lambda item: (item[1].stage or 0, item[1].rank))
         window, rate = self.spec.window, self.spec.max_rate
         was_window_hold = self.hold.startswith(_WINDOW_HOLD)
-        self.hold = ""
+        # A baking stage starts nobody (its nodes have all settled): its hold is the wait
+        # for data, kept until a verdict ends it.
+        keep = self.status == "baking" and self.hold.startswith(_WAITING)
+        self.hold = self.hold if keep else ""
         if queue and window is not None and not window.is_open(self.now):
             opens = window.next_open(self.now)
             self.hold = f"{_WINDOW_HOLD} ({window}); it opens at " + (
@@ -622,7 +647,7 @@ class _Run:
         self.starts = (*self.starts, (self.now, len(take)))
         self.record(
             "nodes-started",
-            f"{len(take)} nodes started" + (f"; {self.hold}" if self.hold else ""),
+            f"{_nodes(len(take))} started" + (f"; {self.hold}" if self.hold else ""),
             {"started": len(take), "waiting": len(queue) - len(take)},
         )
 
@@ -648,7 +673,7 @@ class _Run:
         counts = phase_counts(dict(self.members(self.stage)))
         self.record(
             "baking",
-            f"{self.where}: {counts.get('healthy', 0)} nodes healthy; "
+            f"{self.where}: {_nodes(counts.get('healthy', 0))} healthy; "
             f"baking {format_duration(self.spec.bake)}",
             counts,
         )
@@ -658,6 +683,7 @@ class _Run:
             by, self.promote_by = self.promote_by, ""
             self.record("promoted", f"{self.where} promoted by {by} without a verdict")
             self.notify("promoted", f"{self.where} promoted by {by}")
+            self.ended = (*self.ended, "promoted")
             self.advance(observations)
             return
         assert self.bake_started is not None
@@ -680,11 +706,26 @@ class _Run:
                 {"verdict": verdict.to_dict()},
             )
             self.notify("stage-passed", f"{self.where} passed: {verdict.summary()}")
+            self.ended = (*self.ended, "passed")
             self.advance(observations)
         elif verdict.outcome == "inconclusive":
+            waiting = verdict.waiting_for_data
+            deadline = self.spec.deadlines.verdict
+            if waiting and self.now < bake_over + deadline:
+                # Short of data only: bake on and ask again, until the verdict deadline.
+                if not self.hold.startswith(_WAITING):
+                    self.record(
+                        "waiting-for-data",
+                        f"{self.where} bakes on: {_WAITING}{waiting} (until "
+                        f"{format_duration(deadline)} after the bake)",
+                        {"verdict": verdict.to_dict()},
+                    )
+                self.hold = _WAITING + waiting
+                return
+            still = f" (still {format_duration(deadline)} after the bake)" if waiting else ""
             self.pause(
                 "inconclusive",
-                f"inconclusive: {verdict.summary()}",
+                f"inconclusive{still}: {verdict.summary()}",
                 "baking",
                 {"verdict": verdict.to_dict()},
             )
@@ -752,7 +793,8 @@ class _Run:
         self.pause_info, self.hold, self.promote_by, self.controls = None, "", "", ()
         self.record(
             "rolling-back",
-            f"{text}; {touched} nodes get their previous version",
+            f"{text}; {_nodes(touched)} "
+            + ("gets its previous version" if touched == 1 else "get their previous version"),
             {"why": why, **numbers, "phases": counts, "touched": touched},
         )
         self.notify("rolling-back", f"rolling back at {self.where}: {text}")
@@ -790,7 +832,7 @@ class _Run:
         counts = self.counts()
         self.enter("rolled-back")
         unconfirmed = sum(1 for r in self.nodes.values() if r.touched and r.phase == "timed-out")
-        note = f"; {unconfirmed} nodes did not confirm" if unconfirmed else ""
+        note = f"; {_nodes(unconfirmed)} did not confirm" if unconfirmed else ""
         self.record("rolled-back", f"rolled back{note}", counts)
         self.notify("rolled-back", f"{self.spec.model} {self.spec.version} rolled back{note}")
 
@@ -806,6 +848,12 @@ def _reported_phase(report: NodeReport, shadow: bool) -> NodePhase:
     # A shadow has no watchdog: it serves nothing.
     healthy = report.samples and (report.watchdog_passed or shadow)
     return "healthy" if healthy else "active-unhealthy"
+
+
+def _nodes(count: int, what: str = "") -> str:
+    """`1 node`, `3 nodes`, `1 started node`."""
+    noun = "node" if count == 1 else "nodes"
+    return f"{count} {what} {noun}" if what else f"{count} {noun}"
 
 
 def _most_common(values: Iterator[str]) -> str | None:

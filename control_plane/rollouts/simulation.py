@@ -49,6 +49,7 @@ class StaticVerdict:
     outcome: Outcome
     text: str = ""
     numbers: Mapping[str, Any] = field(default_factory=dict)
+    waiting_for_data: str = ""  # an inconclusive one that only needs more time: why
 
     def summary(self) -> str:
         return self.text or self.outcome

@@ -30,6 +30,7 @@ __all__ = [
     "PauseKind",
     "RolloutState",
     "RolloutStatus",
+    "StageEnd",
     "Track",
     "aware",
     "phase_counts",
@@ -56,6 +57,7 @@ NodePhase = Literal[
 ]
 Track = Literal["shadow", "candidate"]
 PauseKind = Literal["operator", "inconclusive", "no-verdict", "no-nodes"]
+StageEnd = Literal["passed", "promoted", "skipped"]
 
 _F: Final = Fields(InvalidInputError)
 
@@ -147,7 +149,9 @@ class RolloutState:
     `stage` indexes `spec.stages` (the shadow stage first, when there is one); `hold` says
     why nothing starts right now (window, rate) while running; `starts` is the rate limit's
     log (time, nodes started) over its window; `promote_by` a promotion waiting for the
-    next step; `last` the latest decision (what `watch` shows); `seed` orders the nodes
+    next step; `ended` how each finished stage ended, in order (`StageEnd`: passed,
+    promoted without a verdict, skipped); `last` the latest decision (what `watch`
+    shows); `seed` orders the nodes
     (`plan.dry_run`), so a dry run with the same seed shows the nodes this rollout takes.
     """
 
@@ -165,6 +169,7 @@ class RolloutState:
     hold: str = ""
     baseline: str | None = None
     promote_by: str = ""
+    ended: tuple[StageEnd, ...] = ()
     last: Decision | None = None
 
     @classmethod
@@ -227,6 +232,7 @@ class RolloutState:
             "hold": self.hold,
             "baseline": self.baseline,
             "promote_by": self.promote_by,
+            "ended": list(self.ended),
             "last": None if self.last is None else self.last.to_dict(),
             "nodes": {node_id: r.to_dict() for node_id, r in self.nodes.items()},
         }
@@ -249,6 +255,7 @@ class RolloutState:
             hold=reader.take("hold", _F.to_str, ""),
             baseline=reader.take("baseline", optional(_F.to_str), None),
             promote_by=reader.take("promote_by", _F.to_str, ""),
+            ended=reader.take("ended", _stage_ends, ()),
             last=reader.take("last", optional(_decision), None),
             nodes=reader.take("nodes", _node_records, {}),
         )
@@ -260,6 +267,15 @@ class RolloutState:
 
 
 _PHASE_NAMES: Final = frozenset(get_args(NodePhase))
+
+
+def _stage_ends(name: str, value: Any) -> tuple[StageEnd, ...]:
+    if not isinstance(value, list) or len(value) > 1000:
+        raise _F.fail(name, "must be a list of stage ends", value)
+    check = _F.choice(StageEnd)
+    return tuple(check(f"{name}[{i}]", item) for i, item in enumerate(value))
+
+
 _TRACK_NAMES: Final = frozenset(get_args(Track))
 
 

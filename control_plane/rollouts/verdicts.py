@@ -66,6 +66,10 @@ class Inconclusive:
     def summary(self) -> str:
         return self.reason
 
+    @property
+    def waiting_for_data(self) -> str:
+        return ""  # more time brings no verdict here: a baked stage pauses
+
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": "inconclusive", "summary": self.reason, "gates": []}
 

@@ -446,6 +446,62 @@ def test_too_few_shadow_comparisons_are_inconclusive() -> None:
     assert gate.reason == "too few shadow frames: 150 (need 200)"
 
 
+def test_overwhelming_disagreement_fails_below_the_minimum_sample() -> None:
+    """A new-user trial: top-1 34 % at n=29 (p ~ 1e-20) waited for 200 frames."""
+    bad = ShadowCounts(frames=29, classified=29, top1_agreed=10)
+    gate = judge(shadow_stage(bad)).gate("output_agreement")
+    assert gate is not None and gate.outcome == "fail" and gate.numbers["early_fail"] is True
+    assert gate.reason.startswith("top1 34.5% (min 95%, n=29, p=")
+    assert gate.reason.endswith("early: below the minimum sample, p < 1e-06)")
+    # Still N failing evaluations in a row.
+    spec, history = GatesSpec(), []
+    for count in (1, 2, 3):
+        window = replace(shadow_stage(bad), window_end=START + timedelta(minutes=30 + count))
+        decision = judge(window, spec, history=history)
+        history.append(decision)
+        assert decision.outcome == ("fail" if count == 3 else "inconclusive")
+    assert "output_agreement: 1 of 3 failing evaluations: top1" in history[0].waiting_for_data
+    # Off, or evidence that is only suggestive: too few frames, waiting for more.
+    off = judge(shadow_stage(bad), replace(ONCE, early_fail_p=0.0)).gate("output_agreement")
+    assert off is not None and off.outcome == "inconclusive"
+    for agreed in (25, 29):  # 86 %: p ~ 0.07; 100 %: never an early pass
+        thin = ShadowCounts(frames=29, classified=29, top1_agreed=agreed)
+        decision = judge(shadow_stage(thin))
+        assert outcome(decision, "output_agreement") == "inconclusive"
+        assert "output_agreement: too few shadow frames: 29 (need 200)" in decision.waiting_for_data
+    raw_bad = raw(40, cosine=5)  # raw outputs: 12 % of frames close at n=40
+    assert outcome(judge(shadow_stage(raw_bad)), "output_agreement") == "fail"
+
+
+def test_an_overwhelming_error_rate_fails_below_the_minimum_exposure() -> None:
+    few = fleet(21, canaries=1, minutes=1)  # 600 canary frames (need 1000)
+    crashing = replace(few.canaries[0], counters=Counters(frames=600, errors=120, seconds=60))
+    decision = judge(replace(few, canaries=[crashing]))
+    gate = decision.gate("error_rate")
+    assert gate is not None and gate.outcome == "fail" and gate.numbers["early_fail"] is True
+    assert gate.reason.endswith("early: below the minimum exposure, p < 1e-06")
+    quiet = replace(few.canaries[0], counters=Counters(frames=600, errors=1, seconds=60))
+    gate = judge(replace(few, canaries=[quiet])).gate("error_rate")
+    assert gate is not None and gate.outcome == "inconclusive"
+    assert gate.reason == "too little exposure: canaries 600 frames (need 1,000)"
+    spec = ONCE.without_control()
+    alone = judge(replace(few, canaries=[crashing], controls=[]), spec).gate("error_rate")
+    assert alone is not None and alone.outcome == "fail"
+
+
+def test_only_data_that_time_brings_keeps_a_stage_waiting() -> None:
+    thin = judge(fleet(6, canaries=1, minutes=12))
+    assert thin.outcome == "inconclusive"
+    assert thin.waiting_for_data.startswith("latency_vs_control: too few p99 intervals")
+    empty = judge(Samples(START, START + timedelta(minutes=30)))  # no counters at all
+    assert empty.outcome == "inconclusive" and empty.waiting_for_data == ""
+    stale = evaluate(ONCE, fleet(7), START + timedelta(minutes=50))
+    assert stale.waiting_for_data == ""
+    assert judge(fleet(10)).waiting_for_data == ""  # a pass waits for nothing
+    read_back = Decision.from_dict(json.loads(json.dumps(thin.to_dict())))
+    assert read_back.waiting_for_data == thin.waiting_for_data
+
+
 # ----------------------------------------------------------------------------- the spec
 
 
@@ -454,12 +510,14 @@ def test_parse_gates_reads_overrides_and_round_trips() -> None:
         {
             "confidence": 0.99,
             "consecutive_failures": 2,
+            "early_fail_p": 1e-9,
             "min_samples": {"latency_intervals": 80},
             "error_rate": {"max_increase": 1, "min_rate": 0.01},
             "output_agreement": {"enabled": False},
         }
     )
     assert spec.confidence == 0.99 and spec.min_samples.latency_intervals == 80
+    assert spec.early_fail_p == 1e-9 and GatesSpec().early_fail_p == 1e-6
     assert spec.error_rate == RateGate(max_increase=1.0, min_rate=0.01)
     assert spec.output_agreement == AgreementGate(enabled=False)
     assert spec.min_samples == replace(MinSamples(), latency_intervals=80)
@@ -476,6 +534,8 @@ def test_parse_gates_reads_overrides_and_round_trips() -> None:
         ({"error_rate": {"max_increase": -1}}, "gates.error_rate.max_increase"),
         ({"confidence": 1.0}, "gates.confidence"),
         ({"consecutive_failures": 0}, "gates.consecutive_failures"),
+        ({"early_fail_p": 0.05}, "gates.early_fail_p"),
+        ({"early_fail_p": -1e-9}, "gates.early_fail_p"),
         ({"self_test": {"consecutive_failures": True}}, "gates.self_test.consecutive_failures"),
         ({"min_samples": {"frames": 0}}, "gates.min_samples.frames"),
         ({"min_samples": []}, "gates.min_samples"),

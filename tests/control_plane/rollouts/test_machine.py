@@ -219,6 +219,98 @@ def test_no_verdict_after_the_bake_pauses_once_the_verdict_deadline_passes() -> 
     assert history[-1][0] - baking.at == timedelta(minutes=30 + 20)
 
 
+SHORT = StaticVerdict(
+    "inconclusive",
+    "output_agreement: too few shadow frames: 59 (need 200)",
+    waiting_for_data="output_agreement: too few shadow frames: 59 (need 200)",
+)
+
+
+def test_short_of_data_keeps_baking_and_asks_again_until_the_data_is_there() -> None:
+    spec, fleet = make_spec(stages="1,100%", deadlines="verdict=20m"), make_fleet(6)
+    state, history = run(spec, fleet, always(SHORT), until=lambda s: s.status == "baking")
+    baked = history[-1][0] + spec.bake
+    # The bake is over, the data is short: the stage bakes on and says why.
+    state, later = run(spec, fleet, always(SHORT), state, baked, max_steps=5)
+    assert state.status == "baking" and state.pause is None
+    assert state.label == (
+        "stage 1 of 2 (1) baking (waiting for data: output_agreement: too few shadow "
+        "frames: 59 (need 200))"
+    )
+    assert len(decisions(later, "waiting-for-data")) == 1  # once, not every evaluation
+    # A step without a verdict keeps the wait; a restart keeps it too.
+    now = later[-1][0] + timedelta(minutes=1)
+    state, _ = run(spec, fleet, always(None), state, now, max_steps=1, between=reload)
+    assert reload(state, now).label.endswith("(need 200))")
+    # The data arrives: the stage passes on its verdict, never on the wait.
+    state, after = run(spec, fleet, always(PASS), state, now + timedelta(minutes=1), max_steps=1)
+    assert state.stage == 1 and [d.kind for d in decisions(after, "stage-passed")]
+
+
+def test_short_of_data_pauses_at_the_verdict_deadline_and_never_passes() -> None:
+    spec, fleet = make_spec(stages="1,100%", deadlines="verdict=20m"), make_fleet(6)
+    state, history = run(spec, fleet, always(SHORT), until=lambda s: s.status == "paused")
+    assert state.pause is not None and state.pause.kind == "inconclusive"
+    assert state.pause.reason == (
+        "inconclusive (still 20m after the bake): output_agreement: too few shadow "
+        "frames: 59 (need 200)"
+    )
+    (baking,) = decisions(history, "baking")
+    assert history[-1][0] - baking.at == timedelta(minutes=30 + 20)
+    assert not decisions(history, "stage-passed") and state.stage == 0
+
+
+def test_an_inconclusive_verdict_not_short_of_data_pauses_at_the_end_of_the_bake() -> None:
+    spec, fleet = make_spec(stages="1,100%", deadlines="verdict=20m"), make_fleet(6)
+    state, history = run(spec, fleet, always(UNSURE), until=lambda s: s.status == "paused")
+    assert (
+        state.pause is not None and state.pause.reason == "inconclusive: 12 of 50 samples for p99"
+    )
+    (baking,) = decisions(history, "baking")
+    assert history[-1][0] - baking.at == timedelta(minutes=30)
+    assert not decisions(history, "waiting-for-data")
+
+
+def test_a_failing_verdict_while_waiting_for_data_rolls_back() -> None:
+    spec, fleet = make_spec(stages="1,100%"), make_fleet(6)
+    state, history = run(spec, fleet, always(SHORT), until=lambda s: s.status == "baking")
+    state, _ = run(spec, fleet, always(SHORT), state, history[-1][0] + spec.bake, max_steps=3)
+    assert state.hold.startswith("waiting for data")
+    state, _ = run(spec, fleet, always(FAIL), state, history[-1][0] + spec.bake * 2)
+    assert state.status == "rolled-back"
+
+
+def test_done_after_promotions_says_what_passed_and_what_was_promoted() -> None:
+    spec, fleet = make_spec(stages="shadow:1,1,100%", bake="1m"), make_fleet(4)
+    state, now = RolloutState.new(RID, spec, T0), T0
+    for _ in range(2):  # shadow and stage 1: paused inconclusive, promoted by a person
+        state, history = run(
+            spec, fleet, always(UNSURE), state, now, until=lambda s: s.status == "paused"
+        )
+        now = history[-1][0]
+        state, _ = apply_command(state, Command("promote", "alice"), now)
+    state, history = run(spec, fleet, always(PASS), state, now)
+    assert state.status == "done"
+    (done,) = decisions(history, "done")
+    assert done.text == "1 stage passed, 2 promoted without a verdict; 4 nodes healthy"
+    assert [n.text for _, n in of(history, Notify) if n.kind == "done"] == [
+        "rollout r-1: detector 2.0: 1 stage passed, 2 promoted without a verdict"
+    ]
+    assert reload(state, now).ended == ("promoted", "promoted", "passed")
+
+
+def test_messages_count_one_node_in_the_singular() -> None:
+    spec, fleet = make_spec(stages="1,100%"), make_fleet(2)
+    state, history = run(spec, fleet)
+    assert state.status == "done"
+    texts = [d.text for d in decisions(history, "nodes-started") + decisions(history, "baking")]
+    assert texts[0] == "1 node started"
+    assert "1 node healthy" in texts[-1] or "1 node healthy" in texts[-2]
+    assert all("1 nodes" not in t for t in texts)
+    (done,) = decisions(history, "done")
+    assert done.text == "every stage passed; 2 nodes healthy"
+
+
 def test_promote_takes_the_next_stage_without_a_verdict_and_is_recorded() -> None:
     spec, fleet = make_spec(), make_fleet()
     state, history = run(spec, fleet, at_stage(1, UNSURE), until=lambda s: s.status == "paused")
@@ -273,7 +365,7 @@ def test_a_rollback_a_node_never_confirms_is_recorded_and_the_rollout_still_ends
     (timeout,) = decisions(later, "node-timed-out")
     assert timeout.numbers["node"] == unplugged
     assert timeout.at - now == timedelta(minutes=15 + 60 + 15 + 1)  # start+download+activate
-    assert "1 nodes did not confirm" in decisions(later, "rolled-back")[0].text
+    assert "1 node did not confirm" in decisions(later, "rolled-back")[0].text
 
 
 def test_failed_self_tests_beyond_the_budget_share_roll_back() -> None:
