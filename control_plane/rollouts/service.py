@@ -25,7 +25,7 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, cast, get_args
 
@@ -258,6 +258,8 @@ class RolloutInfo:
     decisions: tuple[Decision, ...]
     pending_actions: int
     shadow_nodes: tuple[ShadowNodeInfo, ...] = ()
+    warnings: tuple[str, ...] = ()
+    """`create`'s: the plan's (`Plan.warnings`: a stage short of controls)."""
 
 
 @dataclass(slots=True)
@@ -352,7 +354,8 @@ class RolloutService:
             details.update(rollout=str(row.id), summary=spec.summary(), superseded=superseded)
             rollout_id = row.id
         log.info("rollout %s created: %s", rollout_id, spec.summary())
-        return self.get(str(rollout_id))
+        warnings = dry_run(spec, nodes).warnings()
+        return replace(self.get(str(rollout_id)), warnings=warnings)
 
     def dry_run(self, ctx: RequestContext, fleet: str, request: RolloutRequest) -> RolloutDryRun:
         """The plan `create` would start from, and the rollouts it would conflict with;

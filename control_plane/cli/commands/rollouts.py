@@ -120,6 +120,8 @@ def rollout_create(
             cli.console.print(f"conflict: {conflict['text']}", markup=False, highlight=False)
     else:
         _status(cli, result)
+        for warning in result.get("warnings") or []:
+            cli.console.print(warning, markup=False, highlight=False)
 
 
 @rollout_app.command("list")

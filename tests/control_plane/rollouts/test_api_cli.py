@@ -191,3 +191,15 @@ def test_status_shows_the_shadow_stage_with_its_nodes(cli: Cli, fleet: list[str]
     assert "queued=3" in rows["stage 1 of 1 (100%)"]
     assert "assigned" not in rows["stage 1 of 1 (100%)"]
     assert "running" in rows[shadow] and "120" in rows[shadow]
+
+
+def test_create_warns_of_a_stage_short_of_controls(cli: Cli, fleet: list[str]) -> None:
+    # Four nodes, two canaries: two stay on 1.0.0, fewer than the three controls wanted.
+    short = [*CREATE, "--stages", "2,100%", "--bake", "5m", "--spread", "site"]
+    code, out, err = cli.run(*short, "--dry-run")
+    assert code == 0, err
+    assert "warning: stage 1 of 2 (2) has 2 controls, fewer than 3" in out
+    code, out, err = cli.run(*short)
+    assert code == 0, err
+    assert "warning: stage 1 of 2 (2) has 2 controls, fewer than 3" in out
+    assert "--control none" in out
