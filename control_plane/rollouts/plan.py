@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from control_plane.errors import ConflictError
 from control_plane.rollouts.spec import RolloutSpec
+from control_plane.text import counted
 
 __all__ = [
     "MIN_CONTROLS",
@@ -216,8 +217,8 @@ class Plan:
         if self.spec.control == "none":
             return ()
         return tuple(
-            f"warning: {stage.label} has {len(stage.controls)} control"
-            f"{'' if len(stage.controls) == 1 else 's'}, fewer than {MIN_CONTROLS}: the gates "
+            f"warning: {stage.label} has {counted(len(stage.controls), 'control')}, fewer than "
+            f"{MIN_CONTROLS}: the gates "
             "that compare with controls stay inconclusive; select more nodes, take fewer in "
             "this stage, or --control none (judge the canaries by their own baseline only)"
             for stage in self.stages
@@ -232,14 +233,15 @@ class Plan:
             counts[stratum] = counts.get(stratum, 0) + 1
         lines = [
             self.spec.summary(),
-            f"matched {len(self.order) + len(self.already)} nodes: {len(self.order)} to "
+            f"matched {counted(len(self.order) + len(self.already), 'node')}: {len(self.order)} to "
             f"update, {len(self.already)} already on {self.spec.version}",
             f"spread over {spread}: "
             + (", ".join(f"{_shown(s)} {n}" for s, n in sorted(counts.items())) or "no nodes"),
         ]
         for stage in self.stages:
             if stage.shadow:
-                what = f"{len(stage.nodes)} nodes run it beside their model: {_ids(stage.nodes)}"
+                runs = "runs it beside its" if len(stage.nodes) == 1 else "run it beside their"
+                what = f"{counted(len(stage.nodes), 'node')} {runs} model: {_ids(stage.nodes)}"
             else:
                 what = (
                     f"+{len(stage.nodes)} → {stage.target} of {len(self.order)}: "
@@ -350,7 +352,10 @@ class Conflict:
     def describe(self) -> str:
         selector = str(self.other.selector) or "every node"
         if self.nodes:
-            where = f"already targets {len(self.nodes)} of these nodes ({_ids(self.nodes)})"
+            where = (
+                f"already targets {len(self.nodes)} of these "
+                f"{'node' if len(self.nodes) == 1 else 'nodes'} ({_ids(self.nodes)})"
+            )
         else:
             where = "would also take nodes that enrol later with matching labels"
         return (

@@ -91,6 +91,7 @@ from control_plane.storage.models import (
     RolloutNodeRow,
     RolloutRow,
 )
+from control_plane.text import counted
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -989,8 +990,8 @@ class RolloutService:
                             select(RolloutRow.stage).where(RolloutRow.id == number)
                         )
                         or 0,
-                        text=f"{len(failed)} assignments could not be made; their nodes "
-                        "time out unless they are made later",
+                        text=f"{counted(len(failed), 'assignment')} could not be made; "
+                        "their nodes time out unless they are made later",
                         numbers={"failed": len(failed), "nodes": named},
                     )
                 )

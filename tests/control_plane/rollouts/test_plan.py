@@ -196,6 +196,7 @@ def test_one_node_per_site_still_gets_controls_filled_in_from_other_sites() -> N
     assert plan.warnings() == ()
     assert "(all from other strata: none left in the canaries' own)" in plan.summary()
     assert "site=east,hardware=(none) 1" in plan.summary()
+    assert "shadow (1): 1 node runs it beside its model: " in plan.summary()
 
 
 def test_filled_in_controls_prefer_the_same_hardware_and_matched_ones_come_first() -> None:
@@ -230,3 +231,5 @@ def test_a_stage_short_of_controls_is_warned_about_with_what_to_do() -> None:
     assert not plan.stages[-1].short_of_controls
     assert dry_run(spec(stages="1,100%", control="none"), one_per_site("e", "w")).warnings() == ()
     assert "controls: none (" not in plan.summary()
+    one = dry_run(spec(stages="100%"), one_per_site("east"))
+    assert "matched 1 node: 1 to update" in one.summary()
