@@ -87,7 +87,10 @@ class RolloutOut(BaseModel):
     stages: list[str] = Field(description="every stage's label, the shadow stage first")
     summary: str
     spec: dict[str, Any]
-    counts: dict[str, int] = Field(description="nodes per phase")
+    counts: dict[str, int] = Field(
+        description="nodes per phase (aborted or rolled back: what each ended as, "
+        "never-started and shadow-cleared among them)"
+    )
     stage_counts: dict[str, dict[str, int]] = Field(
         description="nodes per phase of each stage by index, the shadow stage `0` (its "
         "nodes while they shadow or once they failed there; `none`: past a partial rollout)"

@@ -171,6 +171,15 @@ def _status(cli: CliContext, rollout: dict[str, Any]) -> None:
     cli.console.print(_frame(rollout))
 
 
+def _pause_text(pause: dict[str, Any]) -> str:
+    """`at 2026-12-14 10:13:00 because …`: the reason is the one of when it paused (the
+    gates table below may show newer numbers)."""
+    if not pause.get("reason"):
+        return "-"
+    since = pause.get("since")
+    return f"at {_time_text(since)} because {pause['reason']}" if since else pause["reason"]
+
+
 def _frame(rollout: dict[str, Any]) -> Group:
     """One view of a rollout: what `status` prints and `watch` redraws."""
     from rich.console import Group
@@ -192,7 +201,7 @@ def _frame(rollout: dict[str, Any]) -> Group:
         ("nodes", _counts_text(rollout["counts"])),
         ("bake left", _duration_text(rollout.get("bake_left_s"))),
         ("waiting", rollout.get("hold") or "-"),
-        ("paused", pause.get("reason") or "-"),
+        ("paused", _pause_text(pause)),
         ("controls", " ".join(rollout.get("controls") or []) or "-"),
         (
             "last decision",

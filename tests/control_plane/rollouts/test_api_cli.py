@@ -90,6 +90,9 @@ def test_the_rollout_commands_round_trip(cli: Cli, fleet: list[str], tmp_path: P
     paused = cli.json("rollout", "pause", rollout, "--note", "checking the gate camera")
     assert paused["status"] == "paused"
     assert "checking the gate camera" in paused["pause"]["reason"]
+    code, out, _ = cli.run("rollout", "status", rollout)
+    since = paused["pause"]["since"][:19].replace("T", " ")
+    assert code == 0 and f"at {since} because " in out
     resumed = cli.json("rollout", "resume", rollout)
     assert resumed["status"] == "running"
     code, _, err = cli.run("rollout", "promote", rollout)
@@ -191,6 +194,19 @@ def test_status_shows_the_shadow_stage_with_its_nodes(cli: Cli, fleet: list[str]
     assert "queued=3" in rows["stage 1 of 1 (100%)"]
     assert "assigned" not in rows["stage 1 of 1 (100%)"]
     assert "running" in rows[shadow] and "120" in rows[shadow]
+
+    # Ended, its nodes show what they ended as, not the phase they were left in.
+    back = cli.json("rollout", "rollback", rollout, "--note", "wrong build")
+    assert back["status"] == "rolled-back"
+    assert back["counts"] == {"never-started": 3, "shadow-cleared": 1}
+    assert back["stage_counts"] == {"0": {"shadow-cleared": 1}, "1": {"never-started": 3}}
+    assert [(n["phase"], n["state"], n["frames_compared"]) for n in back["shadow_nodes"]] == [
+        ("shadow-cleared", "", 120)
+    ]
+    (listed,) = cli.json("rollout", "list")
+    assert listed["counts"] == {"never-started": 3, "shadow-cleared": 1}
+    code, out, _ = cli.run("rollout", "status", rollout)
+    assert code == 0 and "never-started=3 shadow-cleared=1" in out and "running" not in out
 
 
 def test_create_warns_of_a_stage_short_of_controls(cli: Cli, fleet: list[str]) -> None:
