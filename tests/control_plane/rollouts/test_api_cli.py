@@ -14,6 +14,7 @@ import pytest
 
 from control_plane.access.roles import Role
 from control_plane.access.service import SYSTEM
+from control_plane.cli.commands import rollouts as rollout_commands
 from control_plane.cli.release import ReleaseClient
 from control_plane.registry import sample_models
 from control_plane.storage import session_factory
@@ -219,3 +220,36 @@ def test_create_warns_of_a_stage_short_of_controls(cli: Cli, fleet: list[str]) -
     assert code == 0, err
     assert "warning: stage 1 of 2 (2) has 2 controls, fewer than 3" in out
     assert "--control none" in out
+
+
+def test_watch_to_a_pipe_prints_a_line_per_change(
+    cli: Cli, fleet: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    created = cli.json(*CREATE, *OPTIONS)
+    rollout = created["id"]
+    steps = iter(
+        [
+            lambda: cli.server.services.rollouts.tick(),  # pending → running
+            lambda: None,  # nothing changed: no line
+            lambda: httpx.post(
+                f"{cli.server.url}/v1/rollouts/{rollout}/abort",
+                headers={"Authorization": f"Bearer {cli.server.admin_token}"},
+                json={"note": "stop"},
+            ).raise_for_status(),
+        ]
+    )
+    written: list[str] = []
+
+    def step(_: float) -> None:
+        written.append(cli.capsys.readouterr().out)  # what was out before this poll
+        next(steps)()
+
+    monkeypatch.setattr(rollout_commands, "_sleep", step)
+    code, out, err = cli.run("rollout", "watch", rollout, "--interval", "0.2", "--timeout", "60")
+    assert code == 0, err
+    lines = [line for chunk in [*written, out] for line in chunk.splitlines()]
+    assert len(lines) == 3
+    assert "pending | nodes - | last " in lines[0]
+    assert "stage 1 of 2 (1) running | nodes queued=3 assigned=1 | last nodes-started: " in lines[1]
+    assert "aborted | nodes assigned=1 never-started=3 | last aborted: aborted by" in lines[2]
+    assert written[1].count("\n") == 1  # each line is out (flushed) before the next poll
