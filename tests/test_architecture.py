@@ -64,6 +64,7 @@ PURE_CORES = (
     "control_plane/link/records.py",
     "control_plane/nodes/model.py",
     "control_plane/durations.py",
+    "control_plane/text.py",
     "control_plane/registry/freshness.py",
     "control_plane/director/delivery.py",
     "control_plane/director/revocation.py",

@@ -5,9 +5,10 @@ the controller starts from the same plan): the nodes the selector matches, sprea
 the values of the spec's `spread` labels (a stratified round-robin, so a stage of three
 over three sites takes one per site), deterministic given a seed; each canary stage's
 control group (matched nodes still on the old version, as many per stratum as the stage
-has canaries there); where a node that enrols later belongs (`Plan.stage_of` on the fleet
-as it is then); and `conflicts` with other active rollouts of the same model. What it is
-not for: time, phases or actions (`machine.py`). Pure: no I/O, no framework.
+has canaries there, filled up to `MIN_CONTROLS` from the nearest other strata; a warning
+for a stage that still has fewer); where a node that enrols later belongs (`Plan.stage_of`
+on the fleet as it is then); and `conflicts` with other active rollouts of the same model.
+What it is not for: time, phases or actions (`machine.py`). Pure: no I/O, no framework.
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from control_plane.errors import ConflictError
 from control_plane.rollouts.spec import RolloutSpec
+from control_plane.text import counted
 
 __all__ = [
+    "MIN_CONTROLS",
     "Candidate",
     "Conflict",
+    "Controls",
     "FleetNode",
     "Plan",
     "StagePlan",
+    "choose_controls",
     "conflicts",
     "dry_run",
     "pick_controls",
@@ -95,22 +100,64 @@ MIN_CONTROLS: Final = 3
 one canary still has a control group to be judged against)."""
 
 
-def pick_controls(canary_strata: Mapping[str, int], pool: Iterable[Candidate]) -> tuple[str, ...]:
+@dataclass(frozen=True, slots=True)
+class Controls:
+    """A stage's control group: `matched`, from the canaries' own strata; `filled`, from
+    the nearest other strata, when those held too few to reach `MIN_CONTROLS`."""
+
+    matched: tuple[str, ...]
+    filled: tuple[str, ...] = ()
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return self.matched + self.filled
+
+
+def _nearness(stratum: str, other: str) -> tuple[int, tuple[bool, ...]]:
+    """How alike two strata are: how many spread labels they share, then which, the later
+    ones first (with `site,hardware`: the same hardware elsewhere before another hardware
+    at the same site: what a node is says more about its numbers than where it is)."""
+    same = tuple(a == b for a, b in zip(stratum.split(","), other.split(","), strict=False))
+    return sum(same), tuple(reversed(same))
+
+
+def choose_controls(canary_strata: Mapping[str, int], pool: Iterable[Candidate]) -> Controls:
     """As many controls per stratum as the stage has canaries there, and at least
     `MIN_CONTROLS` in all (shared out over the strata by their canaries); online ones and
-    those updated last first (so one control group serves as many stages as it can)."""
+    those updated last first (so one control group serves as many stages as it can). When
+    the canaries' strata hold too few (one node per site), the rest up to `MIN_CONTROLS`
+    come from the nearest other strata (`_nearness` to the nearest canary stratum)."""
     total = sum(n for n in canary_strata.values() if n > 0)
+    if total == 0:
+        return Controls(())
+    candidates = list(pool)
     by_stratum: dict[str, list[Candidate]] = {}
-    for candidate in pool:
+    for candidate in candidates:
         if canary_strata.get(candidate.stratum, 0) > 0:
             by_stratum.setdefault(candidate.stratum, []).append(candidate)
-    chosen: list[str] = []
+    matched: list[str] = []
     for stratum in sorted(by_stratum):
         count = canary_strata[stratum]
         wanted = max(count, math.ceil(MIN_CONTROLS * count / total))
-        ranked = sorted(by_stratum[stratum], key=lambda c: (not c.online, -c.rank))
-        chosen.extend(c.node_id for c in ranked[:wanted])
-    return tuple(chosen)
+        ranked = sorted(by_stratum[stratum], key=lambda c: (not c.online, -c.rank, c.node_id))
+        matched.extend(c.node_id for c in ranked[:wanted])
+    short = MIN_CONTROLS - len(matched)
+    if short <= 0:
+        return Controls(tuple(matched))
+    taken = set(matched)
+    strata = sorted(s for s, n in canary_strata.items() if n > 0)
+
+    def key(c: Candidate) -> tuple[Any, ...]:
+        count, which = max(_nearness(c.stratum, s) for s in strata)
+        return (-count, tuple(not w for w in which), not c.online, -c.rank, c.node_id)
+
+    rest = sorted((c for c in candidates if c.node_id not in taken), key=key)
+    return Controls(tuple(matched), tuple(c.node_id for c in rest[:short]))
+
+
+def pick_controls(canary_strata: Mapping[str, int], pool: Iterable[Candidate]) -> tuple[str, ...]:
+    """`choose_controls`' nodes, the matched ones first."""
+    return choose_controls(canary_strata, pool).all
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +171,17 @@ class StagePlan:
     nodes: tuple[str, ...]
     """The nodes this stage adds (shadow: the shadow nodes), in the order they start."""
     controls: tuple[str, ...]
+    """Matched first, then `filled`."""
+    filled: tuple[str, ...] = ()
+    """The controls from other strata than the canaries' (too few there)."""
+    remaining: int = 0
+    """Nodes left on the old version during the stage (controls come from these)."""
+
+    @property
+    def short_of_controls(self) -> bool:
+        """Fewer than `MIN_CONTROLS` controls though nodes stay on the old version (at
+        100 % there is nobody to compare with: not a shortage)."""
+        return not self.shadow and self.remaining > 0 and len(self.controls) < MIN_CONTROLS
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +211,20 @@ class Plan:
         """Nodes no stage takes (a partial rollout's remainder)."""
         return tuple(n for n in self.order if n not in self.stage_index)
 
+    def warnings(self) -> tuple[str, ...]:
+        """A line per canary stage with fewer than `MIN_CONTROLS` controls (`--control
+        none` asks for none: no warning), saying what to do about it."""
+        if self.spec.control == "none":
+            return ()
+        return tuple(
+            f"warning: {stage.label} has {counted(len(stage.controls), 'control')}, fewer than "
+            f"{MIN_CONTROLS}: the gates "
+            "that compare with controls stay inconclusive; select more nodes, take fewer in "
+            "this stage, or --control none (judge the canaries by their own baseline only)"
+            for stage in self.stages
+            if stage.short_of_controls
+        )
+
     def summary(self) -> str:
         """What `--dry-run` prints: the spec, then each stage's nodes and controls."""
         spread = ", ".join(self.spec.spread) or "nothing"
@@ -161,23 +233,36 @@ class Plan:
             counts[stratum] = counts.get(stratum, 0) + 1
         lines = [
             self.spec.summary(),
-            f"matched {len(self.order) + len(self.already)} nodes: {len(self.order)} to "
+            f"matched {counted(len(self.order) + len(self.already), 'node')}: {len(self.order)} to "
             f"update, {len(self.already)} already on {self.spec.version}",
             f"spread over {spread}: "
-            + (", ".join(f"{s or '-'} {n}" for s, n in sorted(counts.items())) or "no nodes"),
+            + (", ".join(f"{_shown(s)} {n}" for s, n in sorted(counts.items())) or "no nodes"),
         ]
         for stage in self.stages:
             if stage.shadow:
-                what = f"{len(stage.nodes)} nodes run it beside their model: {_ids(stage.nodes)}"
+                runs = "runs it beside its" if len(stage.nodes) == 1 else "run it beside their"
+                what = f"{counted(len(stage.nodes), 'node')} {runs} model: {_ids(stage.nodes)}"
             else:
                 what = (
                     f"+{len(stage.nodes)} → {stage.target} of {len(self.order)}: "
                     f"{_ids(stage.nodes)}; controls: {_ids(stage.controls) or 'none'}"
                 )
+                if stage.filled and stage.filled == stage.controls:
+                    what += " (all from other strata: none left in the canaries' own)"
+                elif stage.filled:
+                    what += f" ({len(stage.filled)} from other strata: {_ids(stage.filled)})"
             lines.append(f"{stage.label}: {what}")
         if self.outside:
             lines.append(f"left on their version (partial): {_ids(self.outside)}")
+        lines.extend(self.warnings())
         return "\n".join(lines)
+
+
+def _shown(stratum: str) -> str:
+    """A stratum for people: `site=east,hardware=(none)` for a node without `hardware`."""
+    if not stratum:
+        return "-"
+    return ",".join(part + "(none)" if part.endswith("=") else part for part in stratum.split(","))
 
 
 def _ids(ids: Sequence[str]) -> str:
@@ -215,6 +300,7 @@ def dry_run(spec: RolloutSpec, nodes: Sequence[FleetNode], *, seed: str | None =
     for step, target in enumerate(targets):
         index = first + step
         added = tuple(n for n, i in stage_index.items() if i == index)
+        controls = _stage_controls(spec, strata, stage_index, by_id, index)
         plans.append(
             StagePlan(
                 index,
@@ -222,7 +308,9 @@ def dry_run(spec: RolloutSpec, nodes: Sequence[FleetNode], *, seed: str | None =
                 False,
                 target,
                 added,
-                _stage_controls(spec, strata, stage_index, by_id, index),
+                controls.all,
+                controls.filled,
+                len(order) - target,
             )
         )
     return Plan(spec, seed, tuple(n.id for n in order), already, tuple(plans), strata, stage_index)
@@ -234,9 +322,9 @@ def _stage_controls(
     stage_index: Mapping[str, int],
     by_id: Mapping[str, tuple[int, FleetNode]],
     index: int,
-) -> tuple[str, ...]:
+) -> Controls:
     if spec.control == "none":
-        return ()
+        return Controls(())
     canaries: dict[str, int] = {}
     for node_id, i in stage_index.items():
         if i <= index:
@@ -246,7 +334,7 @@ def _stage_controls(
         for node_id, (rank, node) in by_id.items()
         if node.version is not None and stage_index.get(node_id, index + 1) > index
     )
-    return pick_controls(canaries, pool)
+    return choose_controls(canaries, pool)
 
 
 # ------------------------------------------------------------------------- overlaps
@@ -264,7 +352,10 @@ class Conflict:
     def describe(self) -> str:
         selector = str(self.other.selector) or "every node"
         if self.nodes:
-            where = f"already targets {len(self.nodes)} of these nodes ({_ids(self.nodes)})"
+            where = (
+                f"already targets {len(self.nodes)} of these "
+                f"{'node' if len(self.nodes) == 1 else 'nodes'} ({_ids(self.nodes)})"
+            )
         else:
             where = "would also take nodes that enrol later with matching labels"
         return (

@@ -25,7 +25,7 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, cast, get_args
 
@@ -72,7 +72,14 @@ from control_plane.rollouts.plan import (
     refuse_conflicts,
 )
 from control_plane.rollouts.spec import RolloutSpec, parse_rollout_spec
-from control_plane.rollouts.state import Decision, NodePhase, RolloutState, RolloutStatus
+from control_plane.rollouts.state import (
+    ENDED_VIEW_STATUSES,
+    Decision,
+    NodePhase,
+    RolloutState,
+    RolloutStatus,
+    ended_phase,
+)
 from control_plane.rollouts.store import (
     PendingAction,
     decision_of,
@@ -91,6 +98,7 @@ from control_plane.storage.models import (
     RolloutNodeRow,
     RolloutRow,
 )
+from control_plane.text import counted
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -258,6 +266,8 @@ class RolloutInfo:
     decisions: tuple[Decision, ...]
     pending_actions: int
     shadow_nodes: tuple[ShadowNodeInfo, ...] = ()
+    warnings: tuple[str, ...] = ()
+    """`create`'s: the plan's (`Plan.warnings`: a stage short of controls)."""
 
 
 @dataclass(slots=True)
@@ -352,7 +362,8 @@ class RolloutService:
             details.update(rollout=str(row.id), summary=spec.summary(), superseded=superseded)
             rollout_id = row.id
         log.info("rollout %s created: %s", rollout_id, spec.summary())
-        return self.get(str(rollout_id))
+        warnings = dry_run(spec, nodes).warnings()
+        return replace(self.get(str(rollout_id)), warnings=warnings)
 
     def dry_run(self, ctx: RequestContext, fleet: str, request: RolloutRequest) -> RolloutDryRun:
         """The plan `create` would start from, and the rollouts it would conflict with;
@@ -474,6 +485,7 @@ class RolloutService:
                 raise NotFoundError(f"no rollout {rollout_id!r}", rollout=rollout_id)
             row, fleet_name = found
             state = _bare_state(row)
+            ended = state.status in ENDED_VIEW_STATUSES
             newest = session.scalars(
                 select(RolloutDecisionRow)
                 .where(RolloutDecisionRow.rollout_id == number)
@@ -491,6 +503,8 @@ class RolloutService:
                 # A shadow node's `stage` is the canary stage it joins once the shadow
                 # stage passed; while its phase is about the shadow it is the shadow's.
                 key = "0" if track == "shadow" else "none" if stage is None else str(stage)
+                if ended:
+                    phase = ended_phase(track, phase)
                 per_phase = stage_counts.setdefault(key, {})
                 per_phase[phase] = per_phase.get(phase, 0) + count
             shadowed = session.execute(
@@ -534,8 +548,13 @@ class RolloutService:
             return ()
         latest = self._health.latest([node_id for node_id, _, _ in rows])
         candidate = f"{state.spec.model}@{state.spec.version}"
+        ended = state.status in ENDED_VIEW_STATUSES
         found = []
         for node_id, phase, started_at in rows:
+            if ended:
+                # What it ended as; its newest report's state ("running") is no longer
+                # the rollout's, the frames it compared until then still are.
+                phase = ended_phase("shadow", phase)
             health = latest.get(node_id)
             section = health.shadow if health is not None else None
             fresh = (
@@ -552,7 +571,7 @@ class RolloutService:
                 ShadowNodeInfo(
                     node_id,
                     phase,
-                    str(section.get("state") or ""),
+                    "" if ended and phase == "shadow-cleared" else str(section.get("state") or ""),
                     compared if isinstance(compared, int) else None,
                     str(section.get("reason") or section.get("detail") or ""),
                 )
@@ -986,8 +1005,8 @@ class RolloutService:
                             select(RolloutRow.stage).where(RolloutRow.id == number)
                         )
                         or 0,
-                        text=f"{len(failed)} assignments could not be made; their nodes "
-                        "time out unless they are made later",
+                        text=f"{counted(len(failed), 'assignment')} could not be made; "
+                        "their nodes time out unless they are made later",
                         numbers={"failed": len(failed), "nodes": named},
                     )
                 )

@@ -22,6 +22,7 @@ from control_plane.rollouts.spec import RolloutSpec, stored_reader
 from protos.fields import Fields, optional
 
 __all__ = [
+    "ENDED_VIEW_STATUSES",
     "STATE_FORMAT",
     "Decision",
     "NodePhase",
@@ -33,6 +34,7 @@ __all__ = [
     "StageEnd",
     "Track",
     "aware",
+    "ended_phase",
     "phase_counts",
     "plain",
 ]
@@ -56,6 +58,24 @@ NodePhase = Literal[
     "left",
 ]
 Track = Literal["shadow", "candidate"]
+
+ENDED_VIEW_STATUSES: Final = frozenset({"aborted", "rolled-back"})
+"""Statuses after which a node's stored phase is where the rollout left it, not where it
+is going: views show `ended_phase` instead (a done rollout's phases are final as they are,
+and one that follows takes in enrolling nodes through `queued`)."""
+
+
+def ended_phase(track: str, phase: str) -> str:
+    """What a node ended as in an aborted or rolled-back rollout: a shadow stage's node
+    that had not failed there, `shadow-cleared` (its shadow ended with the rollout); a node
+    never started, `never-started`; any other, its phase."""
+    if track == "shadow" and phase not in ("failed", "timed-out"):
+        return "shadow-cleared"
+    if phase == "queued":
+        return "never-started"
+    return phase
+
+
 PauseKind = Literal["operator", "inconclusive", "no-verdict", "no-nodes"]
 StageEnd = Literal["passed", "promoted", "skipped"]
 

@@ -28,7 +28,14 @@ from control_plane.rollouts.machine import (
     Record,
     Rollback,
 )
-from control_plane.rollouts.state import Decision, NodeRecord, RolloutState, stored_record
+from control_plane.rollouts.state import (
+    ENDED_VIEW_STATUSES,
+    Decision,
+    NodeRecord,
+    RolloutState,
+    ended_phase,
+    stored_record,
+)
 from control_plane.storage.models import (
     RolloutActionRow,
     RolloutDecisionRow,
@@ -305,15 +312,27 @@ def decision_of(row: RolloutDecisionRow, rollout_id: str) -> Decision:
 
 
 def phase_counts_of(session: Session, rollout_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """Nodes per phase of each rollout, counted by the database."""
+    """Nodes per phase of each rollout, counted by the database; of an aborted or rolled-back
+    rollout, per `ended_phase` (what each node ended as)."""
     counts: dict[int, dict[str, int]] = {i: {} for i in rollout_ids}
     if not rollout_ids:
         return counts
     found = session.execute(
-        select(RolloutNodeRow.rollout_id, RolloutNodeRow.phase, func.count())
+        select(
+            RolloutNodeRow.rollout_id,
+            RolloutRow.status,
+            RolloutNodeRow.track,
+            RolloutNodeRow.phase,
+            func.count(),
+        )
+        .join(RolloutRow, RolloutRow.id == RolloutNodeRow.rollout_id)
         .where(RolloutNodeRow.rollout_id.in_(list(rollout_ids)))
-        .group_by(RolloutNodeRow.rollout_id, RolloutNodeRow.phase)
+        .group_by(
+            RolloutNodeRow.rollout_id, RolloutRow.status, RolloutNodeRow.track, RolloutNodeRow.phase
+        )
     )
-    for rollout_id, phase, count in found:
-        counts[rollout_id][phase] = count
+    for rollout_id, status, track, phase, count in found:
+        shown = ended_phase(track, phase) if status in ENDED_VIEW_STATUSES else phase
+        per_phase = counts[rollout_id]
+        per_phase[shown] = per_phase.get(shown, 0) + count
     return counts

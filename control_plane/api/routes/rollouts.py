@@ -87,7 +87,10 @@ class RolloutOut(BaseModel):
     stages: list[str] = Field(description="every stage's label, the shadow stage first")
     summary: str
     spec: dict[str, Any]
-    counts: dict[str, int] = Field(description="nodes per phase")
+    counts: dict[str, int] = Field(
+        description="nodes per phase (aborted or rolled back: what each ended as, "
+        "never-started and shadow-cleared among them)"
+    )
     stage_counts: dict[str, dict[str, int]] = Field(
         description="nodes per phase of each stage by index, the shadow stage `0` (its "
         "nodes while they shadow or once they failed there; `none`: past a partial rollout)"
@@ -108,6 +111,10 @@ class RolloutOut(BaseModel):
     revision: int
     following: bool = Field(description="a done rollout still takes in nodes enrolling later")
     pending_actions: int
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="create's: a stage with fewer controls than the gates need",
+    )
 
 
 class RolloutListed(BaseModel):
@@ -131,6 +138,7 @@ class StagePlanOut(BaseModel):
     target: int
     nodes: list[str]
     controls: list[str]
+    filled: list[str] = Field(description="the controls from strata the canaries are not in")
 
 
 class ConflictOut(BaseModel):
@@ -147,6 +155,7 @@ class DryRunOut(BaseModel):
     stages: list[StagePlanOut]
     outside: list[str]
     conflicts: list[ConflictOut]
+    warnings: list[str] = Field(description="stages with fewer controls than the gates need")
 
 
 def _decision(decision: Decision) -> DecisionOut:
@@ -201,6 +210,7 @@ def rollout_out(info: RolloutInfo, now: datetime) -> RolloutOut:
         revision=info.revision,
         following=info.following,
         pending_actions=info.pending_actions,
+        warnings=list(info.warnings),
     )
 
 
@@ -222,6 +232,7 @@ def _dry_run_out(plan: Plan, found: tuple[Conflict, ...]) -> DryRunOut:
                 target=s.target,
                 nodes=list(s.nodes),
                 controls=list(s.controls),
+                filled=list(s.filled),
             )
             for s in plan.stages
         ],
@@ -229,6 +240,7 @@ def _dry_run_out(plan: Plan, found: tuple[Conflict, ...]) -> DryRunOut:
         conflicts=[
             ConflictOut(rollout=c.rollout_id, text=c.describe(), nodes=list(c.nodes)) for c in found
         ],
+        warnings=list(plan.warnings()),
     )
 
 

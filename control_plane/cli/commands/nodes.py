@@ -12,6 +12,7 @@ import typer
 from control_plane.cli.context import CliContext, cli_context
 from control_plane.cli.global_options import agent_argv
 from control_plane.durations import DurationError, parse_duration
+from control_plane.text import counted
 
 node_app = typer.Typer(
     help="Enroll nodes (bootstrap tokens), revoke them, and run the node agent.",
@@ -260,7 +261,8 @@ def nodes_health(
         cli.emit(series)
         return
     cli.console.print(
-        f"node {series['node_id']}: {len(series['points'])} {series['resolution']} points "
+        f"node {series['node_id']}: "
+        f"{counted(len(series['points']), series['resolution'] + ' point')} "
         f"since {_time_text(series['since'])}"
         + (" (oldest left out)" if series["truncated"] else "")
     )
@@ -405,7 +407,7 @@ def shadow_lines(shadow: Any) -> list[str]:
         why = shadow.get("detail") or shadow.get("reason") or "no reason given"
         return [head, f"  {why}"]
     frames = (
-        f"  {shadow.get('frames_compared') or 0} frames compared of "
+        f"  {counted(shadow.get('frames_compared') or 0, 'frame')} compared of "
         f"{shadow.get('frames_sampled') or 0} sampled ({shadow.get('samples_dropped') or 0} "
         f"dropped busy, {shadow.get('samples_skipped_cpu') or 0} skipped for CPU, "
         f"{shadow.get('samples_failed') or 0} failed)"

@@ -2,13 +2,15 @@
 
 Thin over the REST API (`/v1/fleets/{fleet}/rollouts`, `/v1/rollouts/{id}`): the
 options go to the server as the operator typed them, and the server names a bad one.
-`watch` redraws the rollout every few seconds (rich Live) until it ends; `--once` prints
-one frame. Heavy imports (rich tables, yaml) load inside the commands.
+`watch` redraws the rollout every few seconds (rich Live) until it ends, or, when stdout
+is not a terminal, prints a line per change; `--once` prints one frame. Heavy imports
+(rich tables, yaml) load inside the commands.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
@@ -29,6 +31,7 @@ rollout_app = typer.Typer(
 LIST_COLUMNS = ["id", "fleet", "model", "version", "status", "nodes", "updated_at"]
 ENDED: Final = frozenset({"done", "aborted", "rolled-back"})
 _MAX_WATCH_S: Final = 7 * 24 * 3600
+_sleep = time.sleep  # `watch` between polls (tests step the controller instead)
 
 
 def _counts_text(counts: dict[str, int]) -> str:
@@ -120,6 +123,8 @@ def rollout_create(
             cli.console.print(f"conflict: {conflict['text']}", markup=False, highlight=False)
     else:
         _status(cli, result)
+        for warning in result.get("warnings") or []:
+            cli.console.print(warning, markup=False, highlight=False)
 
 
 @rollout_app.command("list")
@@ -169,6 +174,15 @@ def _status(cli: CliContext, rollout: dict[str, Any]) -> None:
     cli.console.print(_frame(rollout))
 
 
+def _pause_text(pause: dict[str, Any]) -> str:
+    """`at 2026-12-14 10:13:00 because …`: the reason is the one of when it paused (the
+    gates table below may show newer numbers)."""
+    if not pause.get("reason"):
+        return "-"
+    since = pause.get("since")
+    return f"at {_time_text(since)} because {pause['reason']}" if since else pause["reason"]
+
+
 def _frame(rollout: dict[str, Any]) -> Group:
     """One view of a rollout: what `status` prints and `watch` redraws."""
     from rich.console import Group
@@ -190,7 +204,7 @@ def _frame(rollout: dict[str, Any]) -> Group:
         ("nodes", _counts_text(rollout["counts"])),
         ("bake left", _duration_text(rollout.get("bake_left_s"))),
         ("waiting", rollout.get("hold") or "-"),
-        ("paused", pause.get("reason") or "-"),
+        ("paused", _pause_text(pause)),
         ("controls", " ".join(rollout.get("controls") or []) or "-"),
         (
             "last decision",
@@ -290,14 +304,53 @@ def rollout_watch(
             else:
                 _status(cli, found)
             return
+        deadline = time.monotonic() + timeout
+        if not cli.console.is_terminal:
+            _watch_lines(
+                cli,
+                found,
+                lambda: api.json("GET", path, params={"decisions": 5}),
+                interval,
+                deadline,
+            )
+            return
         from rich.live import Live
 
-        deadline = time.monotonic() + timeout
         with Live(_frame(found), console=cli.console, refresh_per_second=4) as live:
             while found["status"] not in ENDED and time.monotonic() < deadline:
-                time.sleep(interval)
+                _sleep(interval)
                 found = api.json("GET", path, params={"decisions": 5})
                 live.update(_frame(found))
+
+
+def _watch_line(rollout: dict[str, Any]) -> str:
+    """`watch` to a file or pipe, one line: status, nodes per phase, the last decision."""
+    last = rollout.get("last") or {}
+    decision = f"{last.get('kind')}: {last.get('text')}" if last else "-"
+    return f"{rollout['label']} | nodes {_counts_text(rollout['counts'])} | last {decision}"
+
+
+def _watch_lines(
+    cli: CliContext,
+    found: dict[str, Any],
+    poll: Callable[[], dict[str, Any]],
+    interval: float,
+    deadline: float,
+) -> None:
+    """A line, stamped with the rollout's `updated_at`, each time it reads differently,
+    flushed at once (a log file or `| tee` shows progress as it happens)."""
+    shown = ""
+    while True:
+        line = _watch_line(found)
+        if line != shown:
+            stamp = _time_text(found.get("updated_at"))
+            cli.console.file.write(f"{stamp} {line}\n")
+            cli.console.file.flush()
+            shown = line
+        if found["status"] in ENDED or time.monotonic() >= deadline:
+            return
+        _sleep(interval)
+        found = poll()
 
 
 def _command(ctx: typer.Context, rollout_id: str, command: str, note: str) -> None:

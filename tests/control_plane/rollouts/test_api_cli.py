@@ -14,6 +14,7 @@ import pytest
 
 from control_plane.access.roles import Role
 from control_plane.access.service import SYSTEM
+from control_plane.cli.commands import rollouts as rollout_commands
 from control_plane.cli.release import ReleaseClient
 from control_plane.registry import sample_models
 from control_plane.storage import session_factory
@@ -90,6 +91,9 @@ def test_the_rollout_commands_round_trip(cli: Cli, fleet: list[str], tmp_path: P
     paused = cli.json("rollout", "pause", rollout, "--note", "checking the gate camera")
     assert paused["status"] == "paused"
     assert "checking the gate camera" in paused["pause"]["reason"]
+    code, out, _ = cli.run("rollout", "status", rollout)
+    since = paused["pause"]["since"][:19].replace("T", " ")
+    assert code == 0 and f"at {since} because " in out
     resumed = cli.json("rollout", "resume", rollout)
     assert resumed["status"] == "running"
     code, _, err = cli.run("rollout", "promote", rollout)
@@ -191,3 +195,61 @@ def test_status_shows_the_shadow_stage_with_its_nodes(cli: Cli, fleet: list[str]
     assert "queued=3" in rows["stage 1 of 1 (100%)"]
     assert "assigned" not in rows["stage 1 of 1 (100%)"]
     assert "running" in rows[shadow] and "120" in rows[shadow]
+
+    # Ended, its nodes show what they ended as, not the phase they were left in.
+    back = cli.json("rollout", "rollback", rollout, "--note", "wrong build")
+    assert back["status"] == "rolled-back"
+    assert back["counts"] == {"never-started": 3, "shadow-cleared": 1}
+    assert back["stage_counts"] == {"0": {"shadow-cleared": 1}, "1": {"never-started": 3}}
+    assert [(n["phase"], n["state"], n["frames_compared"]) for n in back["shadow_nodes"]] == [
+        ("shadow-cleared", "", 120)
+    ]
+    (listed,) = cli.json("rollout", "list")
+    assert listed["counts"] == {"never-started": 3, "shadow-cleared": 1}
+    code, out, _ = cli.run("rollout", "status", rollout)
+    assert code == 0 and "never-started=3 shadow-cleared=1" in out and "running" not in out
+
+
+def test_create_warns_of_a_stage_short_of_controls(cli: Cli, fleet: list[str]) -> None:
+    # Four nodes, two canaries: two stay on 1.0.0, fewer than the three controls wanted.
+    short = [*CREATE, "--stages", "2,100%", "--bake", "5m", "--spread", "site"]
+    code, out, err = cli.run(*short, "--dry-run")
+    assert code == 0, err
+    assert "warning: stage 1 of 2 (2) has 2 controls, fewer than 3" in out
+    code, out, err = cli.run(*short)
+    assert code == 0, err
+    assert "warning: stage 1 of 2 (2) has 2 controls, fewer than 3" in out
+    assert "--control none" in out
+
+
+def test_watch_to_a_pipe_prints_a_line_per_change(
+    cli: Cli, fleet: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    created = cli.json(*CREATE, *OPTIONS)
+    rollout = created["id"]
+    steps = iter(
+        [
+            lambda: cli.server.services.rollouts.tick(),  # pending → running
+            lambda: None,  # nothing changed: no line
+            lambda: httpx.post(
+                f"{cli.server.url}/v1/rollouts/{rollout}/abort",
+                headers={"Authorization": f"Bearer {cli.server.admin_token}"},
+                json={"note": "stop"},
+            ).raise_for_status(),
+        ]
+    )
+    written: list[str] = []
+
+    def step(_: float) -> None:
+        written.append(cli.capsys.readouterr().out)  # what was out before this poll
+        next(steps)()
+
+    monkeypatch.setattr(rollout_commands, "_sleep", step)
+    code, out, err = cli.run("rollout", "watch", rollout, "--interval", "0.2", "--timeout", "60")
+    assert code == 0, err
+    lines = [line for chunk in [*written, out] for line in chunk.splitlines()]
+    assert len(lines) == 3
+    assert "pending | nodes - | last " in lines[0]
+    assert "stage 1 of 2 (1) running | nodes queued=3 assigned=1 | last nodes-started: " in lines[1]
+    assert "aborted | nodes assigned=1 never-started=3 | last aborted: aborted by" in lines[2]
+    assert written[1].count("\n") == 1  # each line is out (flushed) before the next poll

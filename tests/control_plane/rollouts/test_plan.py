@@ -10,11 +10,15 @@ import pytest
 
 from control_plane.errors import ConflictError
 from control_plane.rollouts.plan import (
+    MIN_CONTROLS,
+    Candidate,
     FleetNode,
+    choose_controls,
     conflicts,
     dry_run,
     refuse_conflicts,
     spread_order,
+    stratum_of,
 )
 from control_plane.rollouts.spec import RolloutSpec, parse_rollout_spec
 
@@ -173,3 +177,59 @@ def test_overlap_counts_nodes_that_could_enrol_later() -> None:
 )
 def test_rollouts_that_cannot_share_a_node_do_not_conflict(other: dict[str, Any]) -> None:
     refuse_conflicts(spec(selector="site=a"), {"r-1": spec(**other)}, fleet(9))
+
+
+# ------------------------------------------------------------ small fleets
+
+
+def one_per_site(*sites: str, **labels: str) -> list[FleetNode]:
+    return [FleetNode(f"n-{site}", {"site": site, **labels}, "1.0") for site in sites]
+
+
+def test_one_node_per_site_still_gets_controls_filled_in_from_other_sites() -> None:
+    nodes = one_per_site("east", "west", "north", "south")
+    plan = dry_run(spec(stages="shadow:1,1,100%", spread="site,hardware"), nodes)
+    canary = plan.stages[1]
+    assert len(canary.controls) == MIN_CONTROLS
+    assert set(canary.controls) == {n.id for n in nodes} - set(canary.nodes)
+    assert canary.filled == canary.controls  # no other node at the canary's site
+    assert plan.warnings() == ()
+    assert "(all from other strata: none left in the canaries' own)" in plan.summary()
+    assert "site=east,hardware=(none) 1" in plan.summary()
+    assert "shadow (1): 1 node runs it beside its model: " in plan.summary()
+
+
+def test_filled_in_controls_prefer_the_same_hardware_and_matched_ones_come_first() -> None:
+    nodes = [
+        FleetNode("n-a1", {"site": "a", "hardware": "x"}, "1.0"),
+        FleetNode("n-a2", {"site": "a", "hardware": "x"}, "1.0"),
+        FleetNode("n-a-y", {"site": "a", "hardware": "y"}, "1.0"),
+        FleetNode("n-b-x", {"site": "b", "hardware": "x"}, "1.0"),
+        FleetNode("n-c-x", {"site": "c", "hardware": "x"}, "1.0"),
+        FleetNode("n-c-y", {"site": "c", "hardware": "y"}, "1.0"),
+    ]
+    canary_strata = {"site=a,hardware=x": 1}
+    pool = [
+        Candidate(n.id, stratum_of(n.labels, ("site", "hardware")), True, rank)
+        for rank, n in enumerate(nodes[1:])
+    ]
+    chosen = choose_controls(canary_strata, pool)
+    assert chosen.matched == ("n-a2",)
+    # Same hardware elsewhere (b, c) before another hardware at the same site.
+    assert set(chosen.filled) == {"n-b-x", "n-c-x"}
+    assert chosen.all == chosen.matched + chosen.filled
+    assert choose_controls(canary_strata, list(reversed(pool))) == chosen  # order-free
+
+
+def test_a_stage_short_of_controls_is_warned_about_with_what_to_do() -> None:
+    plan = dry_run(spec(stages="1,100%", spread="site,hardware"), one_per_site("east", "west"))
+    (warning,) = plan.warnings()
+    assert warning.startswith("warning: stage 1 of 2 (1) has 1 control, fewer than 3")
+    assert "--control none" in warning
+    assert warning in plan.summary()
+    # 100 %: nobody stays behind to compare with, which is no shortage; none asked: none.
+    assert not plan.stages[-1].short_of_controls
+    assert dry_run(spec(stages="1,100%", control="none"), one_per_site("e", "w")).warnings() == ()
+    assert "controls: none (" not in plan.summary()
+    one = dry_run(spec(stages="100%"), one_per_site("east"))
+    assert "matched 1 node: 1 to update" in one.summary()

@@ -384,7 +384,7 @@ async def the_rollouts(
     # No wait for baselines: every node reports 1.3.0 while the shadow stage runs.
     await until(lambda: all(settled_on(fp, n, "1.3.0") for n in nodes), timeout=30)
     plan, shadowed = await create(fp, capsys, "1.4.0", gates, stages="shadow:1,1,100%")
-    assert "shadow (1): 1 nodes run it beside their model" in plan, plan
+    assert "shadow (1): 1 node runs it beside its model" in plan, plan
     info = await follow(fp, clock, shadowed, lambda i: i.state.status in ENDED)
     assert info.state.status == "done", [d.text for d in info.decisions]
     passed = [d for d in info.decisions if d.kind == "stage-passed"]

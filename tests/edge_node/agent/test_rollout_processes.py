@@ -208,7 +208,7 @@ async def the_shadow_stage(
     before = {n: len(assignments(fp, n)) for n in nodes.ids}
 
     plan, rollout = await create(fp, capsys, CANDIDATE, gates, stages="shadow:1,1,100%")
-    assert "shadow (1): 1 nodes run it beside their model" in plan, plan
+    assert "shadow (1): 1 node runs it beside its model" in plan, plan
     assert "stage 1 of 2 (1): +1 → 1 of 4" in plan and "controls: none" in plan, plan
     info = await follow(
         fp,
