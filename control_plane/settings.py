@@ -116,10 +116,11 @@ class ServerSettings(BaseSettings):
     # Rollouts: the controller's loop (every replica may run it: leases), and webhooks.
     rollout_controller: bool = Field(default=True, description="step rollouts on this replica")
     keys_dir: Path | None = Field(
-        default=None, description="online-keys/ and director/, shared by replicas; default data_dir"
+        default=None,
+        description="online-keys/, director/, ca/ (shared by replicas); default data_dir",
     )
     init_keys: bool = Field(
-        default=False, description="make a missing director key on a control plane in use"
+        default=False, description="make a missing director key or CA on a control plane in use"
     )
     director_signer_uri: str | None = Field(
         default=None, description="securesystemslib signer URI of the director key"
