@@ -52,7 +52,7 @@ from control_plane.rollouts.service import RolloutConfig, RolloutService
 from control_plane.storage.db import create_engine_for, migrate, session_factory
 from control_plane.storage.models import FleetRow, NodeRow
 from control_plane.trust.keys import load_public_key
-from control_plane.trust.signer import FileOnlineKeyStore, signer_from_uri
+from control_plane.trust.signer import FileOnlineKeyStore, load_online_key_uris, signer_from_uri
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +98,9 @@ class ServiceConfig:
     # awskms:, azurekms:, hsm:) and its public key file; None: <keys_dir>/director/.
     director_signer_uri: str | None = None
     director_public_key: Path | None = None
+    # A JSON file {fleet: {role: {"uri", "public_key"}}}: those online keys are opened
+    # behind securesystemslib signer URIs, the rest are files in <keys_dir>/online-keys/.
+    online_signer_uris: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,12 +223,15 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     make_private_dirs(config.data_dir)
     # Validate the cheap settings before touching the database.
     store = artifact_store_from_url(config.artifacts_url, max_length=config.max_artifact_bytes)
+    online_uris = (
+        {} if config.online_signer_uris is None else load_online_key_uris(config.online_signer_uris)
+    )
     engine = create_engine_for(config.database_url)
     migrate(engine)
     sessions = session_factory(engine)
     clock = clock or SystemClock()
     keys_dir = config.keys_dir or config.data_dir
-    keys = FileOnlineKeyStore(keys_dir / "online-keys")
+    keys = FileOnlineKeyStore(keys_dir / "online-keys", online_uris)
     director_dir = keys_dir / "director"
     director_keys = DirectorKeyring(director_dir, _director_signer(config, director_dir, sessions))
     registry = RegistryService(

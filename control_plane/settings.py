@@ -128,6 +128,10 @@ class ServerSettings(BaseSettings):
     director_public_key: Path | None = Field(
         default=None, description="the director key's public key file (with the URI)"
     )
+    online_signer_uris: Path | None = Field(
+        default=None,
+        description="JSON {fleet: {role: {uri, public_key}}}: online keys behind signer URIs",
+    )
     rollout_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
     rollout_lease_s: float = Field(
         default=60.0, ge=5, le=3600, description="a replica that stops holds its rollouts this long"
