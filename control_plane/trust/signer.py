@@ -225,12 +225,17 @@ class FileOnlineKeyStore:
 
     def new_keys(self, fleet: str) -> dict[str, Key]:
         """Fresh online keys for a rotation (`<role>.<keyid>.key`); nothing signs with
-        them until a root naming them is accepted (see `holds`)."""
+        them until a root naming them is accepted (see `holds`). A role listed behind a
+        signer URI gets that key instead: `keys rotate-online` moves a fleet onto it."""
         _check_fleet(fleet)
         fleet_dir = self._dir / fleet
         make_private_dirs(fleet_dir)
         made: dict[str, Key] = {}
         for role in ONLINE_ROLES:
+            held = self._uris.get(fleet, {}).get(role)
+            if held is not None:
+                made[role] = self._uri_signer(fleet, role, held).public_key
+                continue
             signer = generate_signer()
             keyid = signer.public_key.keyid
             save_private_key(fleet_dir / f"{role}.{keyid}.key", signer, None, exclusive=True)

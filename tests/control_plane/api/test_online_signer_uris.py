@@ -7,8 +7,10 @@ import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from securesystemslib.signer import Key, SSlibKey
 from tuf.api.metadata import Metadata, Root, Targets, Timestamp
 
 from control_plane.access.service import SYSTEM
@@ -27,6 +29,11 @@ from control_plane.trust.signer import load_online_key_uris
 from tests.control_plane.conftest import LiveServer
 
 FLEET = "harbour"
+
+
+def server_key(entry: dict[str, Any]) -> Key:
+    rest = dict(entry)
+    return SSlibKey.from_dict(str(rest.pop("keyid")), rest)
 
 
 def kms_key(directory: Path, name: str) -> tuple[str, str]:
@@ -58,28 +65,6 @@ def test_a_root_rotation_moves_the_timestamp_key_behind_a_signer_uri(
     }
     (kms / "uris.json").write_text(json.dumps(mapping))
 
-    old = live_server.services.registry
-    root = Metadata[Root].from_bytes(old.metadata_file(FLEET, "root.json"))
-    targets = Metadata[Targets].from_bytes(old.metadata_file(FLEET, "targets.json"))
-    now = datetime.now(UTC)
-    new_root = tufrepo.build_next_root(
-        root,
-        release_keys=[root.signed.get_key(k) for k in root.signed.roles["targets"].keyids],
-        online_keys={
-            "snapshot": root.signed.get_key(root.signed.roles["snapshot"].keyids[0]),
-            "timestamp": load_online_key_uris(kms / "uris.json")[FLEET]["timestamp"].public_key,
-        },
-        expires=now + timedelta(days=30),
-    )
-    keyset.sign_root(new_root)
-    new_targets = tufrepo.resigned_targets(targets, expires=now + timedelta(days=7))
-    keyset.sign_targets(new_targets)
-    root_bytes, targets_bytes = tufrepo.to_bytes(new_root), tufrepo.to_bytes(new_targets)
-
-    # A server without the mapping holds no such key: the root is refused.
-    with pytest.raises(EdgefleetError, match=keyid):
-        old.rotate_root(SYSTEM, FLEET, root_bytes, targets_bytes)
-
     replica = build_services(
         dataclasses.replace(
             service_config,
@@ -89,6 +74,28 @@ def test_a_root_rotation_moves_the_timestamp_key_behind_a_signer_uri(
         )
     )
     try:
+        # What `keys rotate-online` asks for: the listed role gets its URI key.
+        raw = replica.registry.new_online_keys(SYSTEM, FLEET)
+        assert raw["timestamp"]["keyid"] == keyid
+        online = {role: server_key(entry) for role, entry in raw.items()}
+        old = live_server.services.registry
+        root = Metadata[Root].from_bytes(old.metadata_file(FLEET, "root.json"))
+        targets = Metadata[Targets].from_bytes(old.metadata_file(FLEET, "targets.json"))
+        now = datetime.now(UTC)
+        new_root = tufrepo.build_next_root(
+            root,
+            release_keys=[root.signed.get_key(k) for k in root.signed.roles["targets"].keyids],
+            online_keys=online,
+            expires=now + timedelta(days=30),
+        )
+        keyset.sign_root(new_root)
+        new_targets = tufrepo.resigned_targets(targets, expires=now + timedelta(days=7))
+        keyset.sign_targets(new_targets)
+        root_bytes, targets_bytes = tufrepo.to_bytes(new_root), tufrepo.to_bytes(new_targets)
+
+        # A server without the mapping holds no such key: the root is refused.
+        with pytest.raises(EdgefleetError, match=keyid):
+            old.rotate_root(SYSTEM, FLEET, root_bytes, targets_bytes)
         replica.registry.rotate_root(SYSTEM, FLEET, root_bytes, targets_bytes)
         served = Metadata[Timestamp].from_bytes(
             replica.registry.metadata_file(FLEET, "timestamp.json")
