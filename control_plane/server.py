@@ -73,6 +73,7 @@ def service_config(settings: ServerSettings) -> ServiceConfig:
         init_keys=settings.init_keys,
         director_signer_uri=settings.director_signer_uri,
         director_public_key=settings.director_public_key,
+        online_signer_uris=settings.online_signer_uris,
     )
 
 

@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -35,7 +35,7 @@ from control_plane.health.config import HealthConfig
 from control_plane.health.processor import HealthProcessor
 from control_plane.health.queries import HealthQueries
 from control_plane.health.retention import HealthRetention
-from control_plane.identity.ca import CertificateAuthority
+from control_plane.identity.ca import CA_KEY_FILE, CertificateAuthority
 from control_plane.link.broker_accounts import BrokerAccounts, FileExportAccounts
 from control_plane.link.desired import MqttDelivery
 from control_plane.link.grpc_server import GrpcLinkConfig, GrpcLinkServer
@@ -52,7 +52,7 @@ from control_plane.rollouts.service import RolloutConfig, RolloutService
 from control_plane.storage.db import create_engine_for, migrate, session_factory
 from control_plane.storage.models import FleetRow, NodeRow
 from control_plane.trust.keys import load_public_key
-from control_plane.trust.signer import FileOnlineKeyStore, signer_from_uri
+from control_plane.trust.signer import FileOnlineKeyStore, load_online_key_uris, signer_from_uri
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ class ServiceConfig:
     rollout_controller: bool = True
     # Where rollout decisions and alerts are POSTed (none: nowhere).
     webhooks: WebhookConfig | None = None
-    # Where the server's keys live (online-keys/, director/); shared by every replica.
+    # Where the server's keys live (online-keys/, director/, ca/); shared by every replica.
     # None: the data dir. A missing director key is made only for a fresh control plane
     # or with `init_keys` (ADR 0045).
     keys_dir: Path | None = None
@@ -98,6 +98,9 @@ class ServiceConfig:
     # awskms:, azurekms:, hsm:) and its public key file; None: <keys_dir>/director/.
     director_signer_uri: str | None = None
     director_public_key: Path | None = None
+    # A JSON file {fleet: {role: {"uri", "public_key"}}}: those online keys are opened
+    # behind securesystemslib signer URIs, the rest are files in <keys_dir>/online-keys/.
+    online_signer_uris: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,12 +223,15 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     make_private_dirs(config.data_dir)
     # Validate the cheap settings before touching the database.
     store = artifact_store_from_url(config.artifacts_url, max_length=config.max_artifact_bytes)
+    online_uris = (
+        {} if config.online_signer_uris is None else load_online_key_uris(config.online_signer_uris)
+    )
     engine = create_engine_for(config.database_url)
     migrate(engine)
     sessions = session_factory(engine)
     clock = clock or SystemClock()
     keys_dir = config.keys_dir or config.data_dir
-    keys = FileOnlineKeyStore(keys_dir / "online-keys")
+    keys = FileOnlineKeyStore(keys_dir / "online-keys", online_uris)
     director_dir = keys_dir / "director"
     director_keys = DirectorKeyring(director_dir, _director_signer(config, director_dir, sessions))
     registry = RegistryService(
@@ -242,7 +248,7 @@ def build_services(config: ServiceConfig, *, clock: Clock | None = None) -> Serv
     )
     access = AccessService(sessions, clock)
     access.bootstrap_admin(config.data_dir / "admin-token")
-    ca = CertificateAuthority.load_or_create(config.data_dir / "ca", now=clock.now())
+    ca = _certificate_authority(config, keys_dir, sessions, clock.now())
     nodes = build_node_services(sessions, ca, clock, config.nodes, accounts=broker_accounts(config))
     delivery = FanOutDelivery()
     health = build_health(sessions, clock, config.health)
@@ -370,3 +376,28 @@ def _director_signer(
             and session.scalar(select(NodeRow.id).limit(1)) is None
         )
     return load_or_create_director_key(directory, create=fresh or config.init_keys)
+
+
+def _certificate_authority(
+    config: ServiceConfig, keys_dir: Path, sessions: sessionmaker[Session], now: datetime
+) -> CertificateAuthority:
+    """The node CA: `<keys_dir>/ca/`, or an existing `<data_dir>/ca/` (where it lived
+    before the keys directory held it; read, never moved). A new one is made only for a
+    control plane with no node yet, or with `init_keys`: every enrolled node trusts the
+    old one and would refuse the server certificate a new CA signs."""
+    shared = keys_dir / "ca"
+    legacy = config.data_dir / "ca"
+    if not (shared / CA_KEY_FILE).exists() and (legacy / CA_KEY_FILE).exists():
+        return CertificateAuthority.load_or_create(legacy, now=now)
+    if not (shared / CA_KEY_FILE).exists() and not config.init_keys:
+        with sessions() as session:
+            if session.scalar(select(NodeRow.id).limit(1)) is not None:
+                raise UnavailableError(
+                    f"the node CA {shared / CA_KEY_FILE} is missing, and this control plane "
+                    "already has nodes: a new CA would sign a server certificate every node "
+                    "refuses. Restore it (every replica must share the keys directory, "
+                    "--keys-dir), or start once with --init-keys to make a new one and then "
+                    "re-enroll every node",
+                    path=str(shared / CA_KEY_FILE),
+                )
+    return CertificateAuthority.load_or_create(shared, now=now)

@@ -116,16 +116,21 @@ class ServerSettings(BaseSettings):
     # Rollouts: the controller's loop (every replica may run it: leases), and webhooks.
     rollout_controller: bool = Field(default=True, description="step rollouts on this replica")
     keys_dir: Path | None = Field(
-        default=None, description="online-keys/ and director/, shared by replicas; default data_dir"
+        default=None,
+        description="online-keys/, director/, ca/ (shared by replicas); default data_dir",
     )
     init_keys: bool = Field(
-        default=False, description="make a missing director key on a control plane in use"
+        default=False, description="make a missing director key or CA on a control plane in use"
     )
     director_signer_uri: str | None = Field(
         default=None, description="securesystemslib signer URI of the director key"
     )
     director_public_key: Path | None = Field(
         default=None, description="the director key's public key file (with the URI)"
+    )
+    online_signer_uris: Path | None = Field(
+        default=None,
+        description="JSON {fleet: {role: {uri, public_key}}}: online keys behind signer URIs",
     )
     rollout_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
     rollout_lease_s: float = Field(

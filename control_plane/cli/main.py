@@ -118,7 +118,7 @@ def server(
     keys_dir: Annotated[
         Path | None,
         typer.Option(
-            help="online-keys/ and director/, the same for every replica [default: data dir]"
+            help="online-keys/, director/ and ca/, the same for every replica [default: data dir]"
         ),
     ] = None,
     init_keys: Annotated[

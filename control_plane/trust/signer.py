@@ -1,15 +1,18 @@
 """The control plane's online keys (snapshot, timestamp) behind one port.
 
 `OnlineSigner` is the port the registry uses; `FileOnlineKeyStore` keeps one Ed25519
-key per fleet and role in files. It never holds root or release keys.
+key per fleet and role in files, or opens it behind a securesystemslib signer URI for the
+fleets and roles an `OnlineKeyUris` mapping lists. It never holds root or release keys.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -26,13 +29,100 @@ from securesystemslib.signer import (
 )
 from tuf.api.metadata import Metadata
 
-from control_plane.errors import InvalidInputError, UnavailableError
+from control_plane.errors import EdgefleetError, InvalidInputError, UnavailableError
 from control_plane.fsutil import make_private_dirs
-from control_plane.trust.keys import generate_signer, load_signer, save_private_key
+from control_plane.trust.keys import (
+    generate_signer,
+    load_public_key,
+    load_signer,
+    save_private_key,
+)
 from control_plane.trust.repository import ONLINE_ROLES
 
 FLEET_DIR_PATTERN: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 KEYID_PATTERN: Final = re.compile(r"[0-9a-f]{64}")
+MAX_URI_FILE_BYTES: Final = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineKeyUri:
+    """An online key held behind a securesystemslib signer URI, and its public key."""
+
+    uri: str
+    public_key: Key
+
+
+# fleet -> role -> the key behind a URI
+OnlineKeyUris = Mapping[str, Mapping[str, OnlineKeyUri]]
+
+
+def load_online_key_uris(path: Path) -> dict[str, dict[str, OnlineKeyUri]]:
+    """Parse `{fleet: {role: {"uri": ..., "public_key": <.pub file>}}}` (JSON).
+
+    A relative `public_key` is resolved against the file's directory. Every error is
+    InvalidInputError naming the file and the entry, so a bad mapping stops the server
+    at startup; the signers themselves are opened when first used.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        if len(raw) > MAX_URI_FILE_BYTES:
+            raise ValueError(f"larger than {MAX_URI_FILE_BYTES} bytes")
+        doc = json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(
+            f"online signer URIs {path}: cannot read it: {exc}", path=str(path)
+        ) from exc
+    if not isinstance(doc, dict):
+        raise InvalidInputError(
+            f"online signer URIs {path}: expected {{fleet: {{role: {{uri, public_key}}}}}}",
+            path=str(path),
+        )
+    found: dict[str, dict[str, OnlineKeyUri]] = {}
+    for fleet, roles in doc.items():
+        if not isinstance(fleet, str) or not FLEET_DIR_PATTERN.fullmatch(fleet):
+            raise InvalidInputError(
+                f"online signer URIs {path}: {fleet!r} is not a fleet name", path=str(path)
+            )
+        if not isinstance(roles, dict) or not roles:
+            raise InvalidInputError(
+                f"online signer URIs {path}: fleet {fleet!r}: expected {{role: {{uri, "
+                "public_key}}}",
+                path=str(path),
+            )
+        for role, entry in roles.items():
+            found.setdefault(fleet, {})[role] = _uri_entry(path, fleet, role, entry)
+    return found
+
+
+def _uri_entry(path: Path, fleet: str, role: str, entry: Any) -> OnlineKeyUri:
+    where = f"online signer URIs {path}: {fleet}/{role}"
+    if role not in ONLINE_ROLES:
+        raise InvalidInputError(
+            f"{where}: {role!r} is not an online role ({', '.join(ONLINE_ROLES)})",
+            path=str(path),
+        )
+    if (
+        not isinstance(entry, dict)
+        or set(entry) != {"uri", "public_key"}
+        or not all(isinstance(v, str) and v for v in entry.values())
+    ):
+        raise InvalidInputError(
+            f'{where}: expected {{"uri": "<scheme>:...", "public_key": "<.pub file>"}}',
+            path=str(path),
+        )
+    scheme = entry["uri"].partition(":")[0]
+    if scheme not in SIGNER_FOR_URI_SCHEME:
+        raise InvalidInputError(
+            f"{where}: unknown scheme {scheme!r}; securesystemslib signs with "
+            f"{', '.join(sorted(SIGNER_FOR_URI_SCHEME))}",
+            path=str(path),
+        )
+    try:
+        public = load_public_key(path.parent / entry["public_key"])
+    except (OSError, EdgefleetError) as exc:
+        raise InvalidInputError(f"{where}: {exc}", path=str(path)) from exc
+    return OnlineKeyUri(entry["uri"], public)
 
 
 class OnlineSigner(ABC):
@@ -60,7 +150,7 @@ def _check_role(role: str) -> None:
 
 
 class _KeyFileSigner(OnlineSigner):
-    def __init__(self, signers: dict[str, CryptoSigner]) -> None:
+    def __init__(self, signers: Mapping[str, Signer]) -> None:
         self._signers = signers
 
     def public_key(self, role: str) -> Key:
@@ -81,20 +171,28 @@ class FileOnlineKeyStore:
     Old keys stay on disk until the operator deletes them (docs/operator-guide.md).
 
     The keys are stored unencrypted with mode 0600: the process must be able to sign
-    unattended. A KMS/HSM-backed `OnlineSigner` (securesystemslib's AWS/GCP/Azure/HSM
-    signers) replaces this store in production.
+    unattended. A fleet and role listed in `uris` is signed instead by the key behind its
+    securesystemslib signer URI (KMS, Vault, HSM; ADR 0045) whenever the fleet's root
+    names that key (or names none yet: a new fleet starts with it); the key files serve
+    everything else, so a fleet moves to a URI key with an online-key rotation.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, uris: OnlineKeyUris | None = None) -> None:
         self._dir = Path(directory)
+        self._uris = uris or {}
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str, str | None], CryptoSigner] = {}
+        self._uri_cache: dict[tuple[str, str], Signer] = {}
 
     def ensure_keys(self, fleet: str) -> dict[str, Key]:
         """The public keys of the fleet's first online keys, creating them if absent."""
         _check_fleet(fleet)
         keys: dict[str, Key] = {}
         for role in ONLINE_ROLES:
+            held = self._uris.get(fleet, {}).get(role)
+            if held is not None:
+                keys[role] = self._uri_signer(fleet, role, held).public_key
+                continue
             signer = self._first(fleet, role, create=True)
             if signer is None:
                 raise AssertionError("unreachable: a created key is never None")
@@ -109,9 +207,13 @@ class FileOnlineKeyStore:
         fail loudly: fresh keys would sign metadata that every node rejects.
         """
         _check_fleet(fleet)
-        signers: dict[str, CryptoSigner] = {}
+        signers: dict[str, Signer] = {}
         for role in ONLINE_ROLES:
             keyid = None if keyids is None else keyids.get(role)
+            held = self._uris.get(fleet, {}).get(role)
+            if held is not None and keyid in (None, held.public_key.keyid):
+                signers[role] = self._uri_signer(fleet, role, held)
+                continue
             first = self._first(fleet, role, create=False, required=keyid is None)
             if first is not None and (keyid is None or first.public_key.keyid == keyid):
                 signers[role] = first
@@ -123,12 +225,17 @@ class FileOnlineKeyStore:
 
     def new_keys(self, fleet: str) -> dict[str, Key]:
         """Fresh online keys for a rotation (`<role>.<keyid>.key`); nothing signs with
-        them until a root naming them is accepted (see `holds`)."""
+        them until a root naming them is accepted (see `holds`). A role listed behind a
+        signer URI gets that key instead: `keys rotate-online` moves a fleet onto it."""
         _check_fleet(fleet)
         fleet_dir = self._dir / fleet
         make_private_dirs(fleet_dir)
         made: dict[str, Key] = {}
         for role in ONLINE_ROLES:
+            held = self._uris.get(fleet, {}).get(role)
+            if held is not None:
+                made[role] = self._uri_signer(fleet, role, held).public_key
+                continue
             signer = generate_signer()
             keyid = signer.public_key.keyid
             save_private_key(fleet_dir / f"{role}.{keyid}.key", signer, None, exclusive=True)
@@ -139,7 +246,11 @@ class FileOnlineKeyStore:
         """True when this store holds the private key `keyid` for the fleet's `role`."""
         _check_fleet(fleet)
         _check_role(role)
+        held = self._uris.get(fleet, {}).get(role)
         try:
+            if held is not None and held.public_key.keyid == keyid:
+                self._uri_signer(fleet, role, held)  # reachable and the same key
+                return True
             first = self._first(fleet, role, create=False, required=False)
             if first is not None and first.public_key.keyid == keyid:
                 return True
@@ -147,6 +258,13 @@ class FileOnlineKeyStore:
         except (UnavailableError, InvalidInputError):
             return False
         return True
+
+    def _uri_signer(self, fleet: str, role: str, held: OnlineKeyUri) -> Signer:
+        with self._lock:
+            cached = self._uri_cache.get((fleet, role))
+            if cached is None:
+                cached = self._uri_cache[(fleet, role)] = signer_from_uri(held.uri, held.public_key)
+            return cached
 
     def _first(
         self, fleet: str, role: str, *, create: bool, required: bool = True

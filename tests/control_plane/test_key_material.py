@@ -5,6 +5,8 @@ securesystemslib signer (ADR 0045)."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,10 @@ from control_plane.errors import InvalidInputError, UnavailableError
 from control_plane.services import ServiceConfig, build_services
 from control_plane.trust.keys import generate_signer, save_private_key, save_public_key
 from control_plane.trust.signer import signer_from_uri
+from tests.control_plane.identity.helpers import make_csr
+from tests.control_plane.nodes.conftest import OPERATOR
+
+HOUR = timedelta(hours=1)
 
 
 def test_a_replica_without_the_director_key_refuses_to_start_unless_told_to_init(
@@ -48,6 +54,63 @@ def test_a_replica_without_the_director_key_refuses_to_start_unless_told_to_init
         assert forced.director.director_public_key()["keyid"] != keyid
     finally:
         forced.close()
+
+
+def test_a_replica_shares_the_node_ca_and_one_without_it_makes_none_once_nodes_exist(
+    service_config: ServiceConfig, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    first = build_services(dataclasses.replace(service_config, keys_dir=keys))
+    try:
+        first.registry.create_fleet(SYSTEM, "plant")
+        token, _ = first.nodes.tokens.create_bootstrap_token(OPERATOR, "plant", {}, HOUR)
+        first.nodes.enrollment.enroll(token, make_csr(), agent_version="0.1.0", transport="grpc")
+        ca_pem = first.ca.ca_pem
+    finally:
+        first.close()
+    assert (keys / "ca" / "ca.key").exists()
+    assert not (service_config.data_dir / "ca").exists()
+    # A replica with its own data dir and the shared keys directory: the same CA.
+    shared = dataclasses.replace(service_config, data_dir=tmp_path / "replica", keys_dir=keys)
+    replica = build_services(shared)
+    try:
+        assert replica.ca.ca_pem == ca_pem
+    finally:
+        replica.close()
+    # A keys directory with the director key but no CA, and a node enrolled: refused.
+    (tmp_path / "empty-keys").mkdir()
+    shutil.copytree(keys / "director", tmp_path / "empty-keys" / "director")
+    lonely = dataclasses.replace(shared, keys_dir=tmp_path / "empty-keys")
+    with pytest.raises(UnavailableError, match=r"node CA .*ca\.key is missing.*nodes"):
+        build_services(lonely)
+    assert not (tmp_path / "empty-keys" / "ca" / "ca.key").exists()
+    forced = build_services(dataclasses.replace(lonely, init_keys=True))
+    try:
+        assert forced.ca.ca_pem != ca_pem  # on purpose: every node must re-enroll
+    finally:
+        forced.close()
+
+
+def test_a_ca_in_the_data_dir_is_still_used_when_the_keys_dir_has_none(
+    service_config: ServiceConfig, tmp_path: Path
+) -> None:
+    before = build_services(service_config)  # keys dir = data dir: <data-dir>/ca/
+    try:
+        ca_pem = before.ca.ca_pem
+    finally:
+        before.close()
+    # The operator adds a keys directory later; the director key moves, the CA need not.
+    keys = tmp_path / "keys"
+    (keys / "director").mkdir(parents=True)
+    (service_config.data_dir / "director" / "director.key").rename(
+        keys / "director" / "director.key"
+    )
+    after = build_services(dataclasses.replace(service_config, keys_dir=keys))
+    try:
+        assert after.ca.ca_pem == ca_pem
+    finally:
+        after.close()
+    assert not (keys / "ca").exists()
 
 
 def test_a_restored_data_dir_without_a_fleets_online_keys_makes_none(
