@@ -47,6 +47,8 @@ NODE_TIMEOUT_S = 90.0
 # the gates' next evaluation after it (once a minute).
 ROLLOUT_TIMEOUT_S = 240.0
 ROLLOUT_ENDED = ("done", "paused", "aborted", "rolled-back")
+# Health points on 1.1.0 before the rollout starts: the demo's gates need 5 pairs.
+BASELINE_POINTS = 8
 # A demo's minute of data: the gates' minimums lowered to it, memory not judged (a slope
 # needs a quarter of an hour of points); the thresholds are the defaults.
 DEMO_GATES = """\
@@ -356,6 +358,13 @@ aggregation:
         _wait_for(lambda: _results_seen(url, headers, node_id, "1.1.0", frames), node, "results")
         _cli(env, "nodes", "results", node_id, "--limit", "3")
 
+        # The canary is judged against its own numbers before the update: let the node
+        # report enough of them on 1.1.0 first (the gates pair them with the ones after).
+        _wait_for(
+            lambda: _baseline_ready(url, headers, node_id, "detector@1.1.0", frames),
+            node,
+            "a baseline on 1.1.0",
+        )
         if not _rollout(env, url, headers, work, node, frames):
             return False
 
@@ -514,6 +523,21 @@ def _events_seen(url: str, headers: dict[str, str], camera: Camera) -> str | Non
             return None
         seen.append(str(events[0]["event_id"]))
     return " ".join(seen)
+
+
+def _baseline_ready(
+    url: str, headers: dict[str, str], node_id: str, label: str, camera: Camera
+) -> int | None:
+    """The health store holds `BASELINE_POINTS` points with latency of `label` (what the
+    demo's gates pair with the canary's after the update; they need 5)."""
+    camera.shoot()
+    answer = httpx.get(
+        f"{url}/v1/nodes/{node_id}/health", params={"since": "10m"}, headers=headers, timeout=10
+    )
+    answer.raise_for_status()
+    points = answer.json()["points"]
+    found = sum(1 for point in points if label in json.dumps(point.get("latency") or {}))
+    return found if found >= BASELINE_POINTS else None
 
 
 def _health_seen(url: str, headers: dict[str, str], camera: Camera) -> str | None:
