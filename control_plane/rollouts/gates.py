@@ -1061,10 +1061,21 @@ def _latency_vs_baseline(
         "min_samples": least.baseline_pairs,
     }
     if len(pooled) < least.baseline_pairs:
-        return _short(
-            f"too few before/after p99 pairs: n={len(pooled)} (need {least.baseline_pairs})",
-            numbers,
+        reason = f"too few before/after p99 pairs: n={len(pooled)} (need {least.baseline_pairs})"
+        # Pairs grow only while a canary has intervals from before its update still
+        # unpaired: the baseline is in the past, so waiting cannot add to it.
+        growable = sum(
+            max(0, len(node.baseline_p99_s) - len(node.p99_s)) for node in samples.canaries
         )
+        if len(pooled) + growable < least.baseline_pairs:
+            numbers["baseline_intervals"] = sum(len(n.baseline_p99_s) for n in samples.canaries)
+            return _Verdict(
+                "inconclusive",
+                f"{reason}: the canaries' baselines hold too few intervals from before the "
+                "update, and waiting adds none",
+                numbers,
+            )
+        return _short(reason, numbers)
     # The fleet's own drift between the two spans (load, time of day), from controls that
     # have both; taken out only when the controls show one, since a few controls' median
     # is noise of its own.

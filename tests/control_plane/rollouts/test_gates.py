@@ -15,6 +15,7 @@ import pytest
 from control_plane.errors import InvalidInputError
 from control_plane.rollouts.gates import (
     GATE_NAMES,
+    SHORT_OF_DATA,
     AgreementGate,
     Counters,
     Decision,
@@ -357,10 +358,18 @@ def test_a_leak_over_the_ceiling_fails_without_controls() -> None:
 # ----------------------------------------------------------------------------- shadow
 
 
+def with_long_baseline(sample: NodeSamples) -> NodeSamples:
+    """Hours of intervals from before the update, as a node on the old version for
+    long has: pairs then grow with time after it."""
+    return replace(sample, baseline_p99_s=sample.baseline_p99_s * 10)
+
+
 def shadow_stage(*counts: ShadowCounts) -> Samples:
     rng = np.random.default_rng(23)
     nodes = [
-        replace(node(rng, f"s{i}", rss=False), shadow=count, counters=Counters(frames=100))
+        with_long_baseline(
+            replace(node(rng, f"s{i}", rss=False), shadow=count, counters=Counters(frames=100))
+        )
         for i, count in enumerate(counts)
     ]
     return Samples(START, START + timedelta(minutes=30), canaries=nodes, stage="shadow")
@@ -490,7 +499,8 @@ def test_an_overwhelming_error_rate_fails_below_the_minimum_exposure() -> None:
 
 
 def test_only_data_that_time_brings_keeps_a_stage_waiting() -> None:
-    thin = judge(fleet(6, canaries=1, minutes=12))
+    sample = fleet(6, canaries=1, minutes=12)
+    thin = judge(replace(sample, canaries=[with_long_baseline(n) for n in sample.canaries]))
     assert thin.outcome == "inconclusive"
     assert thin.waiting_for_data.startswith("latency_vs_control: too few p99 intervals")
     empty = judge(Samples(START, START + timedelta(minutes=30)))  # no counters at all
@@ -617,3 +627,19 @@ def test_hodges_lehmann_finds_a_shift_and_stays_bounded() -> None:
     big = rng.normal(0.0, 1.0, 100_000)
     wide = hodges_lehmann(big + 0.5, big, 0.98)  # thinned to 250,000 pairs
     assert wide.low < 0.5 < wide.high and wide.high - wide.low < 0.05
+
+
+def test_a_baseline_too_short_to_pair_is_not_waited_for() -> None:
+    """Pairs grow only while a canary has unpaired intervals from before its update: a
+    baseline of one interval per canary against a need of 50 is never filled by time."""
+    sample = fleet(8)
+    short = [replace(n, baseline_p99_s=n.baseline_p99_s[:1]) for n in sample.canaries]
+    gate = judge(replace(sample, canaries=short)).gate("latency_vs_baseline")
+    assert gate is not None and gate.outcome == "inconclusive"
+    assert gate.reason.endswith("waiting adds none") and gate.numbers["baseline_intervals"] == 3
+    assert SHORT_OF_DATA not in gate.numbers
+    # Before-intervals still unpaired: time brings pairs, so the stage waits for them.
+    early = [replace(n, p99_s=n.p99_s[:5]) for n in sample.canaries]
+    gate = judge(replace(sample, canaries=early)).gate("latency_vs_baseline")
+    assert gate is not None and gate.outcome == "inconclusive"
+    assert gate.numbers[SHORT_OF_DATA] is True
