@@ -24,6 +24,8 @@ __all__ = [
     "TrackBook",
     "Visit",
     "ZoneMembership",
+    "ZoneVisitConfig",
+    "ZoneVisitRule",
     "track_key",
     "wanted",
 ]
@@ -162,3 +164,43 @@ class ZoneMembership:
         visit.streak_provenance = set()
         visit.fired = False
         return True
+
+
+class ZoneVisitConfig(Protocol):
+    """What a rule over visits of one camera's zone is configured with."""
+
+    @property
+    def rule_id(self) -> str: ...
+    @property
+    def camera(self) -> str: ...
+    @property
+    def polygon(self) -> Polygon: ...
+    @property
+    def anchor(self) -> Anchor: ...
+    @property
+    def inertia(self) -> int: ...
+    @property
+    def lost_after_s(self) -> float: ...
+    @property
+    def max_tracks(self) -> int: ...
+
+
+class ZoneVisitRule:
+    """The part zone intrusion and dwell share: one camera, a zone with inertia, a
+    :class:`Visit` per track (bounded, expired), untracked detections counted."""
+
+    has_timers = False
+
+    def __init__(self, config: ZoneVisitConfig) -> None:
+        self.rule_id = config.rule_id
+        self.cameras: frozenset[str] | None = frozenset({config.camera})
+        self.zone = ZoneMembership(config.polygon, config.anchor, config.inertia)
+        self.visits: TrackBook[Visit] = TrackBook(config.lost_after_s, config.max_tracks)
+        self.untracked = 0
+
+    def state_size(self) -> int:
+        return len(self.visits)
+
+    def advance(self, at: float) -> list[Event]:
+        self.visits.expire(at)
+        return []

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from edge_node.aggregation.geometry import Anchor, Polygon
 from edge_node.aggregation.model import Entity, Event, Sighting, event_id
-from edge_node.aggregation.rules.base import TrackBook, Visit, ZoneMembership, track_key, wanted
+from edge_node.aggregation.rules.base import Visit, ZoneVisitRule, track_key, wanted
 
 __all__ = ["Dwell", "DwellConfig"]
 
@@ -37,23 +37,10 @@ class DwellConfig:
     max_tracks: int = 10_000
 
 
-class Dwell:
-    has_timers = False
-
+class Dwell(ZoneVisitRule):
     def __init__(self, config: DwellConfig) -> None:
+        super().__init__(config)
         self.config = config
-        self.rule_id = config.rule_id
-        self.cameras: frozenset[str] | None = frozenset({config.camera})
-        self.zone = ZoneMembership(config.polygon, config.anchor, config.inertia)
-        self.visits: TrackBook[Visit] = TrackBook(config.lost_after_s, config.max_tracks)
-        self.untracked = 0
-
-    def state_size(self) -> int:
-        return len(self.visits)
-
-    def advance(self, at: float) -> list[Event]:
-        self.visits.expire(at)
-        return []
 
     def observe(self, sighting: Sighting) -> list[Event]:
         config = self.config
