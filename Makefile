@@ -24,12 +24,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# Three workers, a test file per worker at a time (its module fixtures stay together);
-# most of the slow tests wait on processes, not on the CPU. The demo's end-to-end test
-# (about 2.5 min, mostly the node's bake) runs beside the rest from the start instead of
-# trailing it on one worker; its output follows the rest's, and either failing fails.
+# Two workers, a test file per worker at a time (its module fixtures stay together). The
+# demo's end-to-end test (about 2.5 min, mostly the node's bake) runs beside the rest
+# from the start instead of trailing it on one worker; its output follows the rest's, and
+# either failing fails.
 DEMO_TEST   := tests/test_demo.py
-PYTEST_ARGS ?= -n 3 --dist loadfile --ignore=$(DEMO_TEST)
+PYTEST_ARGS ?= -n 2 --dist loadfile --ignore=$(DEMO_TEST)
 
 pytest: $(STAMP)
 	@$(BIN)/pytest -q -p no:cacheprovider $(DEMO_TEST) > .pytest-demo.log 2>&1 & demo=$$!; \
