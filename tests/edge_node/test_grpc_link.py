@@ -117,7 +117,8 @@ class Server:
     async def start(self) -> None:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         link_pb2_grpc.add_NodeLinkServicer_to_server(self.script, server)
-        server.add_secure_port(
+        # Port 0 unless given: the kernel's pick, never one another worker took meanwhile.
+        self.port = server.add_secure_port(
             f"127.0.0.1:{self.port}",
             grpc.ssl_server_credentials(
                 [(self.pki.server_key_pem, self.pki.server_cert_pem)],
@@ -136,7 +137,7 @@ class Server:
 
 @pytest.fixture
 async def server(pki: Pki) -> AsyncIterator[Server]:
-    running = Server(pki, free_port())
+    running = Server(pki, 0)
     await running.start()
     try:
         yield running

@@ -209,7 +209,13 @@ async def test_a_pin_is_downloaded_self_tested_hot_swapped_and_shown(
         # last update status again (the Hello reset it on the control plane).
         async with running_agent(fp, data_dir, bootstrap_token=None) as agent:
             assert serving(agent) == second
-            await until(lambda: fp.reported(node_id).get("update") is not None)
+            # Until the new Hello is in, the control plane still shows the last run's status.
+            await until(
+                lambda: (
+                    (fp.reported(node_id).get("update") or {}).get("detail")
+                    == "served again after a restart"
+                )
+            )
             reported = fp.reported(node_id)
             assert reported["active_target"] == target_path("1.1.0")
             assert sorted(reported["installed_targets"]) == [
