@@ -5,10 +5,12 @@ with every argument written out — QDQ format, QInt8 activations and weights, M
 calibration, per-channel only when asked — because the library's defaults changed between
 releases (older ones made QOperator/QUInt8 models; ADR 0046). Calibration batches are the
 samples of a :class:`~control_plane.registry.model_data.SampleSet`, read through the
-node's own preprocessing. The result is checked before it is kept: ``onnx.checker``, loaded
-and run by ONNX Runtime, compared with the FP32 model on the calibration samples
-(:func:`~control_plane.registry.model_compare.compare_models`); only then is it moved into
-place (temp file in the same folder, fsync, ``os.replace``). A refused run writes nothing.
+node's own preprocessing; weights an exporter wrote as ``Constant`` nodes are made
+initializers first (ORT quantizes no other weight). The result is checked before it is
+kept: ``onnx.checker``, loaded and run by ONNX Runtime, compared with the FP32 model on the
+calibration samples (:func:`~control_plane.registry.model_compare.compare_models`); only
+then is it moved into place (temp file in the same folder, fsync, ``os.replace``). A
+refused run writes nothing.
 Beside it: the per-layer SQNR (``qdq_loss_debug``'s matching, judged per sample) and
 ``--auto-exclude``, a bounded search for the nodes to keep in float.
 
@@ -32,7 +34,14 @@ from control_plane.registry.model_compare import compare_models, number, percent
 from control_plane.registry.model_data import SampleSet
 from control_plane.registry.onnx_inspect import inspect_model
 
-__all__ = ["MAX_LAYERS_SHOWN", "QUANTIZED_OPS", "QuantizeOptions", "layer_errors", "quantize_model"]
+__all__ = [
+    "MAX_LAYERS_SHOWN",
+    "QUANTIZED_OPS",
+    "QuantizeOptions",
+    "layer_errors",
+    "quantize_model",
+    "weights_as_initializers",
+]
 
 MAX_LAYERS_SHOWN: Final = 20
 """The report lists this many tensors, worst first."""
@@ -171,6 +180,46 @@ def _quiet_advice() -> Iterator[None]:
         yield
     finally:
         root.removeFilter(dropped)
+
+
+def weights_as_initializers(source: Path, target: Path) -> tuple[Path, int]:
+    """``source`` with its ``Constant`` nodes' tensors turned into initializers, written to
+    ``target``: the model ONNX Runtime's quantizer is given, and how many were lifted.
+
+    ORT quantizes a weight only when it is an initializer; exporters that write every weight
+    as a ``Constant`` node (paddle2onnx: PP-OCR's det and cls hold no initializer at all)
+    would otherwise get float weights wrapped in calibrated Q/DQ pairs — a model larger and
+    slower than the FP32 one — and unquantized biases. The values and every other node (and
+    so every name --exclude may give) are unchanged; ``source`` itself is returned when
+    there is nothing to lift, or for IR < 4, whose initializers must also be graph inputs."""
+    import onnx
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    lifted = {
+        i
+        for i, node in enumerate(graph.node)
+        if node.op_type == "Constant"
+        and node.domain in ("", "ai.onnx")
+        and len(node.attribute) == 1
+        and node.attribute[0].name == "value"
+        and len(node.output) == 1
+    }
+    if not lifted or model.ir_version < 4:
+        return source, 0
+    kept = []
+    for i, node in enumerate(graph.node):
+        if i not in lifted:
+            kept.append(node)
+            continue
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(node.attribute[0].t)
+        tensor.name = node.output[0]
+        graph.initializer.append(tensor)
+    del graph.node[:]
+    graph.node.extend(kept)
+    onnx.save(model, str(target))
+    return target, len(lifted)
 
 
 def _quantize(source: Path, staged: Path, samples: SampleSet, options: QuantizeOptions) -> None:
@@ -336,12 +385,14 @@ def quantize_model(
         )
     with tempfile.TemporaryDirectory(prefix=".edgefleet-quantize-", dir=output.parent) as tmp:
         staged = Path(tmp) / output.name
-        _quantize(source, staged, samples, options)
+        # The same float model, its weights where the quantizer looks for them.
+        prepared, lifted = weights_as_initializers(source, Path(tmp) / "fp32-initializers.onnx")
+        _quantize(prepared, staged, samples, options)
         search: dict[str, Any] | None = None
         if options.auto_target is not None:
-            options, search = _auto_exclude(source, staged, samples, options, Path(tmp))
-        comparison = compare_models(source, staged, samples, a_name="FP32", b_name="INT8")
-        layers = layer_errors(source, staged, samples) if options.method == "static" else None
+            options, search = _auto_exclude(prepared, staged, samples, options, Path(tmp))
+        comparison = compare_models(prepared, staged, samples, a_name="FP32", b_name="INT8")
+        layers = layer_errors(prepared, staged, samples) if options.method == "static" else None
         quantized = onnx.load(str(staged)).graph
         with open(staged, "rb") as f:
             os.fsync(f.fileno())
@@ -360,6 +411,7 @@ def quantize_model(
         "data": samples.kind,
         "coverage": None if samples.coverage is None else samples.coverage.to_report(),
         "size_bytes": {"fp32": info.length, "int8": length},
+        "constants_lifted": lifted,
         "quantize_nodes": counts.get("QuantizeLinear", 0) + counts.get("DynamicQuantizeLinear", 0),
         "dequantize_nodes": counts.get("DequantizeLinear", 0),
         # Judged on the calibration samples themselves: an optimistic figure; run
