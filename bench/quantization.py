@@ -10,7 +10,7 @@ that benchmark's stand-in CNN), in one process and one run:
 2. quantizes the FP32 model through ``edgefleet model quantize``'s own code path
    (``open_samples`` with the runtime spec, read from a ``runtime.yaml`` by the CLI's
    loader, then ``quantize_model``): static INT8 (QDQ, MinMax), static with
-   ``--auto-exclude --target T``, and dynamic;
+   ``--auto-exclude --target T``, static ``--per-channel``, and dynamic;
 3. compares each INT8 model with the FP32 one on the held-out set through ``model
    compare``'s code (``compare_models``): per output, the 5th-percentile cosine and SQNR;
    for cls the decoded top-1 agreement; det's probability map goes through the ``raw``
@@ -24,7 +24,8 @@ that benchmark's stand-in CNN), in one process and one run:
 Not a test: nothing is asserted unless ``--check`` is given. See docs/benchmarks.md.
 
     python -m bench.quantization [--cases cls,det] [--wheel PATH] [--det-size 320x448]
-        [--calibration 32] [--held-out 32] [--variants static,auto,dynamic] [--target 0.99]
+        [--calibration 32] [--held-out 32] [--variants static,perchannel,auto,dynamic]
+        [--target 0.99]
         [--threads 1,2] [--rounds 7] [--runs 15] [--keep] [--json OUT] [--markdown OUT]
         [--check] [--quick]
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import shutil
 import sys
 import time
@@ -83,7 +85,7 @@ CONDITIONS: tuple[tuple[str, float, float], ...] = (
     ("glare", 0.8, 70.0),
 )
 """Lighting per image, in turn: (name, gain, offset) applied to the rendered scene."""
-VARIANTS = ("static", "auto", "dynamic")
+VARIANTS = ("static", "perchannel", "auto", "dynamic")
 WORDS = ("GATE", "EXIT", "BAY", "DOCK", "ZONE", "LANE", "PARK", "HALL", "WEST", "NORTH")
 
 
@@ -246,6 +248,8 @@ class Variant:
 def options_for(variant: str, target: float) -> QuantizeOptions:
     if variant == "static":
         return QuantizeOptions(method="static")
+    if variant == "perchannel":
+        return QuantizeOptions(method="static", per_channel=True)
     if variant == "auto":
         return QuantizeOptions(method="static", auto_target=target)
     return QuantizeOptions(method="dynamic")
@@ -499,8 +503,14 @@ def add_figures(results: Results, report: Report) -> None:
                     anchor=case.extra["FP32"]["accuracy"],
                     anchor_name="FP32's",
                 )
-            report.figure(f"{label}: model size", v["report"]["size_bytes"]["int8"] / 1e6, "MB",
-                          anchor=v["report"]["size_bytes"]["fp32"] / 1e6, anchor_name="FP32")  # fmt: skip
+            size = v["report"]["size_bytes"]
+            report.figure(
+                f"{label}: model size",
+                size["int8"] / 1e6,
+                "MB",
+                anchor=size["fp32"] / 1e6,
+                anchor_name="FP32",
+            )
             for t, lat in case.latency_ms.get(v["name"], {}).items():
                 fp32 = case.latency_ms["FP32"][t]
                 for q in ("p50", "p99"):
@@ -537,12 +547,16 @@ def print_results(results: Results, report: Report) -> None:
                 print(f"  {name:<8}  failed: {v.get('error')}")
                 continue
             extra = case.extra.get(name, {})
-            cells = ["1", "inf", "1"] if v is None else [
-                f"{_cosine_p5(v['comparison']):.4f}",
-                f"{_sqnr_p5(v['comparison']):.1f}",
-                str((v["comparison"].get("decoded") or {}).get("top1_ratio",
-                    round(extra.get("text_iou_p5", float("nan")), 3))),
-            ]  # fmt: skip
+            if v is None:
+                cells = ["1", "inf", "1"]
+            else:
+                decoded = v["comparison"].get("decoded") or {}
+                third = decoded.get("top1_ratio", round(extra.get("text_iou_p5", math.nan), 3))
+                cells = [
+                    f"{_cosine_p5(v['comparison']):.4f}",
+                    f"{_sqnr_p5(v['comparison']):.1f}",
+                    str(third),
+                ]
             size = "" if v is None else f"{v['report']['size_bytes']['int8'] / 1e6:.2f}"
             lat = "  ".join(
                 f"{case.latency_ms[name][t]['p50']:6.2f}/{case.latency_ms[name][t]['p99']:6.2f}  "
@@ -587,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--variants",
         type=lambda v: [c for c in v.split(",") if c],
         default=list(VARIANTS),
-        help="static, auto (static --auto-exclude), dynamic",
+        help="static, perchannel (static --per-channel), auto (static --auto-exclude), dynamic",
     )
     parser.add_argument("--target", type=float, default=0.99, help="--auto-exclude's --target")
     parser.add_argument(
