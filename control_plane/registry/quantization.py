@@ -6,7 +6,8 @@ calibration, per-channel only when asked — because the library's defaults chan
 releases (older ones made QOperator/QUInt8 models; ADR 0046). Calibration batches are the
 samples of a :class:`~control_plane.registry.model_data.SampleSet`, read through the
 node's own preprocessing; weights an exporter wrote as ``Constant`` nodes are made
-initializers first (ORT quantizes no other weight). The result is checked before it is
+initializers first (ORT quantizes no other weight), and a model older than opset 13 is
+converted to it for ``--per-channel``. The result is checked before it is
 kept: ``onnx.checker``, loaded and run by ONNX Runtime, compared with the FP32 model on the
 calibration samples (:func:`~control_plane.registry.model_compare.compare_models`); only
 then is it moved into place (temp file in the same folder, fsync, ``os.replace``). A
@@ -39,6 +40,7 @@ __all__ = [
     "QUANTIZED_OPS",
     "QuantizeOptions",
     "layer_errors",
+    "opset_for_per_channel",
     "quantize_model",
     "weights_as_initializers",
 ]
@@ -229,6 +231,38 @@ def weights_as_initializers(source: Path, target: Path) -> tuple[Path, int]:
     return target, len(lifted)
 
 
+PER_CHANNEL_OPSET: Final = 13
+"""The opset from which QuantizeLinear/DequantizeLinear take ``axis``: per-channel needs it."""
+
+
+def opset_for_per_channel(source: Path, target: Path) -> tuple[Path, int | None]:
+    """``source`` converted to opset :data:`PER_CHANNEL_OPSET` (``onnx.version_converter``)
+    into ``target`` when its opset is older, and the opset it had; else ``(source, None)``.
+
+    ORT's quantizer writes per-channel DequantizeLinear nodes with an ``axis`` whatever the
+    model's opset, and onnx.checker refuses them below 13 (PP-OCR's cls is opset 11, its
+    det 12). InvalidModelError when the converter cannot convert the model."""
+    import onnx
+    from onnx import version_converter
+
+    model = onnx.load(str(source))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= PER_CHANNEL_OPSET:
+        return source, None
+    try:
+        converted = version_converter.convert_version(model, PER_CHANNEL_OPSET)
+        onnx.checker.check_model(converted)
+    except Exception as exc:  # the converter raises what its adapters raise
+        raise InvalidModelError(
+            f"--per-channel needs opset {PER_CHANNEL_OPSET} (QuantizeLinear's axis); {source} "
+            f"is opset {opset} and onnx's version converter cannot convert it: "
+            f"{' '.join(str(exc).split())}; quantize per tensor, or convert the model",
+            path=str(source),
+        ) from exc
+    onnx.save(converted, str(target))
+    return target, opset
+
+
 def _quantize(source: Path, staged: Path, samples: SampleSet, options: QuantizeOptions) -> None:
     """One run of ORT's quantizer into ``staged``, checked by ``onnx.checker``."""
     import onnx
@@ -394,6 +428,9 @@ def quantize_model(
         staged = Path(tmp) / output.name
         # The same float model, its weights where the quantizer looks for them.
         prepared, lifted = weights_as_initializers(source, Path(tmp) / "fp32-initializers.onnx")
+        converted_from = None
+        if options.per_channel:
+            prepared, converted_from = opset_for_per_channel(prepared, Path(tmp) / "fp32-13.onnx")
         _quantize(prepared, staged, samples, options)
         search: dict[str, Any] | None = None
         if options.auto_target is not None:
@@ -419,6 +456,7 @@ def quantize_model(
         "coverage": None if samples.coverage is None else samples.coverage.to_report(),
         "size_bytes": {"fp32": info.length, "int8": length},
         "constants_lifted": lifted,
+        "opset_converted_from": converted_from,
         "quantize_nodes": counts.get("QuantizeLinear", 0) + counts.get("DynamicQuantizeLinear", 0),
         "dequantize_nodes": counts.get("DequantizeLinear", 0),
         # Judged on the calibration samples themselves: an optimistic figure; run

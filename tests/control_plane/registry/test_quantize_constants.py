@@ -88,3 +88,28 @@ def test_a_model_with_initializers_is_given_to_the_quantizer_as_it_is(tmp_path: 
     assert [n.name for n in a.node] == [n.name for n in b.node]
     values = [{t.name: t.raw_data for t in graph.initializer} for graph in (a, b)]
     assert values[0] == values[1]
+
+
+def test_per_channel_converts_a_model_older_than_opset_13(tmp_path: Path) -> None:
+    # PP-OCR's cls is opset 11: ORT wrote per-channel DequantizeLinear nodes with an axis
+    # that opset 11 has not, and onnx.checker refused the result.
+    fp32 = sample_models.tiny_detector(tmp_path / "fp32.onnx", size=SIZE, opset=11)
+    data = tensors(tmp_path / "calibration", MIN_CALIBRATION_SAMPLES)
+    samples = open_samples(data, inspect_model(fp32), None, minimum=MIN_CALIBRATION_SAMPLES)
+    out = tmp_path / "int8.onnx"
+
+    report = quantize_model(fp32, out, samples, QuantizeOptions(per_channel=True))
+
+    assert report["opset_converted_from"] == 11
+    model = onnx.load(str(out))
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [13]
+    assert any(
+        a.name == "axis"
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear"
+        for a in n.attribute
+    )
+    assert float(report["agreement"]["outputs"][0]["cosine_p5"]) > 0.99
+    # Per tensor, the model is quantized at the opset it has.
+    again = quantize_model(fp32, tmp_path / "pt.onnx", samples, QuantizeOptions())
+    assert again["opset_converted_from"] is None
