@@ -5,10 +5,13 @@ with every argument written out — QDQ format, QInt8 activations and weights, M
 calibration, per-channel only when asked — because the library's defaults changed between
 releases (older ones made QOperator/QUInt8 models; ADR 0046). Calibration batches are the
 samples of a :class:`~control_plane.registry.model_data.SampleSet`, read through the
-node's own preprocessing. The result is checked before it is kept: ``onnx.checker``, loaded
-and run by ONNX Runtime, compared with the FP32 model on the calibration samples
-(:func:`~control_plane.registry.model_compare.compare_models`); only then is it moved into
-place (temp file in the same folder, fsync, ``os.replace``). A refused run writes nothing.
+node's own preprocessing; weights an exporter wrote as ``Constant`` nodes are made
+initializers first (ORT quantizes no other weight), and a model older than opset 13 is
+converted to it for ``--per-channel``. The result is checked before it is
+kept: ``onnx.checker``, loaded and run by ONNX Runtime, compared with the FP32 model on the
+calibration samples (:func:`~control_plane.registry.model_compare.compare_models`); only
+then is it moved into place (temp file in the same folder, fsync, ``os.replace``). A
+refused run writes nothing.
 Beside it: the per-layer SQNR (``qdq_loss_debug``'s matching, judged per sample) and
 ``--auto-exclude``, a bounded search for the nodes to keep in float.
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,10 +32,18 @@ from typing import Any, Final, Literal
 from control_plane.errors import InvalidInputError, InvalidModelError
 from control_plane.fsutil import fsync_dir
 from control_plane.registry.model_compare import compare_models, number, percentile, sqnr_db
-from control_plane.registry.model_data import SampleSet
+from control_plane.registry.model_data import Sample, SampleSet
 from control_plane.registry.onnx_inspect import inspect_model
 
-__all__ = ["MAX_LAYERS_SHOWN", "QUANTIZED_OPS", "QuantizeOptions", "layer_errors", "quantize_model"]
+__all__ = [
+    "MAX_LAYERS_SHOWN",
+    "QUANTIZED_OPS",
+    "QuantizeOptions",
+    "layer_errors",
+    "opset_for_per_channel",
+    "quantize_model",
+    "weights_as_initializers",
+]
 
 MAX_LAYERS_SHOWN: Final = 20
 """The report lists this many tensors, worst first."""
@@ -81,7 +92,7 @@ def settings_of(options: QuantizeOptions) -> dict[str, Any]:
     return settings
 
 
-def _reader(samples: SampleSet) -> Any:
+def _reader(samples: Iterable[Sample]) -> Any:
     """ONNX Runtime's ``CalibrationDataReader`` over the samples (lazily)."""
     from onnxruntime.quantization import CalibrationDataReader
 
@@ -115,22 +126,29 @@ def layer_errors(
     )
 
     producers = {out: node for node in onnx.load(str(fp32)).graph.node for out in node.output}
+    per_tensor: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="edgefleet-layers-") as tmp:
         float_aug, qdq_aug = f"{tmp}/float.onnx", f"{tmp}/qdq.onnx"
         modify_model_output_intermediate_tensors(str(fp32), float_aug)
         modify_model_output_intermediate_tensors(str(qdq), qdq_aug)
-        matched = create_activation_matching(
-            collect_activations(qdq_aug, _reader(samples)),
-            collect_activations(float_aug, _reader(samples)),
-        )
-    rows = []
-    for tensor, values in matched.items():
-        if "post_qdq" not in values or "float" not in values:
-            continue
-        sqnrs = [
-            sqnr_db(ref.astype("float64").ravel(), (q.astype("float64") - ref).ravel())
-            for q, ref in zip(values["post_qdq"], values["float"], strict=True)
-        ]
+        # One sample at a time: every intermediate tensor of both models is held for the
+        # sample being matched only (all of them at once, PP-OCRv4 det's 16 samples at
+        # 480x640 took 24 GB and were killed).
+        for sample in samples:
+            matched = create_activation_matching(
+                collect_activations(qdq_aug, _reader([sample])),
+                collect_activations(float_aug, _reader([sample])),
+            )
+            for tensor, values in matched.items():
+                if "post_qdq" not in values or "float" not in values:
+                    continue
+                per_tensor.setdefault(tensor, []).extend(
+                    sqnr_db(ref.astype("float64").ravel(), (q.astype("float64") - ref).ravel())
+                    for q, ref in zip(values["post_qdq"], values["float"], strict=True)
+                )
+            del matched
+    rows: list[dict[str, Any]] = []
+    for tensor, sqnrs in per_tensor.items():
         node = producers.get(tensor)
         rows.append(
             {
@@ -171,6 +189,78 @@ def _quiet_advice() -> Iterator[None]:
         yield
     finally:
         root.removeFilter(dropped)
+
+
+def weights_as_initializers(source: Path, target: Path) -> tuple[Path, int]:
+    """``source`` with its ``Constant`` nodes' tensors turned into initializers, written to
+    ``target``: the model ONNX Runtime's quantizer is given, and how many were lifted.
+
+    ORT quantizes a weight only when it is an initializer; exporters that write every weight
+    as a ``Constant`` node (paddle2onnx: PP-OCR's det and cls hold no initializer at all)
+    would otherwise get float weights wrapped in calibrated Q/DQ pairs — a model larger and
+    slower than the FP32 one — and unquantized biases. The values and every other node (and
+    so every name --exclude may give) are unchanged; ``source`` itself is returned when
+    there is nothing to lift, or for IR < 4, whose initializers must also be graph inputs."""
+    import onnx
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    lifted = {
+        i
+        for i, node in enumerate(graph.node)
+        if node.op_type == "Constant"
+        and node.domain in ("", "ai.onnx")
+        and len(node.attribute) == 1
+        and node.attribute[0].name == "value"
+        and len(node.output) == 1
+    }
+    if not lifted or model.ir_version < 4:
+        return source, 0
+    kept = []
+    for i, node in enumerate(graph.node):
+        if i not in lifted:
+            kept.append(node)
+            continue
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(node.attribute[0].t)
+        tensor.name = node.output[0]
+        graph.initializer.append(tensor)
+    del graph.node[:]
+    graph.node.extend(kept)
+    onnx.save(model, str(target))
+    return target, len(lifted)
+
+
+PER_CHANNEL_OPSET: Final = 13
+"""The opset from which QuantizeLinear/DequantizeLinear take ``axis``: per-channel needs it."""
+
+
+def opset_for_per_channel(source: Path, target: Path) -> tuple[Path, int | None]:
+    """``source`` converted to opset :data:`PER_CHANNEL_OPSET` (``onnx.version_converter``)
+    into ``target`` when its opset is older, and the opset it had; else ``(source, None)``.
+
+    ORT's quantizer writes per-channel DequantizeLinear nodes with an ``axis`` whatever the
+    model's opset, and onnx.checker refuses them below 13 (PP-OCR's cls is opset 11, its
+    det 12). InvalidModelError when the converter cannot convert the model."""
+    import onnx
+    from onnx import version_converter
+
+    model = onnx.load(str(source))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= PER_CHANNEL_OPSET:
+        return source, None
+    try:
+        converted = version_converter.convert_version(model, PER_CHANNEL_OPSET)
+        onnx.checker.check_model(converted)
+    except Exception as exc:  # the converter raises what its adapters raise
+        raise InvalidModelError(
+            f"--per-channel needs opset {PER_CHANNEL_OPSET} (QuantizeLinear's axis); {source} "
+            f"is opset {opset} and onnx's version converter cannot convert it: "
+            f"{' '.join(str(exc).split())}; quantize per tensor, or convert the model",
+            path=str(source),
+        ) from exc
+    onnx.save(converted, str(target))
+    return target, opset
 
 
 def _quantize(source: Path, staged: Path, samples: SampleSet, options: QuantizeOptions) -> None:
@@ -336,12 +426,17 @@ def quantize_model(
         )
     with tempfile.TemporaryDirectory(prefix=".edgefleet-quantize-", dir=output.parent) as tmp:
         staged = Path(tmp) / output.name
-        _quantize(source, staged, samples, options)
+        # The same float model, its weights where the quantizer looks for them.
+        prepared, lifted = weights_as_initializers(source, Path(tmp) / "fp32-initializers.onnx")
+        converted_from = None
+        if options.per_channel:
+            prepared, converted_from = opset_for_per_channel(prepared, Path(tmp) / "fp32-13.onnx")
+        _quantize(prepared, staged, samples, options)
         search: dict[str, Any] | None = None
         if options.auto_target is not None:
-            options, search = _auto_exclude(source, staged, samples, options, Path(tmp))
-        comparison = compare_models(source, staged, samples, a_name="FP32", b_name="INT8")
-        layers = layer_errors(source, staged, samples) if options.method == "static" else None
+            options, search = _auto_exclude(prepared, staged, samples, options, Path(tmp))
+        comparison = compare_models(prepared, staged, samples, a_name="FP32", b_name="INT8")
+        layers = layer_errors(prepared, staged, samples) if options.method == "static" else None
         quantized = onnx.load(str(staged)).graph
         with open(staged, "rb") as f:
             os.fsync(f.fileno())
@@ -360,6 +455,8 @@ def quantize_model(
         "data": samples.kind,
         "coverage": None if samples.coverage is None else samples.coverage.to_report(),
         "size_bytes": {"fp32": info.length, "int8": length},
+        "constants_lifted": lifted,
+        "opset_converted_from": converted_from,
         "quantize_nodes": counts.get("QuantizeLinear", 0) + counts.get("DynamicQuantizeLinear", 0),
         "dequantize_nodes": counts.get("DequantizeLinear", 0),
         # Judged on the calibration samples themselves: an optimistic figure; run
