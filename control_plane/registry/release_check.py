@@ -147,8 +147,11 @@ def run_release_check(
     *,
     threshold: float | None = None,
     forced: bool = False,
+    reference: Path | None = None,
 ) -> ReleaseCheck:
-    """`model compare BASELINE MODEL --data DATA [--runtime]` judged (see the module).
+    """`model compare BASELINE MODEL --data DATA [--runtime]` judged (see the module);
+    with ``reference``, the baseline must reproduce it first (`float_baseline`: a float
+    model that is already wrong, or wrongly normalised, proves nothing about its INT8).
     InvalidInputError for models that are not two versions of one, a threshold outside
     [0, 1] or a data folder that does not fit (every file is read before anything runs)."""
     import onnxruntime as ort
@@ -169,6 +172,15 @@ def run_release_check(
             field="baseline",
         )
     check_same_signature(base, info)
+    if reference is not None:
+        from control_plane.errors import InvalidModelError
+        from control_plane.registry.float_baseline import check_float_baseline, mismatch_message
+
+        found = check_float_baseline(baseline, base, reference, runtime)
+        if not found["matches"]:
+            raise InvalidModelError(
+                f"--baseline {baseline}: {mismatch_message(found)}", path=str(reference)
+            )
     samples = open_samples(data, base, runtime)
     comparison = compare_models(baseline, model, samples, a_name="baseline", b_name=model.name)
     return build_release_check(

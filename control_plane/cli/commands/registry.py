@@ -242,6 +242,15 @@ def model_push(
             "classifier, box recall 0.9 for a detector, 5th-percentile cosine 0.99 for raw)"
         ),
     ] = None,
+    baseline_reference: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="with --baseline: a .npz (input/<name>, output/<name>, optional frame) the "
+            "float baseline must reproduce in ONNX Runtime first",
+        ),
+    ] = None,
     force: Annotated[
         bool,
         typer.Option(
@@ -263,7 +272,7 @@ def model_push(
 
     cli = cli_context(ctx)
     spec = None if runtime is None else load_runtime_file(runtime)
-    check = _release_check(file, baseline, data, spec, min_agreement, force)
+    check = _release_check(file, baseline, data, spec, min_agreement, force, baseline_reference)
     keyset = load_operator_keyset(keys, _passphrase())
     with (
         cli.client() as api,
@@ -324,15 +333,17 @@ def _release_check(
     spec: Any,
     threshold: float | None,
     force: bool,
+    reference: Path | None = None,
 ) -> Any:
     """The release gate (`registry.release_check`), before anything is read from or sent
     to the server; None without --baseline. Refused below the threshold unless --force."""
     from control_plane.errors import InvalidInputError, PolicyError
 
     if baseline is None:
-        if data is not None or force or threshold is not None:
+        if data is not None or force or threshold is not None or reference is not None:
             raise InvalidInputError(
-                "--data, --min-agreement and --force go with --baseline FP32.onnx",
+                "--data, --min-agreement, --baseline-reference and --force go with "
+                "--baseline FP32.onnx",
                 field="baseline",
             )
         return None
@@ -343,7 +354,9 @@ def _release_check(
         )
     from control_plane.registry.release_check import refusal, run_release_check
 
-    check = run_release_check(file, baseline, data, spec, threshold=threshold, forced=force)
+    check = run_release_check(
+        file, baseline, data, spec, threshold=threshold, forced=force, reference=reference
+    )
     if check.verdict == "failed" and not force:
         raise PolicyError(refusal(check, file.name, baseline.name), field="baseline")
     return check

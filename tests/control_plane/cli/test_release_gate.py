@@ -26,7 +26,7 @@ from control_plane.trust.custom import parse_model_custom, parse_release_check
 from control_plane.trust.keys import OperatorKeyset
 from tests.control_plane.cli import test_push_runtime as push_tests
 from tests.control_plane.cli.test_push_runtime import FLEET, Cli, signed_targets
-from tests.control_plane.cli.test_quantize_compare import SIZE, images, scaled
+from tests.control_plane.cli.test_quantize_compare import SIZE, images, reference_pair, scaled
 
 # A live control plane on SQLite, a fleet, operator keys and the CLI: `model push`'s own.
 database_url = push_tests.database_url
@@ -137,7 +137,7 @@ def test_below_the_threshold_the_push_is_refused_and_nothing_is_published(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--force"], "--data, --min-agreement and --force go with --baseline FP32.onnx"),
+        (["--force"], "--baseline-reference and --force go with --baseline FP32.onnx"),
         (["--baseline", "{fp32}"], "--baseline needs --data DIR"),
         (["--baseline", "{model}", "--data", "{data}"], "is the model pushed itself"),
         (["--baseline", "{fp32}", "--data", "{data}"], "give it with --runtime runtime.yaml"),
@@ -256,3 +256,22 @@ def test_the_server_refuses_a_report_it_cannot_sign_for(
         report = {**signed_targets(api).signed.targets["models/det/1.0.0/model.onnx"].custom[
             "release_check"], **change}  # fmt: skip
         parse_release_check({k: v for k, v in report.items() if v is not None})
+
+
+def test_the_baseline_reproduces_its_reference_first(
+    cli: Cli, api: ApiClient, tmp_path: Path, fp32: Path, runtime: Path, data: Path
+) -> None:
+    close = scaled(fp32, tmp_path / "close.onnx", "fc_w", 1.001)
+    bgr = reference_pair(tmp_path / "bgr.npz", fp32, mean=(0.5,), std=(0.5,), order="BGR")
+    code, _, err = cli.push(close, *gate(fp32, runtime, data, "--baseline-reference", str(bgr)))
+    message = " ".join(err.split())
+    assert code == 1 and "normalisation mismatch" in message and "0.5, std 0.5), BGR" in message
+    assert "models/det/1.0.0/model.onnx" not in signed_targets(api).signed.targets
+    imagenet = reference_pair(
+        tmp_path / "imagenet.npz", fp32, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)
+    )
+    code, out, err = cli.push(
+        close, *gate(fp32, runtime, data, "--baseline-reference", str(imagenet))
+    )
+    assert code == 0, err
+    assert json.loads(out)["release_check"]["verdict"] == "passed"
