@@ -151,6 +151,8 @@ CLI_ONLY = (
     "control_plane.registry.model_data",
     "control_plane.registry.model_compare",
     "control_plane.registry.quantization",
+    "control_plane.registry.release_check",
+    "control_plane.registry.float_baseline",
     "control_plane.demo",
 )
 # The server's modules that need numpy and scipy, which `edgefleet[server]` carries for

@@ -61,6 +61,8 @@ class ReleaseResult:
     reference: dict[str, Any] | None = None
     """What the self-test reference was made from and, with a runtime spec, what the
     decoder read in the model's outputs on it."""
+    release_check: dict[str, Any] | None = None
+    """The signed `custom.release_check` (`model push --baseline`); None without one."""
     moves: dict[str, Any] | None = None
     """`moves_of` the push's answer: the nodes an earlier revoke left on a revoked
     version that this version took in (ADR 0035); None when the push moved or left none."""
@@ -83,10 +85,13 @@ def model_custom(
     atol: float,
     rtol: float,
     runtime: RuntimeSpec | None = None,
+    release_check: tufcustom.ReleaseCheck | None = None,
 ) -> tufcustom.ModelCustom:
     """The custom field `push_model` signs into the model's target (checked by
     `parse_model_custom`); its reference pair is `reference_target_path(name, version)`."""
-    extra = {} if runtime is None else {"runtime": runtime.to_signed()}
+    extra: dict[str, Any] = {} if runtime is None else {"runtime": runtime.to_signed()}
+    if release_check is not None:
+        extra["release_check"] = release_check.to_dict()
     return tufcustom.parse_model_custom(
         {
             "edgefleet": tufcustom.FORMAT_VERSION,
@@ -491,6 +496,7 @@ class ReleaseClient:
         progress: Progress = _no_progress,
         runtime: RuntimeSpec | None = None,
         reference_frame: Path | None = None,
+        release_check: tufcustom.ReleaseCheck | None = None,
     ) -> ReleaseResult:
         """Check, sign and publish one version; nothing is uploaded before every check.
 
@@ -500,6 +506,8 @@ class ReleaseClient:
         frame) through its preprocessing, the decoder must read the outputs on it, and
         the spec is signed into `custom.runtime` with its size resolved. Without it, the
         reference is `reference_input` or generated tensors (old-style versions).
+        `release_check` (its comparison with a float baseline, judged on this machine:
+        `registry.release_check`) is signed into `custom.release_check`.
         """
         tufcustom.model_target_path(name, version)  # validates name and version early
         info = onnx_inspect.inspect_model(model_path)
@@ -539,6 +547,7 @@ class ReleaseClient:
                 atol=atol,
                 rtol=rtol,
                 runtime=signed_runtime,
+                release_check=release_check,
             )
             _refuse_republishing(current, model_target, info.sha256, name, version)
             new = tufrepo.add_model_to_targets(
@@ -565,6 +574,7 @@ class ReleaseClient:
             runtime=None if signed_runtime is None else tufcustom.runtime_summary(signed_runtime),
             reference=made.summary,
             moves=moves_of(pushed, name),
+            release_check=None if release_check is None else release_check.to_dict(),
         )
 
     def revoke(self, fleet: str, name: str, version: str) -> dict[str, Any]:

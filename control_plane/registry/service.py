@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tuf.api.metadata import Metadata, Root, Snapshot, Targets, Timestamp
 
 from control_plane.access.roles import Role
-from control_plane.access.service import AuditedMutations, RequestContext
+from control_plane.access.service import AuditedMutations, RequestContext, record_audit
 from control_plane.artifacts.base import ArtifactStore
 from control_plane.clock import Clock
 from control_plane.errors import (
@@ -289,6 +289,23 @@ class RegistryService:
                             created_by=ctx.principal.name,
                         )
                     )
+                    check = model.custom.release_check
+                    if check is not None and check.forced:
+                        # Pushed below its release check's threshold (`--force`): one
+                        # audit row of its own, committed with the push (ADR 0048).
+                        record_audit(
+                            session,
+                            ctx,
+                            at=now,
+                            action="model.release_check.forced",
+                            target=f"fleet:{fleet}/{model.custom.model}@{model.custom.version}",
+                            details={
+                                "judged_on": check.judged_on,
+                                "value": check.value,
+                                "threshold": check.threshold,
+                                "baseline_sha256": check.baseline_sha256,
+                            },
+                        )
                 for model_name, floor in change.floors.items():
                     floor_row = session.get(ModelFloorRow, (row.id, model_name))
                     if floor_row is None:

@@ -266,13 +266,16 @@ class GatesSpec:
     applies. ``max_sample_age_s``: samples whose window ended
     longer ago than this are inconclusive. ``compare_with_control`` false: a rollout
     without a control group; latency is then judged against the baseline only, rates
-    against ``min_rate``, RSS against its ceiling."""
+    against ``min_rate``, RSS against its ceiling. ``require_release_check``: the rollout
+    is refused at creation unless the version was pushed with a passed (not forced)
+    release check (`model push --baseline`, ADR 0048)."""
 
     confidence: float = 0.98
     consecutive_failures: int = 3
     early_fail_p: float = 1e-6
     max_sample_age_s: float = 900.0
     compare_with_control: bool = True
+    require_release_check: bool = False
     min_samples: MinSamples = MinSamples()
     latency_vs_control: LatencyVsControlGate = LatencyVsControlGate()
     latency_vs_baseline: LatencyVsBaselineGate = LatencyVsBaselineGate()
@@ -304,6 +307,7 @@ class GatesSpec:
             )
         _F.check_positive("gates.max_sample_age_s", self.max_sample_age_s)
         _F.to_bool("gates.compare_with_control", self.compare_with_control)
+        _F.to_bool("gates.require_release_check", self.require_release_check)
         for item in fields(self):
             if item.type not in _SECTIONS:
                 continue

@@ -99,6 +99,7 @@ from control_plane.storage.models import (
     RolloutRow,
 )
 from control_plane.text import counted
+from control_plane.trust.custom import parse_release_check
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -388,6 +389,10 @@ class RolloutService:
                 model=spec.model,
                 version=spec.version,
             )
+        from control_plane.rollouts.gates import parse_gates  # numpy, scipy: on demand
+
+        if parse_gates(spec.gates).require_release_check:
+            _require_release_check(spec.model, spec.version, info.custom)
         return spec, self._fleet_nodes(fleet, spec.model)
 
     def _fleet_nodes(self, fleet: str, model: str) -> list[FleetNode]:
@@ -1016,6 +1021,28 @@ class RolloutService:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _require_release_check(model: str, version: str, custom: Mapping[str, Any]) -> None:
+    """The gates file's `require_release_check`: the version's signed release check
+    passed on its own figures (ADR 0048)."""
+    raw = custom.get("release_check")
+    if raw is None:
+        raise PolicyError(
+            f"the gates require a passed release check and {model} {version} was pushed "
+            "without one; push a new version with `model push --baseline FP32.onnx --data DIR`",
+            model=model,
+            version=version,
+        )
+    check = parse_release_check(raw)
+    if not check.passed:
+        how = "failed and was forced through" if check.forced else "failed"
+        raise PolicyError(
+            f"the gates require a passed release check and {model} {version}'s {how}: "
+            f"{check.judged_on} {check.value} against the threshold {check.threshold}",
+            model=model,
+            version=version,
+        )
 
 
 def _done_has_work(session: Session, row: RolloutRow, fleet: str) -> bool:

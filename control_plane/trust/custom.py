@@ -4,7 +4,9 @@ Parsing is strict about the fields we use and ignores keys it does not know, so 
 CLI can add fields without breaking an older control plane. No I/O, no repository rules.
 A model's optional `runtime` (how it is run: `protos.bundle.spec`) is parsed by the model
 bundle's own parser and checked against the signed I/O signature with the functions every
-node runs when it loads the model; a version signed without one stays valid.
+node runs when it loads the model; a version signed without one stays valid. Its optional
+`release_check` (the comparison with a float baseline, `model push --baseline`) is checked
+for shape and for a verdict that follows from its figures; versions without one stay valid.
 """
 
 from __future__ import annotations
@@ -251,6 +253,8 @@ class ModelCustom:
     reference: ReferenceInfo
     runtime: RuntimeSpec | None = None
     """How the version is run (signed as `runtime`); None for a version signed without."""
+    release_check: ReleaseCheck | None = None
+    """Its comparison with a float baseline (`model push --baseline`); None without one."""
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -275,6 +279,8 @@ class ModelCustom:
         }
         if self.runtime is not None:
             out["runtime"] = self.runtime.to_signed()
+        if self.release_check is not None:
+            out["release_check"] = self.release_check.to_dict()
         return out
 
 
@@ -317,6 +323,8 @@ def parse_model_custom(data: object) -> ModelCustom:
     compat = _compat(_mapping(_get(obj, "compat", "compat"), "compat"))
     reference = _reference(_mapping(_get(obj, "reference", "reference"), "reference"))
     runtime = _runtime(obj.get("runtime"), io)
+    check = obj.get("release_check")
+    release_check = None if check is None else parse_release_check(check)
     return ModelCustom(
         model=model,
         version=version,
@@ -327,6 +335,7 @@ def parse_model_custom(data: object) -> ModelCustom:
         compat=compat,
         reference=reference,
         runtime=runtime,
+        release_check=release_check,
     )
 
 
@@ -597,3 +606,211 @@ def _reference(obj: Mapping[str, Any]) -> ReferenceInfo:
         atol=_tolerance(obj, "atol"),
         rtol=_tolerance(obj, "rtol"),
     )
+
+
+# ---------------------------------------------------------------- release check
+
+
+RELEASE_VERDICTS: Final = ("passed", "failed")
+RELEASE_KINDS: Final = {"classification": "top1_ratio", "detection": "recall", "raw": "cosine_p5"}
+"""Each output kind and the figure its release check is judged on."""
+_OUTPUT_FIGURES: Final = ("max_abs", "mean_abs", "cosine_min", "cosine_p5", "sqnr_db_p5")
+_DECODED_FIGURES: Final = ("top1_ratio", "topk_overlap", "recall", "precision", "mean_score_diff")
+_MAX_WARNINGS: Final = 16
+_MAX_CLASSES: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseCheck:
+    """`custom.release_check`: the comparison of a version with its float baseline on the
+    operator's data, as `model push --baseline` measured and judged it (ADR 0048).
+
+    Numbers are decimal strings ("0.9931", "inf"): canonical JSON has no floats. Parsing
+    checks the shape and that the verdict is what the figure and threshold say; the node
+    reads none of it (a rollout's `require_release_check` does)."""
+
+    verdict: str
+    forced: bool
+    kind: str
+    judged_on: str
+    value: str
+    threshold: str
+    baseline_sha256: str
+    samples: int
+    data: str
+    outputs: tuple[Mapping[str, str], ...]
+    decoded: Mapping[str, str] | None
+    coverage: Mapping[str, Any] | None
+    onnxruntime: str
+    machine: str
+    int8_features: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        """Passed on its own figures, not forced through."""
+        return self.verdict == "passed" and not self.forced
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "verdict": self.verdict,
+            "forced": self.forced,
+            "kind": self.kind,
+            "judged_on": self.judged_on,
+            "value": self.value,
+            "threshold": self.threshold,
+            "baseline_sha256": self.baseline_sha256,
+            "samples": self.samples,
+            "data": self.data,
+            "outputs": [dict(o) for o in self.outputs],
+            "onnxruntime": self.onnxruntime,
+            "cpu": {"machine": self.machine, "int8_features": list(self.int8_features)},
+        }
+        if self.decoded is not None:
+            out["decoded"] = dict(self.decoded)
+        if self.coverage is not None:
+            out["coverage"] = json_copy(self.coverage)
+        return out
+
+
+def json_copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_copy(v) for v in value]
+    return value
+
+
+def decimal_of(field_name: str, value: object) -> float:
+    """A signed decimal string ("0.99", "inf", "-inf") as a float; `_bad` otherwise."""
+    if not isinstance(value, str) or not 0 < len(value) <= 32:
+        raise _bad(field_name, f"expected a decimal number as a string, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise _bad(field_name, f"expected a decimal number, got {value!r}") from None
+    if math.isnan(number):
+        raise _bad(field_name, "NaN is not a figure")
+    return number
+
+
+def _figures(obj: Mapping[str, Any], names: Sequence[str], where: str) -> dict[str, str]:
+    figures: dict[str, str] = {}
+    for name in names:
+        if name in obj:
+            decimal_of(f"{where}.{name}", obj[name])
+            figures[name] = obj[name]
+    return figures
+
+
+def parse_release_check(raw: object) -> ReleaseCheck:
+    """Validate `custom.release_check`; InvalidInputError names the field."""
+    where = "release_check"
+    obj = _mapping(raw, where)
+    verdict = _str(obj, "verdict", path=f"{where}.verdict")
+    if verdict not in RELEASE_VERDICTS:
+        raise _bad(f"{where}.verdict", f"expected passed or failed, got {verdict!r}")
+    forced = _get(obj, "forced", f"{where}.forced")
+    if not isinstance(forced, bool):
+        raise _bad(f"{where}.forced", f"expected true or false, got {forced!r}")
+    kind = _str(obj, "kind", path=f"{where}.kind")
+    if kind not in RELEASE_KINDS:
+        raise _bad(f"{where}.kind", f"expected one of {', '.join(RELEASE_KINDS)}, got {kind!r}")
+    judged_on = _str(obj, "judged_on", path=f"{where}.judged_on")
+    if judged_on != RELEASE_KINDS[kind]:
+        raise _bad(f"{where}.judged_on", f"a {kind} check is judged on {RELEASE_KINDS[kind]!r}")
+    value = decimal_of(f"{where}.value", _get(obj, "value", f"{where}.value"))
+    threshold = decimal_of(f"{where}.threshold", _get(obj, "threshold", f"{where}.threshold"))
+    if not 0 <= threshold <= 1:
+        raise _bad(f"{where}.threshold", f"must be in [0, 1], got {obj['threshold']!r}")
+    if (value >= threshold) != (verdict == "passed"):
+        raise _bad(
+            f"{where}.verdict",
+            f"{verdict!r} does not follow from {judged_on} {obj['value']} against the "
+            f"threshold {obj['threshold']}",
+        )
+    if forced and verdict == "passed":
+        raise _bad(f"{where}.forced", "only a failed check is forced")
+    sha = _str(obj, "baseline_sha256", path=f"{where}.baseline_sha256")
+    if not SHA256_PATTERN.fullmatch(sha):
+        raise _bad(f"{where}.baseline_sha256", "expected 64 lowercase hex digits")
+    samples = _int(obj, "samples", minimum=1, path=f"{where}.samples")
+    data = _str(obj, "data", path=f"{where}.data")
+    if data not in ("images", "tensors"):
+        raise _bad(f"{where}.data", f"expected images or tensors, got {data!r}")
+    raw_outputs = _get(obj, "outputs", f"{where}.outputs")
+    if not isinstance(raw_outputs, list) or not 0 < len(raw_outputs) <= _MAX_TENSORS:
+        raise _bad(f"{where}.outputs", f"expected a list of 1-{_MAX_TENSORS} outputs")
+    outputs = []
+    for i, item in enumerate(raw_outputs):
+        at = f"{where}.outputs[{i}]"
+        entry = _mapping(item, at)
+        name = _str(entry, "output", path=f"{at}.output")
+        figures = _figures(entry, _OUTPUT_FIGURES, at)
+        if "cosine_p5" not in figures:
+            raise _bad(f"{at}.cosine_p5", "missing")
+        outputs.append(MappingProxyType({"output": name, **figures}))
+    decoded: Mapping[str, str] | None = None
+    if obj.get("decoded") is not None:
+        at = f"{where}.decoded"
+        decoded = MappingProxyType(_figures(_mapping(obj["decoded"], at), _DECODED_FIGURES, at))
+    if kind != "raw" and (decoded is None or judged_on not in decoded):
+        raise _bad(f"{where}.decoded.{judged_on}", f"a {kind} check needs it")
+    coverage = None if obj.get("coverage") is None else _release_coverage(obj["coverage"])
+    ort_version = _str(obj, "onnxruntime", path=f"{where}.onnxruntime")
+    cpu = _mapping(_get(obj, "cpu", f"{where}.cpu"), f"{where}.cpu")
+    machine = _str(cpu, "machine", path=f"{where}.cpu.machine")
+    features = cpu.get("int8_features", [])
+    if not isinstance(features, list) or len(features) > _MAX_LIST:
+        raise _bad(f"{where}.cpu.int8_features", "expected a list of CPU flags")
+    for i, flag in enumerate(features):
+        if not isinstance(flag, str) or not 0 < len(flag) <= 64:
+            raise _bad(f"{where}.cpu.int8_features[{i}]", f"expected a CPU flag, got {flag!r}")
+    return ReleaseCheck(
+        verdict=verdict,
+        forced=forced,
+        kind=kind,
+        judged_on=judged_on,
+        value=obj["value"],
+        threshold=obj["threshold"],
+        baseline_sha256=sha,
+        samples=samples,
+        data=data,
+        outputs=tuple(outputs),
+        decoded=decoded,
+        coverage=coverage,
+        onnxruntime=ort_version,
+        machine=machine,
+        int8_features=tuple(features),
+    )
+
+
+def _release_coverage(raw: object) -> Mapping[str, Any]:
+    where = "release_check.coverage"
+    obj = _mapping(raw, where)
+    images = _int(obj, "images", minimum=1, path=f"{where}.images")
+    out: dict[str, Any] = {"images": images}
+    for key in ("brightness_p5_p50_p95", "contrast_p5_p50_p95"):
+        values = _get(obj, key, f"{where}.{key}")
+        if not isinstance(values, list) or len(values) != 3:
+            raise _bad(f"{where}.{key}", "expected three decimal strings")
+        for i, value in enumerate(values):
+            decimal_of(f"{where}.{key}[{i}]", value)
+        out[key] = list(values)
+    classes = obj.get("classes")
+    if classes is not None:
+        counts = _mapping(classes, f"{where}.classes")
+        if len(counts) > _MAX_CLASSES:
+            raise _bad(f"{where}.classes", f"more than {_MAX_CLASSES} classes")
+        for name in counts:
+            if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME:
+                raise _bad(f"{where}.classes", f"class {name!r} is not a name")
+            _int(counts, name, minimum=0, path=f"{where}.classes[{name!r}]")
+        out["classes"] = dict(counts)
+    warnings = obj.get("warnings", [])
+    if not isinstance(warnings, list) or len(warnings) > _MAX_WARNINGS:
+        raise _bad(f"{where}.warnings", f"expected a list of at most {_MAX_WARNINGS} lines")
+    for i, line in enumerate(warnings):
+        if not isinstance(line, str) or len(line) > 1000:
+            raise _bad(f"{where}.warnings[{i}]", "expected a line of text")
+    out["warnings"] = list(warnings)
+    return MappingProxyType(out)

@@ -475,13 +475,15 @@ class UpdateWorld:
         reference: bytes | None = None,
         runtime: RuntimeSpec | Mapping[str, Any] | str | None = None,
         io: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> Release:
         """Sign and publish `MODEL` `version` (an echo model adding `add`, or `content`)
         with release counter `counter` and a reference pair (of `reference_add`, or the
         `reference` bytes given). `runtime` goes into `custom.runtime` (a spec, signed in
         its canonical form, or a raw JSON value signed as it is: a malformed one for
         tests; canonical JSON has no floats);
-        `io` replaces the echo model's `custom.io`."""
+        `io` replaces the echo model's `custom.io`; `extra` adds keys to the custom
+        (fields the node does not read, such as `release_check`)."""
         data = content if content is not None else echo_model_bytes(add)
         if reference is None:
             reference = reference_pair_bytes(add if reference_add is None else reference_add)
@@ -514,6 +516,7 @@ class UpdateWorld:
             custom["runtime"] = runtime.to_signed()
         elif runtime is not None:
             custom["runtime"] = runtime if isinstance(runtime, str) else dict(runtime)
+        custom.update(extra or {})
         model_file = TargetFile.from_data(path, data)
         model_file.unrecognized_fields["custom"] = custom
         self._sign_targets([model_file, TargetFile.from_data(ref_path, reference)], data, reference)

@@ -85,6 +85,16 @@ def model_quantize(
             "and the decoded top-1 agreement or box recall"
         ),
     ] = 0.99,
+    reference: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="float baseline first: a .npz of input/<name> and output/<name> arrays (and "
+            "optionally the frame the input was made from) that the FP32 model must "
+            "reproduce in ONNX Runtime before anything is quantized",
+        ),
+    ] = None,
 ) -> None:
     """Quantize with ONNX Runtime (QDQ, QInt8 activations and weights, MinMax calibration on
     the images through the node's own preprocessing), check the result and report how far
@@ -109,7 +119,16 @@ def model_quantize(
         exclude=tuple(exclude or ()),
         auto_target=target if auto_exclude else None,
     )
-    _emit(cli, quantize_model(model, output, samples, options))
+    baseline = None
+    if reference is not None:
+        from control_plane.errors import InvalidModelError
+        from control_plane.registry.float_baseline import check_float_baseline, mismatch_message
+
+        baseline = check_float_baseline(model, info, reference, spec)
+        if not baseline["matches"]:
+            raise InvalidModelError(mismatch_message(baseline), path=str(reference))
+    report = quantize_model(model, output, samples, options)
+    _emit(cli, {**report, "float_baseline": baseline} if baseline is not None else report)
 
 
 def settings_text(settings: dict[str, Any]) -> str:
@@ -147,7 +166,17 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
     head = {
         k: v
         for k, v in report.items()
-        if k not in {"coverage", "agreement", "outputs", "decoded", "latency", "layers", "warnings"}
+        if k
+        not in {
+            "coverage",
+            "agreement",
+            "outputs",
+            "decoded",
+            "latency",
+            "layers",
+            "warnings",
+            "float_baseline",
+        }
     }
     settings = head.get("settings")
     if isinstance(settings, dict):
@@ -188,6 +217,14 @@ def _emit(cli: CliContext, report: dict[str, Any]) -> None:
             worst.add_row(*[str(row[col]) for col in ("tensor", "node", "op", "sqnr_db_p5",
                                                        "sqnr_db_p50")])  # fmt: skip
         cli.console.print(worst)
+    baseline = report.get("float_baseline")
+    if baseline:
+        figures = ", ".join(f"{o['output']} cosine {o['cosine']}" for o in baseline["outputs"])
+        pre = "" if baseline["preprocess"] is None else ", preprocessing reproduces its input"
+        cli.console.print(
+            f"float baseline: ONNX Runtime FP32 matches {baseline['reference']} ({figures}{pre})",
+            soft_wrap=True,
+        )
     search = report.get("auto_exclude")
     if search:
         kept = ", ".join(search["kept_in_float"]) or "nothing"

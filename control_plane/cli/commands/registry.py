@@ -222,8 +222,47 @@ def model_push(
     ] = None,
     atol: float = 1e-4,
     rtol: float = 1e-3,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="the float model this one was made from: the push compares them on --data "
+            "(as `model compare`), signs the report and is refused below the threshold",
+        ),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="with --baseline: folder of images (.png, .jpg) or .npy tensors"),
+    ] = None,
+    min_agreement: Annotated[
+        float | None,
+        typer.Option(
+            help="with --baseline: the threshold (default: top-1 agreement 0.99 for a "
+            "classifier, box recall 0.9 for a detector, 5th-percentile cosine 0.99 for raw)"
+        ),
+    ] = None,
+    baseline_reference: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="with --baseline: a .npz (input/<name>, output/<name>, optional frame) the "
+            "float baseline must reproduce in ONNX Runtime first",
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="with --baseline: push even below the threshold (audited; the signed report "
+            "says forced)"
+        ),
+    ] = False,
 ) -> None:
-    """Check, sign and publish a model version (the release key never leaves this machine)."""
+    """Check, sign and publish a model version (the release key never leaves this machine).
+
+    With --baseline the version is first compared with its float original on --data, on
+    this machine; the report is signed with the version and `model show` displays it."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     from control_plane.cli.release import ReleaseClient, describe
@@ -233,6 +272,7 @@ def model_push(
 
     cli = cli_context(ctx)
     spec = None if runtime is None else load_runtime_file(runtime)
+    check = _release_check(file, baseline, data, spec, min_agreement, force, baseline_reference)
     keyset = load_operator_keyset(keys, _passphrase())
     with (
         cli.client() as api,
@@ -267,6 +307,7 @@ def model_push(
                 progress=progress,
                 runtime=spec,
                 reference_frame=reference_frame,
+                release_check=check,
             )
         except InvalidInputError as exc:
             if runtime is None or not str(exc.fields.get("field", "")).startswith("runtime."):
@@ -281,7 +322,71 @@ def model_push(
     if cli.output != "json":
         shown["runtime"] = runtime_text(shown["runtime"])
         shown["reference"] = reference_text(shown["reference"])
+        shown["release_check"] = release_check_text(shown["release_check"])
     cli.emit(shown)
+
+
+def _release_check(
+    file: Path,
+    baseline: Path | None,
+    data: Path | None,
+    spec: Any,
+    threshold: float | None,
+    force: bool,
+    reference: Path | None = None,
+) -> Any:
+    """The release gate (`registry.release_check`), before anything is read from or sent
+    to the server; None without --baseline. Refused below the threshold unless --force."""
+    from control_plane.errors import InvalidInputError, PolicyError
+
+    if baseline is None:
+        if data is not None or force or threshold is not None or reference is not None:
+            raise InvalidInputError(
+                "--data, --min-agreement, --baseline-reference and --force go with "
+                "--baseline FP32.onnx",
+                field="baseline",
+            )
+        return None
+    if data is None:
+        raise InvalidInputError(
+            "--baseline needs --data DIR: the samples both models are compared on",
+            field="data",
+        )
+    from control_plane.registry.release_check import refusal, run_release_check
+
+    check = run_release_check(
+        file, baseline, data, spec, threshold=threshold, forced=force, reference=reference
+    )
+    if check.verdict == "failed" and not force:
+        raise PolicyError(refusal(check, file.name, baseline.name), field="baseline")
+    return check
+
+
+def release_check_text(report: dict[str, Any] | None) -> str:
+    """A version's signed release check as lines for a table cell."""
+    if report is None:
+        return "- (pushed without --baseline)"
+    from control_plane.registry.release_check import check_text
+    from control_plane.trust.custom import parse_release_check
+
+    try:
+        check = parse_release_check(report)
+    except Exception as exc:  # written by a newer CLI: shown as unreadable, not fatal
+        return f"unreadable by this CLI: {exc}"
+    lines = [check_text(check)]
+    for output in check.outputs:
+        figures = ", ".join(f"{k} {v}" for k, v in output.items() if k != "output")
+        lines.append(f"output {output['output']}: {figures}")
+    if check.decoded is not None:
+        lines.append("decoded: " + ", ".join(f"{k} {v}" for k, v in check.decoded.items()))
+    if check.coverage is not None:
+        b = "/".join(check.coverage["brightness_p5_p50_p95"])
+        c = "/".join(check.coverage["contrast_p5_p50_p95"])
+        lines.append(
+            f"coverage: {check.coverage['images']} images, brightness p5/p50/p95 {b}, contrast {c}"
+        )
+        lines += [f"warning: {w}" for w in check.coverage["warnings"]]
+    return "\n".join(lines)
 
 
 def runtime_text(summary: dict[str, Any] | None) -> str:
@@ -377,8 +482,10 @@ def model_show(
         shown = {**shown, "runtime": runtime_text(shown.get("runtime"))}
         # The runtime is shown above in words; the signed form stays in `-o json`.
         custom = shown.get("custom")
-        if isinstance(custom, dict) and "runtime" in custom:
-            shown["custom"] = {**custom, "runtime": "(see runtime)"}
+        if isinstance(custom, dict):
+            shown["release_check"] = release_check_text(custom.get("release_check"))
+            hidden = {k: f"(see {k})" for k in ("runtime", "release_check") if k in custom}
+            shown["custom"] = {**custom, **hidden}
     cli.emit(shown)
 
 

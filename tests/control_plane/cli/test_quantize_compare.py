@@ -22,6 +22,7 @@ from PIL import Image
 from control_plane.cli.main import main
 from control_plane.cli.runtime_file import load_runtime_file
 from control_plane.registry import sample_models
+from control_plane.registry.onnx_inspect import ReferencePair, save_reference
 from control_plane.registry.reference_frame import load_frame
 from control_plane.trust.custom import check_runtime
 from protos.bundle.preprocess import Preprocessor
@@ -572,3 +573,73 @@ def test_auto_exclude_keeps_the_concat_in_float_and_nothing_else(
         )  # fmt: skip
         assert code == 1 and message in err
     assert not (tmp_path / "x.onnx").exists()
+
+
+def reference_pair(
+    path: Path, model: Path, *, mean: tuple[float, ...], std: tuple[float, ...],
+    order: str = "RGB", outputs_of: Path | None = None,
+) -> Path:  # fmt: skip
+    """What the training framework would hand over: a frame, the input it made of it with
+    its own normalisation, and the outputs of `outputs_of` (default: `model`) on it."""
+    rng = np.random.default_rng(11)
+    frame = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    spec = load_runtime_file_dict(sample_models.tiny_detector_runtime(mean=mean, std=std))
+    spec = {**spec, "preprocess": {**spec["preprocess"], "channel_order": order}}
+    runtime_path = path.with_suffix(".yaml")
+    runtime_path.write_text(yaml.safe_dump(spec))
+    parsed = load_runtime_file(runtime_path)
+    resolved, channels = check_runtime(
+        parsed,
+        [TensorSig.of("images", "float32", (1, 3, SIZE, SIZE))],
+        [TensorSig.of("scores", "float32", (1, 4))],
+        where="runtime",
+    )
+    tensor = Preprocessor(resolved, channels)(frame)
+    session = ort.InferenceSession(str(outputs_of or model), providers=["CPUExecutionProvider"])
+    (scores,) = session.run(["scores"], {"images": tensor})
+    save_reference(
+        ReferencePair(inputs={"images": tensor}, outputs={"scores": scores}, frame=frame), path
+    )
+    return path
+
+
+def load_runtime_file_dict(spec: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(spec))
+
+
+def test_the_float_baseline_is_checked_first_and_a_normalisation_mismatch_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path, calibration: Path
+) -> None:
+    out = tmp_path / "int8.onnx"
+    args = ["quantize", str(fp32), "--calibration", str(calibration), "--runtime", str(runtime),
+            "--out", str(out)]  # fmt: skip
+    imagenet = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    same = reference_pair(tmp_path / "same.npz", fp32, mean=imagenet[0], std=imagenet[1])
+    code, report, err = run(capsys, *args, "--reference", str(same))
+    assert code == 0, err
+    baseline = report["float_baseline"]
+    assert baseline["matches"] and baseline["preprocess"] == {"matches": True}
+    assert baseline["outputs"][0]["cosine"] >= 0.9999 and baseline["outputs"][0]["max_abs"] < 1e-5
+    out.unlink()
+    # Exported from a framework that fed BGR in [-1, 1]: the runtime spec says ImageNet RGB.
+    other = reference_pair(tmp_path / "bgr.npz", fp32, mean=(0.5,), std=(0.5,), order="BGR")
+    code, _, err = run(capsys, *args, "--reference", str(other))
+    message = " ".join(err.split())
+    assert (
+        code == 1 and "normalisation mismatch: the reference frame through the runtime" in message
+    )
+    assert "reproduced by [-1,1] (scale 1/255, mean 0.5, std 0.5), BGR" in message
+    assert not out.exists()
+    # The right input, but outputs the FP32 model does not give (another export).
+    wrong = reference_pair(tmp_path / "wrong.npz", fp32, mean=imagenet[0], std=imagenet[1],
+                           outputs_of=sample_models.tiny_detector(tmp_path / "o.onnx", size=SIZE,
+                                                                  seed=5))  # fmt: skip
+    code, _, err = run(capsys, *args, "--reference", str(wrong))
+    message = " ".join(err.split())
+    assert code == 1 and "does not reproduce the reference outputs: 'scores' has cosine" in message
+    assert not out.exists()
+    # A pair that is not the model's.
+    np.savez(tmp_path / "bad.npz", **{"input/x": np.zeros(3, np.float32)})
+    code, _, err = run(capsys, *args, "--reference", str(tmp_path / "bad.npz"))
+    assert code == 1 and "holds inputs ['x'] and outputs []" in err
+    assert not out.exists()

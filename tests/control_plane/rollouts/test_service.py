@@ -17,12 +17,19 @@ from control_plane.errors import (
     InvalidInputError,
     NotFoundError,
     PermissionDeniedError,
+    PolicyError,
 )
+from control_plane.registry.release_check import build_release_check
 from control_plane.rollouts import service as service_module
 from control_plane.rollouts.service import RolloutService, TickReport
 from control_plane.rollouts.state import RolloutState
 from control_plane.rollouts.store import load_state, node_sequences
-from control_plane.storage.models import RolloutActionRow, RolloutNodeRow, RolloutRow
+from control_plane.storage.models import (
+    ModelVersionRow,
+    RolloutActionRow,
+    RolloutNodeRow,
+    RolloutRow,
+)
 from tests.control_plane.nodes.conftest import OPERATOR
 from tests.control_plane.rollouts.conftest import FAIL, PASS, RELEASE, TICK, World, request
 
@@ -498,3 +505,54 @@ def test_a_stored_node_record_with_an_unknown_phase_is_refused_by_name(world: Wo
         service.state(created.id)
     assert bad.value.fields["field"] == f"rollout {created.id}.nodes.{node_id}.phase"
     assert "'sideways'" in bad.value.message
+
+
+def _release_check(world: World, version: str, report: dict[str, Any] | None) -> None:
+    """Give det `version` a signed `custom.release_check` (as `model push --baseline`)."""
+    with world.sessions() as session:
+        row = session.scalars(
+            select(ModelVersionRow).where(
+                ModelVersionRow.model == "det", ModelVersionRow.version == version
+            )
+        ).one()
+        custom = {k: v for k, v in row.custom.items() if k != "release_check"}
+        row.custom = custom if report is None else {**custom, "release_check": report}
+        session.commit()
+
+
+def _check(value: float, *, forced: bool = False) -> dict[str, Any]:
+    comparison = {
+        "samples": 20,
+        "outputs": [{"output": "scores", "max_abs": 0.01, "mean_abs": 0.001,
+                     "cosine_min": 0.999, "cosine_p5": 0.9995, "sqnr_db_p5": 31.5}],
+        "decoded": {"kind": "classification", "frames": 20, "top1_ratio": value,
+                    "topk_overlap": 1.0},
+        "latency": {"cpu": {"machine": "x86_64", "int8_features": ["avx2"]}},
+    }  # fmt: skip
+    return build_release_check(
+        comparison,
+        baseline_sha256="ab" * 32,
+        data="images",
+        coverage=None,
+        onnxruntime="1.23.0",
+        forced=forced,
+    ).to_dict()
+
+
+def test_gates_may_require_a_passed_release_check(world: World) -> None:
+    make_fleet(world, 3)
+    service = world.service()
+    gates = {"require_release_check": True}
+    with pytest.raises(PolicyError, match="was pushed without one; push a new version"):
+        service.create(RELEASE, "gates", request(gates=gates))
+    _release_check(world, "1.1.0", _check(0.5, forced=True))
+    with pytest.raises(PolicyError) as forced:
+        service.create(RELEASE, "gates", request(gates=gates))
+    assert "1.1.0's failed and was forced through: top1_ratio 0.5 against the threshold 0.99" in (
+        forced.value.message
+    )
+    with pytest.raises(InvalidInputError) as bad:
+        service.create(RELEASE, "gates", request(gates={"require_release_check": "yes"}))
+    assert bad.value.fields["field"] == "gates.require_release_check"
+    _release_check(world, "1.1.0", _check(1.0))
+    assert service.create(RELEASE, "gates", request(gates=gates)).state.status == "pending"

@@ -540,6 +540,17 @@ async def test_the_host_is_handed_the_model_with_what_was_signed_with_it(
     assert rec.bundle_of(ModelRef(plain.path, plain.sha256)) == old
 
 
+async def test_a_signed_release_check_is_accepted_and_ignored(world: UpdateWorld) -> None:
+    """`custom.release_check` (`model push --baseline`, ADR 0048) is the control plane's:
+    the node installs the version as it would without it, whatever the report says."""
+    await install_first(world)
+    report = {"verdict": "failed", "forced": True, "kind": "raw", "value": "0.2"}
+    checked = world.release("2.0.0", add=2.0, counter=3, extra={"release_check": report})
+    outcome = await world.reconciler().apply(world.assign(checked))
+    assert outcome.kind is OutcomeKind.APPLIED
+    assert world.activated[-1] == world.store.path_of(checked.sha256)
+
+
 @pytest.mark.parametrize(
     ("runtime", "field"),
     [
