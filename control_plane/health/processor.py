@@ -328,12 +328,14 @@ class HealthProcessor:
                         metrics=point.metrics,
                         latency=percentiles_only(point.latency),
                         shadow=point.shadow,
+                        model_runtime=point.model_runtime,
                     )
                 )
             elif point.at >= row.at or node_id in corrected:
                 row.record_id, row.at, row.schema = record_id, point.at, point.schema[:64]
                 row.metrics, row.latency = point.metrics, percentiles_only(point.latency)
                 row.shadow = point.shadow
+                row.model_runtime = point.model_runtime
         session.flush()
         return before
 

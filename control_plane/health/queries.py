@@ -55,6 +55,9 @@ class LatestHealth:
     # The report's shadow section (a candidate run beside the served model, ADR 0031),
     # without its sketch; None when the report has none.
     shadow: dict[str, Any] | None = None
+    # Where the served model's runtime settings come from (the report's model_runtime
+    # section: config, session_overrides, node_preprocess_ignored); None when it has none.
+    model_runtime: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,7 @@ class HealthQueries:
             HealthLatestRow.metrics,
             HealthLatestRow.latency,
             HealthLatestRow.shadow,
+            HealthLatestRow.model_runtime,
         )
         if node_ids is not None:
             query = query.where(HealthLatestRow.node_id.in_(list(node_ids)))
@@ -150,8 +154,9 @@ class HealthQueries:
                     metrics=dict(metrics),
                     latency=dict(latency),
                     shadow=None if shadow is None else dict(shadow),
+                    model_runtime=None if runtime is None else dict(runtime),
                 )
-                for node_id, at, schema, metrics, latency, shadow in session.execute(query)
+                for node_id, at, schema, metrics, latency, shadow, runtime in session.execute(query)
             }
 
     def series(

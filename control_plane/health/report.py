@@ -14,7 +14,10 @@ cannot be read at all (over 512 KiB, not JSON, not an object, no
 The ``shadow`` section (a candidate run beside the active model, ADR 0031) becomes
 ``shadow_*`` numbers among the metrics, so they reach the series, roll-ups and latest
 values like any other, and ``HealthPoint.shadow``: the section as read (candidate, state,
-reason, the figures), without its sketch.
+reason, the figures), without its sketch. The ``model_runtime`` section (issue 12 §1:
+whether the served version runs with its signed runtime spec or node.yaml's preprocess,
+and which session settings node.yaml overrides on the box) becomes
+``HealthPoint.model_runtime``, bounded text.
 
 Pure: no I/O, no clock (the caller passes the record's ``created_at`` for reports that
 carry no window end).
@@ -161,6 +164,8 @@ class HealthPoint:
     )
     # The report's ``shadow`` section without its sketch; None when it has none.
     shadow: dict[str, Any] | None = None
+    # The report's ``model_runtime`` section, bounded; None when it has none.
+    model_runtime: dict[str, Any] | None = None
 
     def sketches(self) -> dict[str, dict[str, LatencySketch]]:
         """The decoded sketches per model version and kind (only those sent)."""
@@ -202,7 +207,13 @@ def parse_report(payload: bytes, *, created_at: datetime) -> HealthPoint:
     metrics.update(_latency_summary(latency))
     shadow = _shadow(doc.get("shadow"), metrics)
     return HealthPoint(
-        schema=schema, at=at, metrics=metrics, latency=latency, decoded=decoded, shadow=shadow
+        schema=schema,
+        at=at,
+        metrics=metrics,
+        latency=latency,
+        decoded=decoded,
+        shadow=shadow,
+        model_runtime=_model_runtime(doc.get("model_runtime")),
     )
 
 
@@ -312,6 +323,23 @@ def _v2_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
     _outbox(metrics, _section(doc, "outbox"))
     _put(metrics, "errors", _section(doc, "errors").get("count"))
     return metrics
+
+
+_MAX_OVERRIDES: Final = 32
+_MAX_NAME_CHARS: Final = 64
+
+
+def _model_runtime(section: object) -> dict[str, Any] | None:
+    """The model_runtime section (conformed already), its text bounded: ``config``,
+    ``session_overrides`` (names), ``node_preprocess_ignored``."""
+    if not isinstance(section, Mapping):
+        return None
+    overrides = section.get("session_overrides") or []
+    return {
+        "config": str(section.get("config") or "")[:_MAX_NAME_CHARS],
+        "session_overrides": [str(name)[:_MAX_NAME_CHARS] for name in overrides][:_MAX_OVERRIDES],
+        "node_preprocess_ignored": section.get("node_preprocess_ignored") is True,
+    }
 
 
 def _shadow(section: object, metrics: dict[str, float]) -> dict[str, Any] | None:

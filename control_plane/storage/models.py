@@ -462,6 +462,8 @@ class HealthLatestRow(Base):
     latency: Mapped[dict[str, Any]]
     # The report's shadow section without its sketch (`HealthPoint.shadow`); None: none.
     shadow: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # The report's model_runtime section (`HealthPoint.model_runtime`); None: none.
+    model_runtime: Mapped[dict[str, Any] | None] = mapped_column(default=None)
 
 
 class HealthAlertRow(Base):

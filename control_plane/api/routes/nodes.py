@@ -145,6 +145,26 @@ class ShadowOut(BaseModel):
     )
 
 
+class ModelRuntimeOut(BaseModel):
+    """Where the served model's runtime settings come from, as the node said in its newest
+    processed health report (its `model_runtime` section, issue 12 §1)."""
+
+    reported_at: datetime = Field(description="window end of the report it comes from")
+    config: str = Field(
+        description="signed: the version's signed runtime spec; node: node.yaml's preprocess "
+        "(a version pushed without one, or a local model)"
+    )
+    session_overrides: list[str] = Field(
+        default_factory=list,
+        description="the runtime.session settings node.yaml sets on this box (threads, "
+        "execution providers, ...): the only per-box overrides of a signed version",
+    )
+    node_preprocess_ignored: bool = Field(
+        default=False,
+        description="node.yaml sets runtime.preprocess, which the signed spec replaces",
+    )
+
+
 class NodeOut(BaseModel):
     id: str
     fleet: str
@@ -174,6 +194,11 @@ class NodeOut(BaseModel):
         default=None,
         description="its shadow candidate, when its newest processed health report has one "
         "(GET /v1/nodes/{id} only)",
+    )
+    model_runtime: ModelRuntimeOut | None = Field(
+        default=None,
+        description="where the served model's runtime settings come from, when its newest "
+        "processed health report says (GET /v1/nodes/{id} only)",
     )
 
 
@@ -239,6 +264,15 @@ def _shadow_out(section: dict[str, Any], at: datetime) -> ShadowOut | None:
             latency_ms=latency if isinstance(latency, dict) else {},
             reference_latency_ms=reference if isinstance(reference, dict) else {},
         )
+    except ValidationError:
+        return None
+
+
+def _model_runtime_out(section: dict[str, Any], at: datetime) -> ModelRuntimeOut | None:
+    """The stored section as the API shows it; one shaped otherwise is left out."""
+    fields = {k: v for k, v in section.items() if k in ModelRuntimeOut.model_fields}
+    try:
+        return ModelRuntimeOut(**{**fields, "reported_at": at})
     except ValidationError:
         return None
 
@@ -391,11 +425,14 @@ def list_nodes(
 def get_node(
     node_id: str, _: PrincipalDep, inventory: NodeInventoryDep, health: HealthQueriesDep
 ) -> NodeOut:
-    """One node, with its shadow candidate when its newest health report has one."""
+    """One node, with its shadow candidate when its newest health report has one, and
+    where its served model's runtime settings come from."""
     out = _node_out(inventory.get_node(node_id))
     latest = health.latest([node_id]).get(node_id)
     if latest is not None and latest.shadow is not None:
         out.shadow = _shadow_out(latest.shadow, latest.at)
+    if latest is not None and latest.model_runtime is not None:
+        out.model_runtime = _model_runtime_out(latest.model_runtime, latest.at)
     return out
 
 

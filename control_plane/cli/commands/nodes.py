@@ -352,9 +352,42 @@ def nodes_show(ctx: typer.Context, node_id: str) -> None:
         cli.emit(node)
         return
     _emit(cli, {**node, "active": _active_text(node)}, NODE_DETAIL_COLUMNS)
-    for line in [*update_lines(node), *shadow_lines(node.get("shadow"))]:
+    lines = [
+        *runtime_lines(node.get("model_runtime")),
+        *update_lines(node),
+        *shadow_lines(node.get("shadow")),
+    ]
+    for line in lines:
         # Not wrapped, no markup: a detail quotes names and brackets ('scores', [1, 3]).
         cli.console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def runtime_lines(runtime: Any) -> list[str]:
+    """`runtime config: signed (node.yaml overrides: ...)` — where the served model's
+    runtime settings come from, from the newest health report; a node.yaml preprocess the
+    signed spec replaces gets a second line. Nothing from an agent that does not say."""
+    if not isinstance(runtime, dict) or not runtime.get("config"):
+        return []
+    config = runtime["config"]
+    head = "runtime config: " + (
+        "signed with the version"
+        if config == "signed"
+        else "node.yaml's runtime.preprocess (the version has no signed runtime spec)"
+        if config == "node"
+        else str(config)
+    )
+    overrides = runtime.get("session_overrides") or []
+    head += (
+        "; node.yaml overrides runtime.session " + ", ".join(str(o) for o in overrides)
+        if overrides
+        else "; no node.yaml session overrides"
+    )
+    if runtime.get("reported_at"):
+        head += f" (report {_time_text(runtime['reported_at'])})"
+    lines = [head]
+    if runtime.get("node_preprocess_ignored"):
+        lines.append("  node.yaml sets runtime.preprocess: not used, the signed spec replaces it")
+    return lines
 
 
 def update_lines(node: dict[str, Any]) -> list[str]:

@@ -272,6 +272,56 @@ def test_nodes_show_says_what_the_node_shadows(
     assert lines[head + 1] == "  " + failed["detail"]
 
 
+def test_nodes_show_says_where_the_served_models_runtime_settings_come_from(
+    cli: Cli, services: Services, sender: Sender
+) -> None:
+    """Issue 12 §1: a signed version runs with its signed config; node.yaml overrides only
+    per-box session settings, and the control plane says which (from model_runtime)."""
+    now = datetime.now(UTC)
+    signed = {
+        "config": "signed",
+        "session_overrides": ["intra_op_threads", "execution_providers"],
+        "node_preprocess_ignored": True,
+    }
+    sender.send("n-a", v2_report(now - timedelta(minutes=1), model_runtime=signed))
+    sender.send("n-b", v2_report(now - timedelta(minutes=1), model_runtime={"config": "node"}))
+    sender.send("n-c", v2_report(now - timedelta(minutes=1)))  # an agent that does not say
+    services.health.processor.process_pending(datetime.now(UTC) + timedelta(seconds=1))
+
+    code, out, err = cli.run("nodes", "show", "n-a")
+    assert code == 0, err
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("runtime config: "))
+    assert lines[head].startswith(
+        "runtime config: signed with the version; node.yaml overrides runtime.session "
+        "intra_op_threads, execution_providers (report "
+    )
+    assert lines[head + 1] == (
+        "  node.yaml sets runtime.preprocess: not used, the signed spec replaces it"
+    )
+    shown = cli.json("nodes", "show", "n-a")["model_runtime"]
+    assert {k: v for k, v in shown.items() if k != "reported_at"} == signed
+    assert shown["reported_at"] is not None
+
+    code, out, err = cli.run("nodes", "show", "n-b")
+    assert code == 0, err
+    (line,) = [line for line in out.splitlines() if line.startswith("runtime config: ")]
+    assert line.startswith(
+        "runtime config: node.yaml's runtime.preprocess (the version has no signed runtime "
+        "spec); no node.yaml session overrides"
+    )
+    assert "signed spec replaces" not in out
+
+    code, out, err = cli.run("nodes", "show", "n-c")
+    assert code == 0 and "runtime config:" not in out
+    assert cli.json("nodes", "show", "n-c")["model_runtime"] is None
+
+    # The newest report decides: one without the section clears it.
+    sender.send("n-a", v2_report(now))
+    services.health.processor.process_pending(datetime.now(UTC) + timedelta(seconds=1))
+    assert cli.json("nodes", "show", "n-a")["model_runtime"] is None
+
+
 @pytest.fixture
 def running_client(services: Services, sender: Sender) -> Iterator[TestClient]:
     with TestClient(create_app(services)) as test_client:

@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from control_plane.health.config import HealthConfig
 from control_plane.services import ServiceConfig
 from edge_node.agent import Agent
 from edge_node.clock import SystemClock
@@ -337,6 +339,7 @@ async def test_a_fleet_moves_between_two_detectors_by_pin_alone(
         artifacts_url=(data / "artifacts").as_uri(),
         max_artifact_bytes=64 << 20,
         refresh_interval_s=3600,
+        health=HealthConfig(settle=timedelta(0)),  # nodes show: at once
     )
     data_dir = tmp_path / "node"
     async with fleet_plane(config, tmp_path / "ops") as fp:
@@ -364,6 +367,18 @@ async def test_a_fleet_moves_between_two_detectors_by_pin_alone(
             assert [n["active_model"] for n in nodes if n["id"] == node_id] == [f"{MODEL}@1.0.0"]
             table = await run_cli(fp, capsys, "nodes", "results", node_id)
             assert f"{MODEL}@1.0.0" in table and "person 0.95" in table
+            # And that it runs the signed config: node.yaml's preprocess is not used (its
+            # health reports, processed here: this plane runs no background duties).
+            processor = fp.services.health.processor
+            with anyio.fail_after(20):
+                while (await rest(fp, f"/v1/nodes/{node_id}")).get("model_runtime") is None:
+                    await anyio.to_thread.run_sync(
+                        lambda: processor.process_pending(datetime.now(UTC) + timedelta(seconds=1))
+                    )
+                    await anyio.sleep(0.1)
+            shown = await run_cli(fp, capsys, "nodes", "show", node_id)
+            assert "runtime config: signed with the version" in shown, shown
+            assert "node.yaml sets runtime.preprocess: not used" in shown, shown
 
             # B: 480x640, ImageNet mean/std, letterboxed; the same pipeline, no restart.
             await pin(fp, capsys, node_id, B.version)
