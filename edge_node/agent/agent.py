@@ -149,6 +149,7 @@ class Agent:
         self.updater: UpdateTask | None = None
         self.health_dropped = 0
         self.health_failed = 0  # reports that could not be built (logged)
+        self._baselines_unsaved = False  # the last save of drift baselines failed (logged once)
         # Camera sources feed the pipeline serving now (none before a model is loaded).
         self.capture = CaptureService(config.camera_sources, lambda: self._host.pipeline, clock)
         ticker = SystemTicker()
@@ -546,7 +547,14 @@ class Agent:
         try:
             atomic_write(self._baselines_path(), data, mode=0o600)
         except OSError as exc:  # a full disk must not stop health reports
-            log.warning("could not save drift baselines: %s", exc)
+            # Said once while it lasts (a full disk would repeat it every health interval).
+            level = logging.DEBUG if self._baselines_unsaved else logging.WARNING
+            log.log(level, "could not save drift baselines: %s", exc)
+            self._baselines_unsaved = True
+            return
+        if self._baselines_unsaved:
+            log.info("drift baselines saved again")
+            self._baselines_unsaved = False
 
     async def _run_runtime(self) -> None:
         # With the updater, it serves the journal's model (or model_path) at its start.

@@ -475,12 +475,12 @@ class UpdateTask:
         if outcome.kind is OutcomeKind.REJECTED and outcome.reason in RETRIED_REFUSALS:
             delay = self._retry_policy.delay(attempts)
             self._retry = (signed, self._clock.monotonic() + delay, attempts + 1)
-            log.info("assignment refused (%s); trying again in %.0fs", outcome.reason, delay)
+            log.info("assignment refused (%s); trying again in %.1fs", outcome.reason, delay)
         elif outcome.retry_at is not None:
             delay = max(0.0, (outcome.retry_at - self._clock.now()).total_seconds())
             self._retry = (signed, self._clock.monotonic() + delay, attempts + 1)
             log.info(
-                "%s of %s will be retried in %.0fs (%s)",
+                "%s of %s will be retried in %.1fs (%s)",
                 "the update" if outcome.kind is OutcomeKind.DEFERRED else "the failed update",
                 "-" if outcome.target is None else outcome.target.path,
                 delay,

@@ -5,6 +5,7 @@ restart without re-enrolling, revocation, fatal task errors and an idempotent sh
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import anyio
@@ -359,3 +360,22 @@ def test_unreadable_drift_baselines_are_ignored_not_fatal(tmp_path: Path, conten
     (tmp_path / "telemetry-baselines.json").unlink()
     (tmp_path / "telemetry-baselines.json").mkdir()  # not even a file
     agent._load_baselines()
+
+
+def test_a_failing_baseline_save_is_warned_once_while_it_lasts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent = Agent(AgentConfig(data_dir=tmp_path), SystemClock())
+    (tmp_path / "telemetry-baselines.json").mkdir()  # every atomic write onto it fails
+    with caplog.at_level(logging.DEBUG, logger="edge_node.agent.agent"):
+        for _ in range(5):  # five health intervals on a full disk
+            agent._save_baselines()
+    said = [r for r in caplog.records if "could not save drift baselines" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING] + [logging.DEBUG] * 4
+    (tmp_path / "telemetry-baselines.json").rmdir()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="edge_node.agent.agent"):
+        agent._save_baselines()
+        agent._save_baselines()
+    assert [r.getMessage() for r in caplog.records] == ["drift baselines saved again"]
+    assert (tmp_path / "telemetry-baselines.json").is_file()
