@@ -201,8 +201,9 @@ def write_broker_files(
     group: str | int | None = None,
     header: str = "",
 ) -> BrokerFiles:
-    """Write ``passwd`` (0600, or 0640 with `group`, the broker's) and ``acl`` (0644)
-    into `out_dir` for the gateway's login (``devices.username``) and every camera."""
+    """Write ``passwd`` (0600, or 0640 with `group`, the broker's; an existing one keeps
+    its group and group read bit) and ``acl`` (0644) into `out_dir` for the gateway's
+    login (``devices.username``) and every camera."""
     if devices.username is None:
         raise DeviceLoginError(
             "devices.username: the gateway's broker login is needed to write the broker files"
@@ -217,18 +218,24 @@ def write_broker_files(
     passwd = render_passwd([(gateway, mosquitto_password_hash(gateway_password)), *hashes])
     out_dir.mkdir(parents=True, exist_ok=True)
     files = BrokerFiles(out_dir / "passwd", out_dir / "acl", tuple(logins), tuple(removed))
-    mode = 0o600
+    # The broker reads passwd after dropping root (as `mosquitto`): with `group` it gets
+    # 0640 and that group; without, a passwd already there keeps its group and group bit.
+    mode, gid = 0o600, None
     if group is not None:
-        mode = 0o640
+        mode, gid = 0o640, _gid(group)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            old = files.passwd.stat()
+            mode, gid = 0o600 | (old.st_mode & 0o040), old.st_gid
     atomic_write(files.passwd, passwd.encode(), mode=mode)
-    if group is not None:
+    if gid is not None and gid != files.passwd.stat().st_gid:
         try:
-            os.chown(files.passwd, -1, _gid(group))
+            os.chown(files.passwd, -1, gid)
         except PermissionError as exc:
             with contextlib.suppress(OSError):
                 files.passwd.chmod(0o600)
             raise DeviceLoginError(
-                f"cannot give {files.passwd} the group {group!r} (not a member?): {exc}"
+                f"cannot give {files.passwd} the group {group or gid!r} (not a member?): {exc}"
             ) from exc
     atomic_write(files.acl, acl.encode(), mode=0o644)
     return files

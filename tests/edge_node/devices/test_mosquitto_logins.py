@@ -186,6 +186,10 @@ def test_files_are_private_and_passwords_kept_across_runs(site: Site) -> None:
     site.write_files(["cam-a", "cam-b"])
     assert site.password("cam-a") == before
     assert before not in (site.out / "passwd").read_text()  # only its hash
+    # A passwd the broker's group may read stays so when written again.
+    (site.out / "passwd").chmod(0o640)
+    site.write_files(["cam-a", "cam-b"])
+    assert (site.out / "passwd").stat().st_mode & 0o777 == 0o640
 
 
 def test_anonymous_and_wrong_passwords_are_refused(site: Site) -> None:
