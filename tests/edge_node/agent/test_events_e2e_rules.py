@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ def test_dwell_overdue_too_late_and_reordered_frames_through_one_node(tmp_path: 
             gate_a.start()
             gate_b.start()
             for cam in (gate_a, gate_b):
-                w.wait("the cameras' clock estimates", lambda c=cam: offset_learned(c, 0.0), 10)
+                w.wait("the cameras' clock estimates", partial(offset_learned, cam, 0.0), 10)
                 assert cam.publish_heartbeat() is not None and cam.flush(5.0)
 
             # Dwell (with 5 and 6 swapped) and the car at gate-a in one stream of frames.
