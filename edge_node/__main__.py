@@ -26,7 +26,13 @@ import anyio
 from edge_node.agent import EXIT_CONFIG, EXIT_OK, Agent, AgentError
 from edge_node.agent.update_task import FaultPoint
 from edge_node.clock import SystemClock
-from edge_node.config import AgentConfig, ConfigError, load_agent_config
+from edge_node.config import (
+    AgentConfig,
+    ConfigError,
+    device_settings,
+    load_agent_config,
+    load_node_settings,
+)
 from edge_node.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 
 log = logging.getLogger("edge_node")
@@ -84,7 +90,71 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get(LOG_FORMAT_ENV) or "logfmt",
         help=f"logfmt (key=value, the default) or json lines; env {LOG_FORMAT_ENV}",
     )
+    devices = commands.add_parser(
+        "devices", help="the cameras' logins on the node's local broker (Mosquitto)"
+    )
+    device_commands = devices.add_subparsers(dest="devices_command", required=True)
+    files = device_commands.add_parser(
+        "broker-files",
+        help="write Mosquitto's passwd and acl for node.yaml's devices: (then SIGHUP the broker)",
+    )
+    files.add_argument("--config", type=Path, required=True, help="node.yaml")
+    files.add_argument("--out", type=Path, required=True, help="directory for passwd and acl")
+    files.add_argument(
+        "--credentials",
+        type=Path,
+        help="directory of the cameras' password files (default: <data_dir>/device-logins)",
+    )
+    files.add_argument("--group", help="the broker's group (e.g. mosquitto): passwd 0640 with it")
     return parser
+
+
+def broker_files(args: argparse.Namespace) -> int:
+    """`devices broker-files`: node.yaml's devices: into Mosquitto's passwd and acl."""
+    from edge_node.devices.mosquitto_logins import (
+        DeviceLoginError,
+        ensure_password_file,
+        write_broker_files,
+    )
+
+    try:
+        settings = load_node_settings(args.config)
+        raw = dict(settings.devices or {})
+        if not raw:
+            raise ConfigError("devices: node.yaml has no devices section (no cameras)")
+        password_file = raw.get("password_file")
+        if isinstance(password_file, str) and Path(password_file).is_absolute():
+            ensure_password_file(Path(password_file))
+        elif password_file is None and "password" not in raw:
+            raise ConfigError(
+                "devices.password_file: the gateway's broker password is needed (give a path; "
+                "it is made if missing)"
+            )
+        devices = device_settings(raw)
+        if devices is None or devices.password is None:
+            raise ConfigError("devices: the section is disabled (enabled: false)")
+        files = write_broker_files(
+            devices,
+            out_dir=args.out,
+            credentials=args.credentials or settings.data_dir / "device-logins",
+            gateway_password=devices.password,
+            group=args.group,
+            header=f"Written by `edgefleet-node devices broker-files` from {args.config};"
+            " do not edit by hand.",
+        )
+    except (ConfigError, DeviceLoginError) as exc:
+        print(f"error: {one_line(exc.message)}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"passwd: {files.passwd}")
+    print(f"acl: {files.acl}")
+    print(f"gateway login: {devices.username}")
+    for login in files.logins:
+        state = "new" if login.created else "kept"
+        print(f"camera {login.device_id}: password {login.password_file} ({state})")
+    for device_id in files.removed:
+        print(f"camera {device_id}: removed (no longer in devices.cameras)")
+    print("reload the broker to apply: kill -HUP <mosquitto pid>")
+    return EXIT_OK
 
 
 async def serve(config: AgentConfig, fault_point: FaultPoint | None = None) -> int:
@@ -117,6 +187,8 @@ async def serve(config: AgentConfig, fault_point: FaultPoint | None = None) -> i
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "devices":
+        return broker_files(args)
     try:
         configure_logging(args.log_format, str(args.log_level))
     except ValueError as exc:  # an unknown --log-level

@@ -81,6 +81,7 @@ __all__ = [
     "RuntimeSettings",
     "UpdaterSettings",
     "WatchdogSettings",
+    "device_settings",
     "load_agent_config",
     "load_node_settings",
     "to_agent_config",
@@ -518,6 +519,11 @@ def _with_credentials(stream: str, source: SourceConfig) -> SourceConfig:
     except CaptureConfigError as exc:
         raise ConfigError(f"{exc.message} ({path})") from exc
     return replace(source, credentials=credentials)
+
+
+def device_settings(raw: Mapping[str, Any] | None) -> DeviceGatewayConfig | None:
+    """node.yaml's ``devices:`` alone (``edgefleet-node devices``); None when disabled."""
+    return _devices(raw)
 
 
 def _devices(raw: Mapping[str, Any] | None) -> DeviceGatewayConfig | None:
