@@ -263,9 +263,11 @@ def raw_process(
     cameras: list[str],
     n: int,
     objects: int,
+    root: str = RAW_ROOT,
 ) -> None:
     """The anchor's publishers: one paho client per camera (QoS 1, paho's default
-    window of 20 in flight, its own network thread), `n` messages each."""
+    window of 20 in flight, its own network thread), `n` messages each, on
+    ``<root>/<camera>/results`` (the raw subscriber's tree, or the node's)."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
@@ -302,7 +304,7 @@ def raw_process(
     gate = threading.Barrier(len(cameras) + 1)
 
     def publisher(cam: str) -> None:
-        client, topic = clients[cam], f"{RAW_ROOT}/{cam}/results"
+        client, topic = clients[cam], f"{root}/{cam}/results"
         gate.wait()
         for payload in payloads[cam]:
             client.publish(topic, payload, qos=1)
@@ -382,6 +384,50 @@ def raw_round(
     result["received_at"] = sub.last_at
     result["rate"] = sub.target / (sub.last_at - result["started_at"])
     return result
+
+
+def node_raw_round(
+    port: int, root: str, cameras: list[str], n: int, objects: int, gateway: Any
+) -> dict[str, Any]:
+    """The raw round's publishers, the same bytes, into the node instead of the raw
+    subscriber: results/s from their start until the gateway has handed the last one to
+    the aggregation, and the node process's CPU per thread over that time."""
+    before = gateway.health()["observations"]
+    target = before + n * len(cameras)
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    with spawned(raw_process, child, port, cameras, n, objects, root):
+        threads = thread_cpu()
+        cpu = time.process_time()
+        parent.send("go")
+        peak: list[int] = []
+        done_at = wait_count(gateway, target, 120.0, peak)
+        node_cpu_s = time.process_time() - cpu
+        after = thread_cpu()
+        result: dict[str, Any] = parent.recv()
+    result["gateway_done_at"] = done_at
+    result["observations"] = gateway.health()["observations"] - before
+    result["node_cpu_s"] = node_cpu_s
+    result["threads_cpu_s"] = {k: v - threads.get(k, 0.0) for k, v in after.items()}
+    result["gateway_queue_peak"] = peak[0]
+    result["rate"] = n * len(cameras) / (done_at - result["started_at"])
+    return result
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's live threads, by name (numbers dropped: paho's
+    ``paho-mqtt-client-<id>``, anyio's workers summed), from /proc (Linux only)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = thread.name.split("-client-")[0] if "paho" in thread.name else thread.name
+        name = name.split(" (")[0].rstrip("0123456789-_ ")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 # ----------------------------------------------------------------------------- the node
@@ -533,6 +579,18 @@ async def node_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 )
                 parent.send(("close",))
                 await anyio.to_thread.run_sync(parent.recv)
+            # Like for like with the raw rounds: their publishers, their bytes, into the
+            # node (the SDK cameras above cost their process far more CPU a result).
+            print(f"node, raw publishers: {args.burst} messages x {args.cameras}", flush=True)
+            out["node_raw"] = await anyio.to_thread.run_sync(
+                node_raw_round,
+                broker.port,
+                gateway.config.topic_root,
+                cameras,
+                args.burst,
+                args.objects,
+                gateway,
+            )
             await settle(db.url, agent)
             out["gateway"] = gateway.health()
             out["aggregation"] = agent.aggregation.health()
@@ -706,14 +764,36 @@ def summarise(args: argparse.Namespace, report: Report, out: dict[str, Any]) -> 
     )
     report.figure("end-to-end latency P50", pct(every, 50) * 1000, "ms")
     report.figure("end-to-end latency P99", pct(every, 99) * 1000, "ms")
+    nr = out["node_raw"]
+    n_node_raw = args.burst * args.cameras
+    print(
+        f"node, raw publishers: {nr['rate']:,.0f} results/s through the gateway "
+        f"({nr['observations']} of {n_node_raw}; all PUBACKed "
+        f"{nr['acked_at'] - nr['started_at']:.2f} s after the start, the gateway done "
+        f"{nr['gateway_done_at'] - nr['started_at']:.2f} s; largest queue "
+        f"{nr['gateway_queue_peak']}); node CPU {nr['node_cpu_s'] / n_node_raw * 1e6:.0f} µs "
+        "a result, by thread: "
+        + ", ".join(
+            f"{name} {cpu / n_node_raw * 1e6:.0f}"
+            for name, cpu in sorted(nr["threads_cpu_s"].items(), key=lambda kv: -kv[1])
+            if cpu > 0
+        )
+    )
     report.figure(
-        "ingest, burst through the gateway",
+        "ingest, raw publishers through the gateway",
+        nr["rate"],
+        "results/s",
+        anchor=raw,
+        anchor_name="raw Mosquitto + paho (same publishers, same bytes)",
+        goal=f">= {GOAL_SHARE_OF_RAW:.0%} of raw",
+        met=nr["rate"] >= GOAL_SHARE_OF_RAW * raw,
+    )
+    report.figure(
+        "ingest, SDK cameras' burst through the gateway",
         rate,
         "results/s",
         anchor=raw,
-        anchor_name="raw Mosquitto + paho",
-        goal=f">= {GOAL_SHARE_OF_RAW:.0%} of raw",
-        met=rate >= GOAL_SHARE_OF_RAW * raw,
+        anchor_name="raw Mosquitto + paho (lighter publishers)",
     )
     report.figure(
         "node CPU per result, burst",
@@ -725,6 +805,10 @@ def summarise(args: argparse.Namespace, report: Report, out: dict[str, Any]) -> 
     report.goal(
         f"burst: every result through the gateway ({b['observations']} of {n_burst})",
         b["observations"] == n_burst,
+    )
+    report.goal(
+        f"raw publishers: every result through the gateway ({nr['observations']} of {n_node_raw})",
+        nr["observations"] == n_node_raw,
     )
     report.goal(
         f"paced: every result through the gateway ({paced_['observations']} of {paced_['sent']})",

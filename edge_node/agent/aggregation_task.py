@@ -343,8 +343,15 @@ class AggregationTask:
             assert engine is not None
             try:
                 known = engine.aligner.config.known_sources
+                # Consecutive observations go to the engine as one batch (`offer_many`:
+                # the rules advanced once, not once an observation); an offset first
+                # lets the frames before it through.
+                run: list[Observation] = []
                 for item in batch:
                     if isinstance(item, _ClockOffset):
+                        if run:
+                            events += engine.offer_many(run, now)
+                            run = []
                         # A camera the rules file does not list: its frames are counted
                         # (unknown_source), its heartbeats are not.
                         if known is None or item.source in known:
@@ -357,7 +364,9 @@ class AggregationTask:
                     if observation is None:
                         self.stats.not_detections += 1
                         continue
-                    events += engine.offer(observation, now)
+                    run.append(observation)
+                if run:
+                    events += engine.offer_many(run, now)
                 for source, offset_s in aside.items():
                     if known is None or source in known:
                         engine.set_clock_offset(source, offset_s)
