@@ -629,7 +629,12 @@ def pure_cores(
     from edge_node.devices.intake import DeviceIntake
 
     payloads = raw_payloads(cameras, n // len(cameras), objects)
-    items = [(f"edgefleet/dev/{c}/results", p) for c in cameras for p in payloads[c]]
+    # Frame by frame across the cameras: the capture times' order (raw_payloads).
+    items = [
+        (f"edgefleet/dev/{c}/results", payloads[c][i])
+        for i in range(n // len(cameras))
+        for c in cameras
+    ]
     best = {"intake": float("inf"), "rules": float("inf")}
     for _ in range(3):
         intake = DeviceIntake(devices, now=time.monotonic(), config_version=1)
