@@ -229,9 +229,10 @@ def raw_payloads(cameras: Sequence[str], n: int, objects: int) -> dict[str, list
 
     Capture times are one timeline for all cameras, ``CAPTURE_STEP_S`` a frame from the
     build's start: frame n of every camera at the same time, as the cameras publish in
-    parallel, so the aligner (50 ms lateness) takes them, rather than each camera's
-    frames stamped as its turn in the build came (which made most of a camera's frames
-    too late once the others' were ahead, and kept them from the rules)."""
+    parallel, rather than each camera's frames stamped as its turn in the build came.
+    Still stamped at build, 1-3 s before they are published: a run whose cameras were
+    idle (the aligner's idle timeout) by then finds many too late, and those skip the
+    rules; the run prints how many (docs/benchmarks.md)."""
     from device_sdk.client import PROTOCOL_VERSION, _stamp
     from device_sdk.ids import uuid7
     from device_sdk.proto.edgefleet.device.v1 import device_pb2
