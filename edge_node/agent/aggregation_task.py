@@ -23,18 +23,20 @@ file, and a typo in it must not take the cameras' inference down with it.
 
 Cameras' results come the same way, but they are durable messages (QoS 1, acked only once
 processed: ADR 0041), so they are never left out: the device gateway's worker thread calls
-:meth:`AggregationTask.offer_observation` (an ``Observation`` already, through the same
-bounded hand-off), which waits for room when the hand-off is full (counted
-``observations_waited``; the worker signals each drain), at most ``observation_wait_s``
-(5 s), and says False when it still cannot take it (stopping, or no room by then: counted
-``observations_refused``, not ``offered``; the rules failed: the device task counts it not
-aggregated), so the gateway leaves that message unacked for the broker to deliver again.
-Only the gateway's worker ever waits there; the pipeline's threads call ``offer``, which
-never does. It also calls :meth:`AggregationTask.set_clock_offset` for each heartbeat's
-clock estimate. The offset travels in the hand-off too, in order with
-the observations, so the engine (touched only by the task's worker) applies it to the
-frames that came after it; when the hand-off is full it is kept aside, latest per camera,
-and applied after that batch, so an estimate is never lost to a burst of results.
+:meth:`AggregationTask.offer_observations` with each batch it took from the broker
+(``Observation`` s already, through the same bounded hand-off, one lock a batch;
+:meth:`AggregationTask.offer_observation` is the same for one), which waits for room when
+the hand-off is full (counted ``observations_waited``; the worker signals each drain), at
+most ``observation_wait_s`` (5 s), and says False when it still cannot take it (stopping,
+or no room by then: counted ``observations_refused``, not ``offered``; the rules failed:
+the device task counts it not aggregated), so the gateway leaves that message unacked for
+the broker to deliver again. Only the gateway's worker ever waits there; the pipeline's
+threads call ``offer``, which never does. It also calls
+:meth:`AggregationTask.set_clock_offset` for each heartbeat's clock estimate. The offset
+travels in the hand-off too, in order with the observations, so the engine (touched only
+by the task's worker) applies it to the frames that came after it; when the hand-off is
+full it is kept aside, latest per camera, and applied after that batch, so an estimate is
+never lost to a burst of results.
 
 Not here: the device gateway itself (``edge_node.devices``, started by the agent), the
 rules themselves.
@@ -45,8 +47,9 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -226,6 +229,40 @@ class AggregationTask:
             self._queue.append(observation)
             return True
 
+    def offer_observations(
+        self, observations: Sequence[Observation], *, timeout_s: float | None = None
+    ) -> int:
+        """`offer_observation` for a batch, in order, under one lock: as many as there is
+        room for are taken at once; for the rest the hand-off is waited on as there (one
+        wait of at most ``timeout_s`` for the whole batch). Returns how many were taken,
+        a prefix of the batch; the caller must not ack the rest (see
+        `offer_observation`)."""
+        taken = 0
+        n = len(observations)
+        limit = self.config.queue_size
+        wait = max(0.0, self.observation_wait_s if timeout_s is None else timeout_s)
+        deadline: float | None = None
+        with self._room:
+            while taken < n:
+                if self._accepting and len(self._queue) >= limit:
+                    if deadline is None:
+                        self.stats.observations_waited += 1
+                        deadline = time.monotonic() + wait
+                    self._room.wait_for(
+                        lambda: not self._accepting or len(self._queue) < limit,
+                        timeout=max(0.0, deadline - time.monotonic()),
+                    )
+                if not self._accepting or len(self._queue) >= limit:
+                    if self.state != "failed":  # failed: the caller counts them
+                        self.stats.observations_refused += n - taken
+                    break
+                room = min(n - taken, limit - len(self._queue))
+                self._queue.extend(observations[taken : taken + room])
+                taken += room
+                self.stats.offered += room
+                self.stats.device_observations += room
+        return taken
+
     def set_clock_offset(self, source: str, offset_s: float) -> None:
         """A camera's clock minus the node's (its heartbeat's estimate), for its frames
         handed over after this call (any thread; applied by the task's worker)."""
@@ -306,8 +343,15 @@ class AggregationTask:
             assert engine is not None
             try:
                 known = engine.aligner.config.known_sources
+                # Consecutive observations go to the engine as one batch (`offer_many`:
+                # the rules advanced once, not once an observation); an offset first
+                # lets the frames before it through.
+                run: list[Observation] = []
                 for item in batch:
                     if isinstance(item, _ClockOffset):
+                        if run:
+                            events += engine.offer_many(run, now)
+                            run = []
                         # A camera the rules file does not list: its frames are counted
                         # (unknown_source), its heartbeats are not.
                         if known is None or item.source in known:
@@ -320,7 +364,9 @@ class AggregationTask:
                     if observation is None:
                         self.stats.not_detections += 1
                         continue
-                    events += engine.offer(observation, now)
+                    run.append(observation)
+                if run:
+                    events += engine.offer_many(run, now)
                 for source, offset_s in aside.items():
                     if known is None or source in known:
                         engine.set_clock_offset(source, offset_s)

@@ -3,20 +3,20 @@ hands what the cameras send to the aggregation, and stops the gateway within the
 drain deadline.
 
 The gateway's callbacks run on its worker thread; both go straight into the aggregation
-task's bounded hand-off (``AggregationTask.offer_observation`` and ``set_clock_offset``:
-a lock held for an append), so the gateway's worker never waits on the rules and the
-engine is only ever touched by the aggregation's own worker. Cameras' results are durable
-(ADR 0041): when the hand-off is full the gateway's worker waits for the aggregation to
-drain it (backpressure: the gateway's queue fills, then paho stops reading, then TCP holds
-the broker back), and one the aggregation still refuses (no room within its wait, or
-stopping) is reported to the gateway as not processed, so it stays unacked and the broker
-delivers it again. Without an aggregation (no rules file, or one that failed) the gateway
-runs all the same: it checks, rate-limits, dedupes, answers heartbeats and sends each
-camera its config, and the observations it accepts are counted
+task's bounded hand-off (``AggregationTask.offer_observations``, a batch at a time, and
+``set_clock_offset``: a lock held for an append), so the gateway's worker never waits on
+the rules and the engine is only ever touched by the aggregation's own worker. Cameras'
+results are durable (ADR 0041): when the hand-off is full the gateway's worker waits for
+the aggregation to drain it (backpressure: the gateway's queue fills, then paho stops
+reading, then TCP holds the broker back), and one the aggregation still refuses (no room
+within its wait, or stopping) is reported to the gateway as not processed, so it stays
+unacked and the broker delivers it again. Without an aggregation (no rules file, or one
+that failed) the gateway runs all the same: it checks, rate-limits, dedupes, answers
+heartbeats and sends each camera its config, and the observations it accepts are counted
 (``observations_not_aggregated``), acked and dropped (the rules are off until a restart;
-leaving them unacked would only fill the broker's window). Reconnects are the
-gateway's own (paho's); a gateway that cannot start (its TLS files unusable) fails the
-agent like any task.
+leaving them unacked would only fill the broker's window). Reconnects are the gateway's
+own (paho's); a gateway that cannot start (its TLS files unusable) fails the agent like
+any task.
 
 Not here: the gateway (``edge_node.devices.gateway``), the rules.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -83,7 +84,7 @@ class DeviceTask:
         self.stopped = anyio.Event()
         self.gateway = DeviceGateway(
             config,
-            self._observation,
+            on_observations=self._observations,
             on_clock_offset=self._clock_offset,
             time_fn=lambda: clock.now().timestamp(),
             monotonic_fn=clock.monotonic,
@@ -91,19 +92,18 @@ class DeviceTask:
 
     # ------------------------------------------------------------ the gateway's worker
 
-    def _observation(self, observation: Observation) -> bool:
-        """True when processed (taken, or counted in counting mode); False when the
-        aggregation refused it (full past its wait, or stopping): the gateway leaves the
-        message unacked."""
+    def _observations(self, observations: Sequence[Observation]) -> int:
+        """The batch form (what the gateway calls): how many were processed, a prefix;
+        the rest the gateway leaves unacked."""
         aggregation = self._aggregation
+        taken = 0
         if aggregation is not None:
-            if aggregation.offer_observation(observation):
-                return True
-            if aggregation.state != "failed":
-                return False
+            taken = aggregation.offer_observations(observations)
+            if taken == len(observations) or aggregation.state != "failed":
+                return taken
         with self._lock:
-            self.not_aggregated += 1
-        return True
+            self.not_aggregated += len(observations) - taken
+        return len(observations)
 
     def _clock_offset(self, device_id: str, offset_s: float) -> None:
         aggregation = self._aggregation

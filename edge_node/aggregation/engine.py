@@ -15,7 +15,7 @@ adapters), where events go (the outbox, through ``edge_node.aggregation.wire``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,17 @@ class Aggregator:
 
     def offer(self, observation: Observation, now: float) -> list[Event]:
         return self._apply(self.aligner.offer(observation, now))
+
+    def offer_many(self, observations: Iterable[Observation], now: float) -> list[Event]:
+        """`offer` for a batch that arrived at `now`: the aligner takes each, and what it
+        releases goes through the rules once, in event-time order, so the rules are
+        advanced to the watermark once a batch instead of once an observation. The same
+        events as offering them one by one (timers are advanced before each sighting)."""
+        offer = self.aligner.offer
+        released: list[Released] = []
+        for observation in observations:
+            released += offer(observation, now)
+        return self._apply(released)
 
     def advance(self, now: float) -> list[Event]:
         """Let time pass with no new observation (idle cameras, timers)."""

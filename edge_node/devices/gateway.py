@@ -8,11 +8,16 @@ camera's clock offset) to the callbacks it was given, answers heartbeats with a
 `DeviceConfig` retained on ``<root>/<device>/config``. Not here: any decision (the
 intake's), the aggregation, node.yaml.
 
-Threads: paho's network thread only queues what arrives (with the node's clock at
-arrival, for the TimeSync); one worker thread of the gateway's own decides, publishes
-the replies and calls the callbacks, so a slow callback delays intake but never paho's
-keepalive. The queue holds at most ``max_queue`` messages, and each is acked to the
-broker (manual QoS 1 ack) only once processed: a node that stops or dies with messages
+Threads: paho's network thread only queues what arrives (a tuple appended, with the
+node's clock at arrival, for the TimeSync; the worker is woken only when the queue was
+empty); one worker thread of the gateway's own takes what is queued in batches (at most
+``MAX_BATCH``, and half the queue), decides on the whole batch under one lock, publishes
+the replies, hands the batch's observations on in one call (``on_observations``; in
+order with the clock offsets between them) and only then acks the batch's messages, so
+a slow callback delays intake but never paho's keepalive, and a worker that dies
+mid-batch has acked none of it. The queue and the batch in hand together hold at most
+``max_queue`` messages, and each is acked to the broker (manual QoS 1 ack) only once
+processed: a node that stops or dies with messages
 queued gets them again from its persistent session, and the intake's id memory drops
 what it had already taken. Nothing is acked unprocessed: the CONNECT's Receive Maximum
 (``receive_maximum``, at most ``max_queue``) asks the broker to keep no more unacked
@@ -21,10 +26,12 @@ full queue and paho's thread waits for room (TCP then holds the broker back), at
 half the keepalive; a message that still finds none is counted ``deferred`` and left
 unacked, for the broker's next session with the gateway (ADR 0041).
 The observation callback may refuse one by returning False (the aggregation had no room
-within its wait, or is stopping): that message is not processed, so it is not acked,
+within its wait, or is stopping; the batch callback by returning how many of the batch
+it took, the rest refused): that message is not processed, so it is not acked,
 counted ``deferred`` (and ``observations_refused``) like one the queue could not take, its
 id is forgotten by the intake, and the broker delivers it again on its next session.
-A callback that raises is logged and counted, never fatal (the message is acked, lost).
+A callback that raises is logged and counted, never fatal (the message is acked, lost;
+for the batch callback, the observations it was given).
 The callbacks run on that worker thread: an asyncio agent passes ones that hand over to
 its loop (``loop.call_soon_threadsafe``), and the aggregation's `now` is the agent's.
 """
@@ -37,9 +44,8 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -53,26 +59,26 @@ from edge_node.devices.intake import DeviceIntake, Outcome
 from edge_node.devices.replies import config_message, time_sync_message
 from edge_node.errors import ClosedError
 
-__all__ = ["ClockSink", "DeviceGateway", "ObservationSink"]
+__all__ = ["MAX_BATCH", "ClockSink", "DeviceGateway", "ObservationSink", "ObservationsSink"]
 
 log = logging.getLogger(__name__)
 
 # Returns False when it did not take the observation (leave the message unacked);
 # True or None when it did.
 ObservationSink = Callable[[Observation], bool | None]
+# The batch form: returns how many it took, in order (the rest are refused, left
+# unacked); None when it took them all.
+ObservationsSink = Callable[[Sequence[Observation]], int | None]
 ClockSink = Callable[[str, float], None]  # (device id, camera clock minus node clock, s)
 
 _LEAVES = ("results", "heartbeat", "frame")
+# Messages the worker takes off the queue at once (and never more than half the queue):
+# one lock, one intake pass, one hand-off and one run of acks for all of them.
+MAX_BATCH: Final = 256
 
-
-@dataclass(frozen=True, slots=True)
-class _Inbound:
-    topic: str
-    payload: bytes
-    mid: int
-    qos: int
-    received_at: float  # node clock, UNIX seconds
-    generation: int  # the connection it came on (an ack is for that connection only)
+# What paho's thread queues: (topic, payload, mid, qos, received_at (node clock, UNIX
+# seconds), generation (the connection it came on: an ack is for that connection only)).
+_Inbound = tuple[str, bytes, int, int, float, int]
 
 
 class DeviceGateway:
@@ -81,14 +87,19 @@ class DeviceGateway:
     def __init__(
         self,
         config: DeviceGatewayConfig,
-        on_observation: ObservationSink,
+        on_observation: ObservationSink | None = None,
         *,
+        on_observations: ObservationsSink | None = None,
         on_clock_offset: ClockSink | None = None,
         time_fn: Callable[[], float] = time.time,
         monotonic_fn: Callable[[], float] = time.monotonic,
     ) -> None:
+        if (on_observation is None) == (on_observations is None):
+            raise TypeError("DeviceGateway needs on_observation or on_observations (one)")
         self.config = config
         self._on_observation = on_observation
+        self._on_observations = on_observations
+        self._max_batch = max(1, min(MAX_BATCH, config.max_queue // 2))
         self._on_clock_offset = on_clock_offset
         self._time = time_fn
         self._monotonic = monotonic_fn
@@ -96,12 +107,17 @@ class DeviceGateway:
         self._intake = DeviceIntake(
             config, now=monotonic_fn(), config_version=int(time_fn() * 1000)
         )
+        # The queue and the counters (paho's thread and the worker); the intake's state
+        # has a lock of its own, so paho's thread queues while the worker decides.
         self._lock = threading.Lock()
+        self._intake_lock = threading.Lock()
         self._queue: collections.deque[_Inbound] = collections.deque()
+        self._in_work = 0  # taken off the queue by the worker, not yet done with
         self._wake = threading.Condition(self._lock)
         self._room = threading.Condition(self._lock)  # the worker took one off the queue
         self._ready = threading.Event()
         self._stopping = False
+        self._abandoned = False  # stop()'s deadline passed
         self._started = False
         self._generation = 0
         self._connected = False
@@ -164,7 +180,7 @@ class DeviceGateway:
         delivers it again. Safe to call twice."""
         with self._wake:
             if self._stopping:
-                return not self._queue
+                return not self._queue and not self._in_work
             self._stopping = True
             self._wake.notify_all()
             self._room.notify_all()
@@ -173,8 +189,11 @@ class DeviceGateway:
             self._worker.join(max(0.0, deadline_s))
             drained = not self._worker.is_alive()
         with self._lock:
-            left = len(self._queue)
+            left = len(self._queue) + self._in_work
             self._queue.clear()
+            # A worker still busy past the deadline hands nothing more on: the rest of
+            # its batch stays unacked, for the broker's session to deliver again.
+            self._abandoned = True
         if left:
             log.warning("device gateway stopped with %d messages unprocessed", left)
         client = self._client
@@ -192,11 +211,13 @@ class DeviceGateway:
 
     def health(self) -> dict[str, Any]:
         """Connection, queue and intake counters (per reason and per camera), JSON-able."""
-        with self._lock:
+        with self._intake_lock:
             report = self._intake.health()
+        with self._lock:
             report.update(
                 connected=self._connected,
-                queued=len(self._queue),
+                # Taken from the broker and not yet done with (queued, or in the batch).
+                queued=len(self._queue) + self._in_work,
                 max_queue=self.config.max_queue,
                 last_error=self._last_error,
                 **dict(self._counts),
@@ -277,30 +298,33 @@ class DeviceGateway:
         self, client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage
     ) -> None:
         received_at = self._time()
+        topic = message.topic
+        limit = self.config.max_queue
+        queue = self._queue
         with self._wake:
-            if len(self._queue) >= self.config.max_queue and not self._stopping:
+            if len(queue) + self._in_work >= limit and not self._stopping:
                 # Never ack what was not processed: wait for room (paho's thread stops
                 # reading, so TCP holds the broker back), within half the keepalive so
                 # that the connection's pings are not missed for long.
                 self._counts["queue_full"] += 1
                 deadline = time.monotonic() + self.config.keepalive_s / 2  # a real wait
-                while len(self._queue) >= self.config.max_queue and not self._stopping:
+                while len(queue) + self._in_work >= limit and not self._stopping:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     self._room.wait(left)
             if self._stopping:
                 return  # unacked: the broker's session delivers it again
-            if len(self._queue) >= self.config.max_queue:
+            if len(queue) + self._in_work >= limit:
                 # Unacked: the broker sends it again on its next session with the
                 # gateway (a reconnect or a restart; ADR 0041), never on this one.
                 self._counts["deferred"] += 1
                 self._last_error = "the queue stayed full: messages left unacked"
-                log.warning("device gateway: queue full, %s left unacked", message.topic[:200])
+                log.warning("device gateway: queue full, %s left unacked", topic[:200])
                 return
-            self._queue.append(
-                _Inbound(
-                    message.topic,
+            queue.append(
+                (
+                    topic,
                     bytes(message.payload),
                     message.mid,
                     message.qos,
@@ -308,44 +332,129 @@ class DeviceGateway:
                     self._generation,
                 )
             )
-            self._wake.notify()
+            if len(queue) == 1:  # the worker waits only on an empty queue
+                self._wake.notify()
 
     # ------------------------------------------------------------------ worker side
 
     def _work(self) -> None:
+        queue = self._queue
         while True:
             with self._wake:
-                while not self._queue and not self._stopping:
+                while not queue and not self._stopping:
                     self._wake.wait()
-                if not self._queue:
+                if not queue:
                     return  # stopping, and everything is done
-                item = self._queue.popleft()
-                self._room.notify()
+                n = min(len(queue), self._max_batch)
+                batch = [queue.popleft() for _ in range(n)]
+                self._in_work = n
                 generation = self._generation
+            try:
+                done = self._process(batch)
+                client = self._client
+                if client is not None:
+                    for item, processed in zip(batch, done, strict=True):
+                        # Unprocessed: unacked, the broker's next session delivers it.
+                        if processed and item[5] == generation and item[3] > 0:
+                            client.ack(item[2], item[3])
+            finally:
+                with self._lock:
+                    self._in_work = 0
+                    self._room.notify_all()
+
+    def _process(self, batch: list[_Inbound]) -> list[bool]:
+        """Decide on the whole batch, act on it, hand its observations on: for each
+        message, whether it was processed (to be acked)."""
+        monotonic = self._monotonic
+        take = self._intake.take
+        outcomes: list[Outcome | None] = []
+        with self._intake_lock:
+            for topic, payload, _mid, _qos, received_at, _gen in batch:
                 try:
-                    outcome = self._intake.take(
-                        item.topic, item.payload, item.received_at, self._monotonic()
-                    )
+                    outcomes.append(take(topic, payload, received_at, monotonic()))
                 except Exception:  # a bug must not stop the intake; the message is lost
-                    outcome = None
-                    self._counts["internal_errors"] += 1
-                    log.exception("device gateway: the intake failed on %s", item.topic[:200])
-            processed = True
-            if outcome is not None:
-                try:
-                    processed = self._act(outcome)
-                except Exception:
+                    outcomes.append(None)
                     with self._lock:
                         self._counts["internal_errors"] += 1
-                    log.exception("device gateway: answering %s failed", item.topic[:200])
-            if not processed:
-                continue  # unacked: the broker's next session delivers it again
-            client = self._client
-            if client is not None and item.generation == generation and item.qos > 0:
-                client.ack(item.mid, item.qos)
+                    log.exception("device gateway: the intake failed on %s", topic[:200])
+        done = [True] * len(batch)
+        run: list[int] = []  # positions of observations not handed on yet, in order
+        refusing = False
+        for at, outcome in enumerate(outcomes):
+            if self._abandoned:  # stopped past its deadline: the rest is left unacked
+                done[at:] = [False] * (len(done) - at)
+                return done
+            if outcome is None or outcome.rejected is not None:
+                continue
+            if outcome.observation is not None:
+                if refusing:  # the aggregation refused one before it in this batch
+                    done[at] = False
+                    self._refuse([outcome])
+                else:
+                    run.append(at)
+                continue
+            if run:  # a heartbeat's offset goes after the observations before it
+                refusing = self._hand_on(run, outcomes, done)
+                run = []
+            try:
+                self._act(outcome)
+            except Exception:
+                with self._lock:
+                    self._counts["internal_errors"] += 1
+                log.exception("device gateway: answering %s failed", batch[at][0][:200])
+        if run and not self._abandoned:
+            self._hand_on(run, outcomes, done)
+        elif run:
+            for at in run:
+                done[at] = False
+        return done
 
-    def _act(self, outcome: Outcome) -> bool:
-        """Reply and call the callbacks; False when the observation was refused."""
+    def _hand_on(self, run: list[int], outcomes: list[Outcome | None], done: list[bool]) -> bool:
+        """Hand the observations at `run` on; those refused are marked not done. True
+        when one was refused."""
+        observations = []
+        for at in run:
+            outcome = outcomes[at]
+            assert outcome is not None and outcome.observation is not None
+            observations.append(outcome.observation)
+        with self._lock:
+            self._counts["observations"] += len(observations)
+        if self._on_observations is not None:
+            taken = self._call(self._on_observations, observations)
+            taken = len(observations) if taken is None else max(0, min(taken, len(observations)))
+        else:
+            assert self._on_observation is not None
+            taken = len(observations)
+            for n, observation in enumerate(observations):
+                if self._abandoned or self._call(self._on_observation, observation) is False:
+                    taken = n
+                    break
+        if taken == len(observations):
+            return False
+        refused = [outcomes[at] for at in run[taken:]]
+        for at in run[taken:]:
+            done[at] = False
+        self._refuse([o for o in refused if o is not None])
+        return True
+
+    def _refuse(self, refused: list[Outcome]) -> None:
+        """Observations the aggregation did not take: unacked, their ids forgotten."""
+        with self._intake_lock:
+            for outcome in refused:
+                if outcome.key is not None:
+                    self._intake.forget(outcome.key)
+        with self._lock:
+            self._counts["observations_refused"] += len(refused)
+            self._counts["deferred"] += len(refused)
+            self._last_error = "the aggregation refused results: messages left unacked"
+        log.warning(
+            "device gateway: %d results not taken by the aggregation (first %s), left unacked",
+            len(refused),
+            refused[0].key if refused else None,
+        )
+
+    def _act(self, outcome: Outcome) -> None:
+        """Reply to a heartbeat and pass its clock offset on."""
         client = self._client
         assert client is not None
         if outcome.time_sync is not None:
@@ -363,24 +472,8 @@ class DeviceGateway:
             self._publish_config(client, outcome.config_due)
         if outcome.clock is not None and self._on_clock_offset is not None:
             self._call(self._on_clock_offset, outcome.clock.device_id, outcome.clock.offset_s)
-        if outcome.observation is not None:
-            with self._lock:
-                self._counts["observations"] += 1
-            if self._call(self._on_observation, outcome.observation) is False:
-                with self._lock:
-                    if outcome.key is not None:
-                        self._intake.forget(outcome.key)
-                    self._counts["observations_refused"] += 1
-                    self._counts["deferred"] += 1
-                    self._last_error = "the aggregation refused results: messages left unacked"
-                log.warning(
-                    "device gateway: result %s not taken by the aggregation, left unacked",
-                    outcome.key,
-                )
-                return False
-        return True
 
-    def _call(self, callback: Callable[..., bool | None], *args: Any) -> bool | None:
+    def _call(self, callback: Callable[..., Any], *args: Any) -> Any:
         try:
             return callback(*args)
         except Exception:
@@ -390,7 +483,7 @@ class DeviceGateway:
             return None
 
     def _publish_config(self, client: mqtt.Client, device_id: str) -> None:
-        with self._lock:
+        with self._intake_lock:
             version = self._intake.config_version(device_id)
         payload = config_message(
             self.config.cameras[device_id],

@@ -19,9 +19,10 @@ Not here: MQTT (``gateway``), the encoding of replies (``replies``), the aggrega
 
 from __future__ import annotations
 
-import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 from google.protobuf.message import DecodeError
@@ -57,6 +58,7 @@ _MAX_VERSION: Final = 2**64 - 1  # DeviceConfig.version is a uint64
 # refuses a whole event over one NUL or a field over 256 characters (events.wire), so a
 # camera could make every event it takes part in unreadable. Refused here, as malformed.
 _MAX_TEXT: Final = 256
+_NO_ATTRIBUTES: Final[Mapping[str, str]] = MappingProxyType({})
 
 
 def _is_text(*values: str) -> bool:
@@ -293,42 +295,79 @@ class DeviceIntake:
         envelope: device_pb2.DeviceEnvelope,
         received_at: float,
     ) -> Observation | str:
-        """The observation, or the reason it is refused."""
+        """The observation, or the reason it is refused: ``oversize``, then ``malformed``
+        text, then the capture time, then ``malformed`` boxes and scores (the first that
+        fails, in that order). One pass over the detections (the hot path of a burst)."""
         result = envelope.frame_result
         limits = self.config.limits
-        if len(result.detections) > limits.max_detections:
+        raw = result.detections
+        if len(raw) > limits.max_detections:
             return "oversize"
-        if not _is_text(result.model, result.model_version) or not all(
-            _is_text(d.class_name, *d.attributes.keys(), *d.attributes.values())
-            for d in result.detections
-        ):
+        model, model_version = result.model, result.model_version
+        text_ok = (
+            len(model) <= _MAX_TEXT
+            and len(model_version) <= _MAX_TEXT
+            and "\x00" not in model
+            and "\x00" not in model_version
+        )
+        shape_ok = True
+        low, high = -_SLACK, 1.0 + _SLACK
+        detections: list[Detection] = []
+        append = detections.append
+        for d in raw:
+            class_name = d.class_name
+            if len(class_name) > _MAX_TEXT or "\x00" in class_name:
+                text_ok = False
+                break
+            attributes: Mapping[str, str] = _NO_ATTRIBUTES
+            if d.attributes:
+                attributes = dict(d.attributes)
+                if not _is_text(*attributes, *attributes.values()):
+                    text_ok = False
+                    break
+            if not shape_ok:
+                continue  # text is still checked: a malformed text is reported first
+            b = d.bbox
+            x1, y1, x2, y2, score = b.x_min, b.y_min, b.x_max, b.y_max, d.score
+            # Chained comparisons are False for NaN, so they refuse non-finite values too.
+            if not (
+                low <= x1 <= high
+                and low <= y1 <= high
+                and low <= x2 <= high
+                and low <= y2 <= high
+                and 0.0 <= score <= 1.0
+            ):
+                shape_ok = False
+                continue
+            x1 = 0.0 if x1 < 0.0 else 1.0 if x1 > 1.0 else x1
+            y1 = 0.0 if y1 < 0.0 else 1.0 if y1 > 1.0 else y1
+            x2 = 0.0 if x2 < 0.0 else 1.0 if x2 > 1.0 else x2
+            y2 = 0.0 if y2 < 0.0 else 1.0 if y2 > 1.0 else y2
+            if x1 > x2 or y1 > y2:
+                shape_ok = False
+                continue
+            track_id = d.track_id
+            append(
+                Detection(
+                    class_name,
+                    score,
+                    Box(x1, y1, x2, y2),
+                    str(track_id) if track_id else None,
+                    attributes,
+                )
+            )
+        if not text_ok:
             return "malformed"
-        captured_at = result.captured_at.ToMicroseconds() / 1e6
         if not result.HasField("captured_at"):
             return "timestamp_past"
+        captured_at = result.captured_at.ToMicroseconds() / 1e6
         on_node = captured_at - camera.offset_s
         if on_node > received_at + limits.max_future_s:
             return "timestamp_future"
         if on_node < received_at - limits.max_past_s:
             return "timestamp_past"
-        detections = []
-        for d in result.detections:
-            b = d.bbox
-            corners = (b.x_min, b.y_min, b.x_max, b.y_max)
-            if not all(math.isfinite(v) and -_SLACK <= v <= 1.0 + _SLACK for v in corners):
-                return "malformed"
-            x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in corners)
-            if x1 > x2 or y1 > y2 or not (0.0 <= d.score <= 1.0):
-                return "malformed"
-            detections.append(
-                Detection(
-                    class_name=d.class_name,
-                    score=d.score,
-                    box=Box(x1, y1, x2, y2),
-                    track_id=str(d.track_id) if d.track_id else None,
-                    attributes=dict(d.attributes),
-                )
-            )
+        if not shape_ok:
+            return "malformed"
         return Observation(
             source=device_id,
             observation_id=envelope.message_id,
@@ -337,8 +376,8 @@ class DeviceIntake:
             detections=tuple(detections),
             provenance=Provenance(
                 origin="device",
-                model=result.model,
-                model_version=result.model_version,
+                model=model,
+                model_version=model_version,
                 firmware=camera.firmware,
             ),
         )

@@ -49,7 +49,7 @@ def eventually(condition: Callable[[], bool], timeout_s: float = 8.0) -> None:
 
 
 class Node:
-    """The aggregation (its engine's `offer` recorded) and the devices' config."""
+    """The aggregation (its engine's `offer` and `offer_many` recorded) and the devices' config."""
 
     def __init__(self, tmp_path: Path, outbox: Outbox, **aggregation: object) -> None:
         rules = tmp_path / "rules.yaml"
@@ -69,7 +69,15 @@ class Node:
                 self.reached.append((observation.source, observation.observation_id))
             return offer(observation, now)  # type: ignore[return-value]
 
+        offer_many = engine.offer_many
+
+        def recorded_many(observations: list[Observation], now: float) -> list[object]:
+            with self.lock:
+                self.reached += [(o.source, o.observation_id) for o in observations]
+            return offer_many(observations, now)  # type: ignore[return-value]
+
         engine.offer = recorded  # type: ignore[method-assign]
+        engine.offer_many = recorded_many  # type: ignore[method-assign]
         self.root = f"t-{uuid.uuid4().hex[:10]}/edgefleet/dev"
         self.devices = DeviceGatewayConfig(
             cameras={device_id: CameraSettings() for device_id in CAMERAS},

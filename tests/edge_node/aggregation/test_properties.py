@@ -218,3 +218,29 @@ def test_the_aligner_releases_each_frame_once_in_event_time_order(
         o.observation_id for _, o in in_event_time_order(observations)
     ]
     assert aligner.stats.total("too_late") == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    frames=st.integers(5, 60),
+    batch=st.integers(1, 40),
+    resend=st.sampled_from([0.0, 0.2]),
+)
+def test_offering_in_batches_gives_the_same_events_as_one_by_one(
+    seed: int, frames: int, batch: int, resend: float
+) -> None:
+    # The agent's task hands the engine what it drained in one `offer_many`, at the
+    # drain's `now` (at or after every arrival in it): the rules are advanced once a
+    # batch, and the events must be those of offering each frame as it arrived.
+    rng = random.Random(seed)
+    arrivals = shuffled_within_lateness(scenario(seed, frames), rng, resend)
+    agg = build_aggregator(parse_rules(RULES))
+    for camera, offset in OFFSETS.items():
+        agg.set_clock_offset(camera, offset)
+    events: list[Event] = []
+    for start in range(0, len(arrivals), batch):
+        chunk = arrivals[start : start + batch]
+        events += agg.offer_many([o for _, o in chunk], max(now for now, _ in chunk))
+    events += agg.flush()
+    assert canonical(events) == canonical(run(arrivals))

@@ -420,3 +420,118 @@ def test_a_message_that_finds_the_queue_full_too_long_is_left_unacked_for_the_se
     eventually(lambda: set(site.collected.ids("cam-a")) == set(ids))
     again.stop(2.0)
     site.gateway(replace(config, session_expiry_s=0)).stop(2.0)  # end the session now
+
+
+def result_envelope(device_id: str) -> tuple[str, bytes]:
+    envelope = device_pb2.DeviceEnvelope(
+        protocol_version=1, message_id=str(uuid.uuid4()), device_id=device_id, boot_id="b"
+    )
+    envelope.sent_at.GetCurrentTime()
+    envelope.frame_result.captured_at.GetCurrentTime()
+    return envelope.message_id, envelope.SerializeToString()
+
+
+class AckLog(DeviceGateway):
+    """A gateway whose paho client notes every mid it acks."""
+
+    acks: list[int]
+
+    def _new_client(self) -> mqtt.Client:
+        client = super()._new_client()
+        self.acks = []
+        ack = client.ack
+
+        def noted(mid: int, qos: int) -> Any:
+            self.acks.append(mid)
+            return ack(mid, qos)
+
+        client.ack = noted  # type: ignore[method-assign]
+        return client
+
+
+def test_a_batch_is_acked_only_once_its_observations_were_handed_on(
+    site_factory: Callable[..., Site],
+) -> None:
+    # The first batch's hand-off is held while 30 more results arrive: they are queued,
+    # so the worker takes them as one batch (or a few); at each hand-off exactly the
+    # observations of the batches before it have been acked, none of its own.
+    site = site_factory({"cam-a": CameraSettings()})
+    release = threading.Event()
+    batches: list[tuple[int, list[str]]] = []  # (acks seen at the hand-off, its ids)
+
+    def sink(observations: Any) -> None:
+        batches.append((len(gateway.acks), [o.observation_id for o in observations]))
+        release.wait(5)
+
+    gateway = AckLog(site.config, on_observations=sink, on_clock_offset=site.collected.offset)
+    site.gateways.append(gateway)
+    gateway.start()
+    assert gateway.wait_ready(10)
+    first, payload = result_envelope("cam-a")
+    site.publish("cam-a", "results", payload)
+    eventually(lambda: len(batches) == 1)
+    sent = [first]
+    for _ in range(30):
+        message_id, payload = result_envelope("cam-a")
+        site.publish("cam-a", "results", payload)
+        sent.append(message_id)
+    eventually(lambda: gateway.health()["queued"] == 31)  # 1 in hand, 30 queued
+    assert gateway.acks == []  # nothing acked while its batch is still being handed on
+    release.set()
+    eventually(lambda: len(gateway.acks) == 31)
+    assert [i for _, ids in batches for i in ids] == sent  # each once, in order
+    assert max(len(ids) for _, ids in batches) > 1  # batched, not one by one
+    handed = 0
+    for acked, ids in batches:
+        assert acked == handed
+        handed += len(ids)
+
+
+class Crash(BaseException):
+    """Stands in for the worker dying mid-batch (not an Exception: nothing catches it)."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_worker_that_dies_mid_batch_acks_none_of_it_and_the_session_delivers_it_again(
+    site_factory: Callable[..., Site],
+) -> None:
+    site = site_factory({"cam-a": CameraSettings()})
+    config = replace(site.config, session_expiry_s=10)
+    hold = threading.Event()
+    crashed: list[str] = []
+
+    def dies(observations: Any) -> None:
+        if not hold.is_set():  # the first hand-off: wait for the rest to queue up
+            hold.set()
+            site.collected.observation(observations[0])
+            time.sleep(0.3)
+            return
+        crashed.extend(o.observation_id for o in observations)
+        raise Crash
+
+    gateway = AckLog(config, on_observations=dies, on_clock_offset=site.collected.offset)
+    site.gateways.append(gateway)
+    gateway.start()
+    assert gateway.wait_ready(10)
+    sent = []
+    for n in range(20):
+        message_id, payload = result_envelope("cam-a")
+        site.publish("cam-a", "results", payload)
+        sent.append(message_id)
+        if n == 0:  # the rest queue up while the first batch is handed on
+            eventually(hold.is_set)
+    worker = gateway._worker
+    assert worker is not None
+    worker.join(10)
+    assert not worker.is_alive() and crashed  # it died inside its second batch
+    assert len(gateway.acks) == 1  # the first result only
+    assert gateway.health()["queued"] == 20 - 1 - len(crashed)  # the crashed batch: out
+    gateway.stop(1.0)
+
+    # Same client id, persistent session: every result not acked comes again.
+    again = site.gateway(config)
+    eventually(lambda: set(site.collected.ids("cam-a")) == set(sent))
+    assert set(crashed) <= set(site.collected.ids("cam-a")[1:])
+    assert again.health()["deferred"] == 0
+    again.stop(2.0)
+    site.gateway(replace(config, session_expiry_s=0)).stop(2.0)  # end the session now
