@@ -413,14 +413,14 @@ def quantize_model(
         raise InvalidInputError("--out must name a new file, not the FP32 model", field="output")
     if options.calibration not in CALIBRATION_NAMES:
         raise InvalidInputError(
-            f"--calibration-method must be one of {', '.join(CALIBRATION_NAMES)}, "
+            f"the calibration method must be one of {', '.join(CALIBRATION_NAMES)}, "
             f"got {options.calibration!r}",
             field="calibration_method",
         )
     if options.calibration != "minmax" and options.method != "static":
         raise InvalidInputError(
-            "--calibration-method needs --method static: dynamic quantization reads "
-            "activation ranges at run time",
+            "a calibration method other than minmax needs --method static: dynamic "
+            "quantization reads activation ranges at run time",
             field="calibration_method",
         )
     if options.auto_target is not None:
