@@ -85,7 +85,7 @@ CONDITIONS: tuple[tuple[str, float, float], ...] = (
     ("glare", 0.8, 70.0),
 )
 """Lighting per image, in turn: (name, gain, offset) applied to the rendered scene."""
-VARIANTS = ("static", "perchannel", "auto", "dynamic")
+VARIANTS = ("static", "perchannel", "auto", "dynamic", "percentile", "perchannel-percentile")
 WORDS = ("GATE", "EXIT", "BAY", "DOCK", "ZONE", "LANE", "PARK", "HALL", "WEST", "NORTH")
 
 
@@ -252,6 +252,10 @@ def options_for(variant: str, target: float) -> QuantizeOptions:
         return QuantizeOptions(method="static", per_channel=True)
     if variant == "auto":
         return QuantizeOptions(method="static", auto_target=target)
+    if variant == "percentile":
+        return QuantizeOptions(method="static", calibration="percentile")
+    if variant == "perchannel-percentile":
+        return QuantizeOptions(method="static", per_channel=True, calibration="percentile")
     return QuantizeOptions(method="dynamic")
 
 
@@ -600,8 +604,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--variants",
         type=lambda v: [c for c in v.split(",") if c],
-        default=list(VARIANTS),
-        help="static, perchannel (static --per-channel), auto (static --auto-exclude), dynamic",
+        default=list(VARIANTS[:4]),
+        help="static, perchannel (static --per-channel), auto (static --auto-exclude), dynamic, "
+        "percentile, perchannel-percentile (Percentile calibration; not in the default set)",
     )
     parser.add_argument("--target", type=float, default=0.99, help="--auto-exclude's --target")
     parser.add_argument(

@@ -67,6 +67,15 @@ QUANTIZED_OPS: Final = frozenset(
 """Ops that only a quantized model holds: a model with one is not quantized again."""
 
 
+Calibration = Literal["minmax", "percentile", "entropy"]
+CALIBRATION_NAMES: Final[dict[str, str]] = {
+    "minmax": "MinMax",
+    "percentile": "Percentile",
+    "entropy": "Entropy",
+}
+"""Each calibration method and ORT's ``CalibrationMethod`` member of that name."""
+
+
 @dataclass(frozen=True, slots=True)
 class QuantizeOptions:
     method: Method = "static"
@@ -74,6 +83,9 @@ class QuantizeOptions:
     exclude: tuple[str, ...] = ()
     auto_target: float | None = None
     """With a target, `--auto-exclude`: nodes are kept in float until agreement reaches it."""
+    calibration: Calibration = "minmax"
+    """Static only: how activation ranges are read from the calibration set (ADR 0046 pins
+    MinMax; ``percentile`` clips the rare extremes a heavy-tailed activation has)."""
 
 
 def settings_of(options: QuantizeOptions) -> dict[str, Any]:
@@ -86,7 +98,11 @@ def settings_of(options: QuantizeOptions) -> dict[str, Any]:
         "nodes_excluded": list(options.exclude),
     }
     if options.method == "static":
-        settings |= {"format": "QDQ", "activation_type": "QInt8", "calibration": "MinMax"}
+        settings |= {
+            "format": "QDQ",
+            "activation_type": "QInt8",
+            "calibration": CALIBRATION_NAMES[options.calibration],
+        }
     else:
         settings |= {"format": "QOperator (dynamic: activations quantized at run time)"}
     return settings
@@ -290,7 +306,9 @@ def _quantize(source: Path, staged: Path, samples: SampleSet, options: QuantizeO
                     nodes_to_quantize=None,
                     nodes_to_exclude=list(options.exclude),
                     use_external_data_format=False,
-                    calibrate_method=CalibrationMethod.MinMax,
+                    calibrate_method=getattr(
+                        CalibrationMethod, CALIBRATION_NAMES[options.calibration]
+                    ),
                     extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
                 )
             else:
@@ -393,6 +411,18 @@ def quantize_model(
     info = inspect_model(source)
     if output.resolve() == source.resolve():
         raise InvalidInputError("--out must name a new file, not the FP32 model", field="output")
+    if options.calibration not in CALIBRATION_NAMES:
+        raise InvalidInputError(
+            f"the calibration method must be one of {', '.join(CALIBRATION_NAMES)}, "
+            f"got {options.calibration!r}",
+            field="calibration_method",
+        )
+    if options.calibration != "minmax" and options.method != "static":
+        raise InvalidInputError(
+            "a calibration method other than minmax needs --method static: dynamic "
+            "quantization reads activation ranges at run time",
+            field="calibration_method",
+        )
     if options.auto_target is not None:
         if options.method != "static":
             raise InvalidInputError(
