@@ -226,6 +226,8 @@ def main() -> int:
         if not same:
             return 1
 
+        _int8_release(env, work, model, runtime)
+
         if not _run_node(env, url, data, work, model, grpc_port, enroll_port):
             return 1
 
@@ -252,6 +254,33 @@ def main() -> int:
   .venv/bin/edgefleet rollout list; edgefleet rollout watch 1
   See docs/operator-guide.md for every command.""")
     return 0
+
+
+def _int8_release(env: dict[str, str], work: Path, model: Path, runtime: Path) -> None:
+    """An INT8 build of 1.0.0: quantized on camera-like images through 1.0.0's own
+    preprocessing, then pushed only with a passing comparison against the FP32 model."""
+    _step("an INT8 build of 1.0.0: quantized, compared with FP32, signed with its release check")
+    calibration, held_out = work / "calibration", work / "held-out"
+    _scenes(calibration, seed=1)
+    _scenes(held_out, seed=2)
+    int8 = work / "detector-int8.onnx"
+    quantize = ("model", "quantize", str(model), "--calibration", str(calibration))
+    _cli(env, *quantize, "--out", str(int8), "--runtime", str(runtime))
+    push = ("model", "push", str(int8), "--name", "detector", "--version", "1.0.1-int8")
+    _cli(env, *push, "--runtime", str(runtime), "--baseline", str(model), "--data", str(held_out))
+
+
+def _scenes(directory: Path, seed: int, count: int = 24) -> None:
+    """Small PNG frames from dark to bright with texture: a calibration or held-out set."""
+    import numpy as np
+    from PIL import Image
+
+    directory.mkdir()
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        level = 20 + 215 * index / (count - 1)  # night to glare
+        pixels = level + rng.normal(0.0, 12 + 30 * rng.random(), (64, 64, 3))
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(directory / f"{index}.png")
 
 
 def _run_node(

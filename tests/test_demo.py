@@ -33,6 +33,8 @@ def test_the_demo_runs_a_control_plane_and_a_node_end_to_end(tmp_path: Path) -> 
     )
     assert done.returncode == 0, output[-4000:] + logs
     assert "identical: True" in output
+    # The INT8 build of 1.0.0, pushed with its signed comparison against FP32.
+    assert "release_check   │ passed: top1_ratio" in output, output[-4000:]
     assert "models/detector/1.0.0/model.onnx active" in output
     assert "models/detector/1.1.0/model.onnx active" in output
     assert "$ edgefleet nodes list" in output
