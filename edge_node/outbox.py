@@ -15,7 +15,9 @@ Guarantees
       every row was acked (the high-water mark lives in ``meta``, written in the same
       transaction as the row). ``id`` is a UUIDv7 whose timestamp is ``created_at``, or
       the caller's own id (``append_once``: an event's deterministic id), stored at most
-      once while pending.
+      once while pending. ``append_many_once`` stores many such records in one
+      transaction (or parts of half the WAL's reserve, as ``ack`` splits), up to the first
+      one refused, and says which.
     * A record leaves the outbox only by ``ack`` or, for health reports and results, by
       the rules below. Stored events are never removed except by ack.
     * After a crash (SIGKILL, power loss) reopening yields exactly the committed state.
