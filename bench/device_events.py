@@ -12,7 +12,8 @@ plate), its outbox and its gRPC uplink; the control plane, ``edgefleet server`` 
 SQLite, its own process. Phases:
 
 - **raw** (before and after the others): ``--cameras`` paho publishers in one process
-  publish ``--burst`` messages each at QoS 1, the same bytes the SDK sends, to one paho
+  publish ``--burst`` messages each at QoS 1, the bytes the SDK sends (each frame's
+  capture time stamped as it is published, as a camera does), to one paho
   subscriber in this process (QoS 1, acked by paho on receipt); messages/s from the
   publishers' start to the last one received;
 - **paced**: the cameras at ``--fps`` for ``--seconds``, each frame stamped when it is
@@ -712,8 +713,21 @@ def pending_events(agent: Any) -> int:
     return int(stats.pending_events)
 
 
-async def settle(url: str, agent: Any, quiet_s: float = 2.0, timeout_s: float = 30.0) -> None:
-    """Until the event store has not grown for `quiet_s` and the node's outbox is empty."""
+def aggregation_idle(agent: Any) -> bool:
+    """Whether the aggregation has nothing in hand: its hand-off empty, nothing held, and
+    every event the rules raised stored, replayed or lost (none in a drain still running)."""
+    h = agent.aggregation.health()
+    raised = sum(h["events"].values())
+    return bool(
+        h["queued"] == 0
+        and h["events_held"] == 0
+        and raised == h["events_stored"] + h["events_replayed"] + h["events_lost"]
+    )
+
+
+async def settle(url: str, agent: Any, quiet_s: float = 2.0, timeout_s: float = 60.0) -> None:
+    """Until, for `quiet_s` on end, the event store has not grown, the node's outbox is
+    empty and the aggregation idle (`aggregation_idle`)."""
     import anyio
 
     path = Path(url.removeprefix("sqlite:///"))
@@ -722,11 +736,12 @@ async def settle(url: str, agent: Any, quiet_s: float = 2.0, timeout_s: float = 
     while time.monotonic() < deadline:
         with contextlib.closing(sqlite3.connect(path)) as conn:
             n = int(conn.execute("SELECT count(*) FROM fleet_events").fetchone()[0])
-        if n != last:
+        if n != last or pending_events(agent) != 0 or not aggregation_idle(agent):
             last, since = n, time.monotonic()
-        elif time.monotonic() - since >= quiet_s and pending_events(agent) == 0:
+        elif time.monotonic() - since >= quiet_s:
             return
         await anyio.sleep(0.1)
+    print(f"not settled after {timeout_s:g} s", flush=True)
 
 
 # ----------------------------------------------------------------------------- main
