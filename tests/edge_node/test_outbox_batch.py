@@ -161,6 +161,7 @@ _BATCH_FOREVER = textwrap.dedent(
     for batch in range(start, start + 100_000):
         items = [(bytes([j % 256]) * 600, str(uuid.UUID(int=batch * 10_000 + j)))
                  for j in range(BATCH)]
+        print("S", batch, flush=True)
         done = outbox.append_many_once("event", items)
         assert done.error is None, done.error
         print("B", batch, flush=True)
@@ -172,7 +173,9 @@ def test_sigkill_mid_batch_leaves_all_or_none_of_its_transaction(tmp_path: Path)
     path = tmp_path / "outbox.db"
     reported: set[int] = set()
     start = 0
-    for life, wait_s in enumerate((0.0, 0.013, 0.031)):
+    cut: list[int] = []  # the batch each kill landed in (started, not reported done)
+    last_start = -1
+    for life, wait_s in enumerate((0.0, 0.004, 0.011)):
         child = subprocess.Popen(
             [sys.executable, "-c", _BATCH_FOREVER, str(path), str(start)],
             stdout=subprocess.PIPE,
@@ -182,18 +185,29 @@ def test_sigkill_mid_batch_leaves_all_or_none_of_its_transaction(tmp_path: Path)
         )
         assert child.stdout is not None
         try:
-            for _ in range(2 + life):  # let some batches commit, then kill one mid-way
+            # Let some batches commit, then kill one just after its append began.
+            starts = 0
+            while starts < 2 + life:
                 line = child.stdout.readline()
                 if not line:
                     _, err = child.communicate(timeout=10)
                     pytest.fail(f"child exited early: {err}")
-                reported.add(int(line.split()[1]))
+                word, number = line.split()
+                if word == "B":
+                    reported.add(int(number))
+                else:
+                    starts += 1
+                    last_start = int(number)
             time.sleep(wait_s)
         finally:
             os.kill(child.pid, signal.SIGKILL)
             rest, _ = child.communicate(timeout=30)
         assert child.returncode == -signal.SIGKILL
-        reported |= {int(x.split()[1]) for x in rest.splitlines(keepends=True) if x.endswith("\n")}
+        for x in rest.splitlines(keepends=True):
+            if x.endswith("\n") and x.startswith("B "):
+                reported.add(int(x.split()[1]))
+        if last_start not in reported:
+            cut.append(last_start)
 
         with Outbox.open(
             path, node_id="node-1", budget_bytes=256 * 1024 * 1024, clock=ManualClock()
@@ -210,3 +224,6 @@ def test_sigkill_mid_batch_leaves_all_or_none_of_its_transaction(tmp_path: Path)
         assert max(per_batch) <= max(reported) + 1  # at most one commit not reported
         assert len(rows) == len({r.id for r in rows})
         start = max(per_batch) + 1
+    # The kills did land inside an append, not only between them: at least one batch
+    # started and was not reported done (it is then wholly there or wholly absent above).
+    assert cut, "no kill landed inside an append; the test proved nothing"
