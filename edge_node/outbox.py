@@ -15,7 +15,9 @@ Guarantees
       every row was acked (the high-water mark lives in ``meta``, written in the same
       transaction as the row). ``id`` is a UUIDv7 whose timestamp is ``created_at``, or
       the caller's own id (``append_once``: an event's deterministic id), stored at most
-      once while pending.
+      once while pending. ``append_many_once`` stores many such records in one
+      transaction (or parts of half the WAL's reserve, as ``ack`` splits), up to the first
+      one refused, and says which.
     * A record leaves the outbox only by ``ack`` or, for health reports and results, by
       the rules below. Stored events are never removed except by ack.
     * After a crash (SIGKILL, power loss) reopening yields exactly the committed state.
@@ -115,6 +117,7 @@ __all__ = [
     "DEFAULT_RESULTS_SHARE",
     "ROW_OVERHEAD_BYTES",
     "SCHEMA_VERSION",
+    "BatchAppend",
     "Kind",
     "Outbox",
     "OutboxStats",
@@ -234,6 +237,19 @@ class OutboxStats:
         """The part of the budget the records may fill, by ``bytes`` and by
         ``stored_bytes`` (thinning starts where either would go over)."""
         return self.budget_bytes - self.wal_reserve_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAppend:
+    """What :meth:`Outbox.append_many_once` did with a batch, in the batch's order."""
+
+    records: tuple[Record | None, ...]
+    """One per record handled, from the first: the stored record, or ``None`` when one
+    with its id was pending already (a replay, stored once). The records after these
+    were not stored; the caller holds them."""
+    error: EdgeNodeError | None
+    """Why ``items[len(records)]`` was not stored (:class:`OutboxFullError` as the single
+    form raises it, or a :class:`StorageError`); ``None`` when the whole batch was."""
 
 
 def default_wal_reserve(budget_bytes: int) -> int:
@@ -453,16 +469,7 @@ class Outbox:
     def _append(self, kind: Kind, payload: bytes, record_id: str | None) -> Record | None:
         if kind not in _KINDS:
             raise InvalidInputError(f"unknown record kind {kind!r}", kind=kind, allowed=_KINDS)
-        if not isinstance(payload, bytes | bytearray | memoryview):
-            raise InvalidInputError("payload must be bytes", type=type(payload).__name__)
-        data = bytes(payload)
-        if len(data) > self._max_payload:
-            raise PayloadTooLargeError(
-                f"{kind} payload of {len(data)} bytes is over the {self._max_payload}-byte limit",
-                kind=kind,
-                size=len(data),
-                limit=self._max_payload,
-            )
+        data = self._check_payload(kind, payload)
         size = len(data) + ROW_OVERHEAD_BYTES
         with self._lock:
             conn = self._open_conn()
@@ -475,6 +482,130 @@ class Outbox:
             finally:
                 self._bound_wal(conn)
 
+    def append_many_once(self, kind: Kind, items: Sequence[tuple[bytes, str]]) -> BatchAppend:
+        """``append_once`` for many ``(payload, record_id)`` pairs, in order, in as few
+        transactions as the WAL's reserve allows (one for a batch of up to about half the
+        reserve of record bytes, like ``ack``'s and ``mark_attempt``'s parts).
+
+        Each record is stored at most once by its id: one pending already, or earlier in
+        the same batch, is ``None`` in :attr:`BatchAppend.records`. The budget, thinning and
+        full-disk rules are the single form's, record by record; the first record the
+        single form would refuse stops the batch there: the records before it are stored,
+        it and every later one are not (``BatchAppend.error`` is the
+        :class:`OutboxFullError` the single form would raise for it, or the
+        :class:`StorageError` of a part that did not commit) and the caller holds them, in
+        order. A refusal counts once, as the single form's would. Invalid input (a bad id,
+        a payload over ``max_payload_bytes``) raises before anything is stored.
+        """
+        if kind not in _KINDS:
+            raise InvalidInputError(f"unknown record kind {kind!r}", kind=kind, allowed=_KINDS)
+        checked: list[tuple[bytes, int, str]] = []
+        for payload, record_id in items:
+            if not isinstance(record_id, str) or _UUID.match(record_id) is None:
+                raise InvalidInputError(
+                    f"record_id must be a lowercase UUID, got {record_id!r}", record_id=record_id
+                )
+            data = self._check_payload(kind, payload)
+            checked.append((data, len(data) + ROW_OVERHEAD_BYTES, record_id))
+        records: list[Record | None] = []
+        if not checked:
+            return BatchAppend((), None)
+        with self._lock:
+            conn = self._open_conn()
+            seen: set[str] = set()
+            for part in _size_parts(checked, self._batch_bytes):
+                size = part[0][1]
+                try:
+                    done, error = self._append_part(conn, kind, part, seen)
+                except sqlite3.Error as exc:
+                    if _primary_code(exc) == _SQLITE_FULL:
+                        try:
+                            self._refuse_disk_full(conn, kind, size, exc)
+                        except OutboxFullError as full:
+                            return BatchAppend(tuple(records), full)
+                    return BatchAppend(
+                        tuple(records), _translate(exc, self._path, "append_many_once")
+                    )
+                finally:
+                    self._bound_wal(conn)
+                records += done
+                if error is not None:
+                    return BatchAppend(tuple(records), error)
+        return BatchAppend(tuple(records), None)
+
+    def _append_part(
+        self,
+        conn: sqlite3.Connection,
+        kind: Kind,
+        part: Sequence[tuple[bytes, int, str]],
+        seen: set[str],
+    ) -> tuple[list[Record | None], OutboxFullError | None]:
+        """One transaction of ``append_many_once``: the records of ``part`` up to the first
+        the budget refuses (which is counted), then the counters."""
+        ids = [rid for _, _, rid in part]
+        pending: set[str] = set()
+        for chunk in _chunks(ids):
+            marks = ",".join("?" * len(chunk))
+            pending.update(
+                row[0]
+                for row in conn.execute(
+                    f"SELECT id FROM outbox WHERE id IN ({marks})",  # noqa: S608
+                    chunk,
+                )
+            )
+        backlog, counters = self._backlog, self._counters
+        done: list[Record | None] = []
+        refused: int | None = None
+        now_ms = unix_ms(self._clock.now())
+        with _transaction(conn):
+            for data, size, rid in part:
+                if rid in pending or rid in seen:
+                    done.append(None)  # pending already: the same record, stored once
+                    continue
+                backlog, counters, fits = self._put(
+                    conn, kind, data, size, rid, now_ms, backlog, counters
+                )
+                if not fits:
+                    counters = _refused(counters, kind)
+                    refused = size
+                    break
+                seen.add(rid)
+                done.append(
+                    Record(
+                        id=rid,
+                        seq=counters.high_water_seq,
+                        kind=kind,
+                        created_at=_from_ms(now_ms),
+                        payload=data,
+                    )
+                )
+            self._write_counters(conn, counters)
+        self._backlog, self._counters = backlog, counters
+        self._persisted = counters
+        if refused is None:
+            return done, None
+        return done, self._full_error(
+            kind, refused, reason="budget", stored=self._stored_bytes(conn)
+        )
+
+    def _check_payload(self, kind: Kind, payload: bytes) -> bytes:
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise InvalidInputError("payload must be bytes", type=type(payload).__name__)
+        data = bytes(payload)
+        if len(data) > self._max_payload:
+            raise PayloadTooLargeError(
+                f"{kind} payload of {len(data)} bytes is over the {self._max_payload}-byte limit",
+                kind=kind,
+                size=len(data),
+                limit=self._max_payload,
+            )
+        return data
+
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest payload one record may carry."""
+        return self._max_payload
+
     def _append_locked(
         self, conn: sqlite3.Connection, kind: Kind, data: bytes, size: int, record_id: str | None
     ) -> Record | None:
@@ -483,13 +614,6 @@ class Outbox:
             if found is not None:
                 return None  # pending already: the same record, stored once
         backlog, counters = self._backlog, self._counters
-        budget = self._record_budget
-        # Delete only if dropping every result and health report could make room at all
-        # (rule, step 1); a result never deletes anything but older results.
-        thinnable = (
-            kind != "results"
-            and backlog.bytes - backlog.results_bytes - backlog.health_bytes + size <= budget
-        )
         if record_id is None:
             uid = self._ids.new()
             rid, created_ms = str(uid), uuid7_unix_ms(uid)
@@ -497,41 +621,9 @@ class Outbox:
             rid, created_ms = record_id, unix_ms(self._clock.now())
         # One transaction: deletions, the row, and every counter commit together or not at all.
         with _transaction(conn):
-            if kind == "results":
-                backlog, counters = self._room_for_result(conn, size, backlog, counters)
-                fits = (
-                    backlog.bytes + size <= budget
-                    and backlog.results_bytes + size <= self._results_budget
-                    and backlog.results < self._max_pending_results
-                )
-            else:
-                over = backlog.bytes + size - budget
-                if over > 0 and thinnable:
-                    backlog, counters = self._drop_results(conn, over, 0, backlog, counters)
-                    backlog, counters = self._thin_health(
-                        conn, backlog, counters, lambda b: b.bytes + size > budget
-                    )
-                fits = backlog.bytes + size <= budget
-            if fits:
-                before = backlog, counters
-                conn.execute("SAVEPOINT record")
-                counters = replace(counters, high_water_seq=counters.high_water_seq + 1)
-                conn.execute(
-                    "INSERT INTO outbox (seq, id, kind, created_at, payload, size)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (counters.high_water_seq, rid, kind, created_ms, data, size),
-                )
-                backlog = backlog.add(kind, 1, size)
-                # The estimate fits; the pages the file really uses must fit too (rule, 4).
-                if thinnable and self._pages_over(conn):
-                    backlog, counters = self._thin_health(
-                        conn, backlog, counters, lambda _: self._pages_over(conn)
-                    )
-                if self._pages_over(conn):
-                    conn.execute("ROLLBACK TO record")  # the row and that thinning
-                    backlog, counters = before
-                    fits = False
-                conn.execute("RELEASE record")
+            backlog, counters, fits = self._put(
+                conn, kind, data, size, rid, created_ms, backlog, counters
+            )
             if not fits:
                 counters = _refused(counters, kind)
             self._write_counters(conn, counters)
@@ -546,6 +638,64 @@ class Outbox:
             created_at=_from_ms(created_ms),
             payload=data,
         )
+
+    def _put(
+        self,
+        conn: sqlite3.Connection,
+        kind: Kind,
+        data: bytes,
+        size: int,
+        rid: str,
+        created_ms: int,
+        backlog: _Backlog,
+        counters: _Counters,
+    ) -> tuple[_Backlog, _Counters, bool]:
+        """Make room for one record by the module docstring's rules and insert it, inside
+        the caller's transaction; whether it fits (when not, its row and the thinning made
+        for the real pages are undone, and the caller counts the refusal)."""
+        budget = self._record_budget
+        # Delete only if dropping every result and health report could make room at all
+        # (rule, step 1); a result never deletes anything but older results.
+        thinnable = (
+            kind != "results"
+            and backlog.bytes - backlog.results_bytes - backlog.health_bytes + size <= budget
+        )
+        if kind == "results":
+            backlog, counters = self._room_for_result(conn, size, backlog, counters)
+            fits = (
+                backlog.bytes + size <= budget
+                and backlog.results_bytes + size <= self._results_budget
+                and backlog.results < self._max_pending_results
+            )
+        else:
+            over = backlog.bytes + size - budget
+            if over > 0 and thinnable:
+                backlog, counters = self._drop_results(conn, over, 0, backlog, counters)
+                backlog, counters = self._thin_health(
+                    conn, backlog, counters, lambda b: b.bytes + size > budget
+                )
+            fits = backlog.bytes + size <= budget
+        if fits:
+            before = backlog, counters
+            conn.execute("SAVEPOINT record")
+            counters = replace(counters, high_water_seq=counters.high_water_seq + 1)
+            conn.execute(
+                "INSERT INTO outbox (seq, id, kind, created_at, payload, size)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (counters.high_water_seq, rid, kind, created_ms, data, size),
+            )
+            backlog = backlog.add(kind, 1, size)
+            # The estimate fits; the pages the file really uses must fit too (rule, 4).
+            if thinnable and self._pages_over(conn):
+                backlog, counters = self._thin_health(
+                    conn, backlog, counters, lambda _: self._pages_over(conn)
+                )
+            if self._pages_over(conn):
+                conn.execute("ROLLBACK TO record")  # the row and that thinning
+                backlog, counters = before
+                fits = False
+            conn.execute("RELEASE record")
+        return backlog, counters, fits
 
     def _pages_over(self, conn: sqlite3.Connection) -> bool:
         """Whether the pages the records really take (this transaction's view) are over
@@ -1110,6 +1260,19 @@ def _check_ids(ids: Iterable[str]) -> list[str]:
 def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), _CHUNK):
         yield items[start : start + _CHUNK]
+
+
+def _size_parts(
+    items: Sequence[tuple[bytes, int, str]], max_bytes: int
+) -> Iterator[Sequence[tuple[bytes, int, str]]]:
+    """``items`` in parts of about ``max_bytes`` record bytes each (at least one record)."""
+    start, total = 0, 0
+    for i, (_, size, _) in enumerate(items):
+        if i > start and total + size > max_bytes:
+            yield items[start:i]
+            start, total = i, 0
+        total += size
+    yield items[start:]
 
 
 def _from_ms(ms: int) -> datetime:

@@ -7,7 +7,8 @@ result that finds it full is counted (``queue_overflow``) and left out. Every ``
 the task takes what was handed over, in a worker thread, turns each result into an
 ``Observation`` (``edge_node.aggregation.node_results``), offers it to the ``Aggregator``,
 advances it to the node's clock, and appends each event's ``encode_event`` bytes to the
-outbox under the event's own deterministic id (``Outbox.append_once``): the same event
+outbox under the event's own deterministic id, the events of one drain in one transaction
+(``Outbox.append_many_once``; one commit's fsync per tick, not per event): the same event
 raised again (a replay after a restart, a resend) is stored once here and once at the
 control plane. Events are not best effort: one the outbox refuses (budget, full disk) is
 held in memory, in order, and tried again on the next tick; only when that hold is full
@@ -69,9 +70,6 @@ from edge_node.clock import Clock
 from edge_node.errors import (
     ClosedError,
     InvalidInputError,
-    OutboxFullError,
-    PayloadTooLargeError,
-    StorageError,
 )
 from edge_node.outbox import Outbox
 from protos.bundle.results import InferenceResult
@@ -379,36 +377,51 @@ class AggregationTask:
         return events
 
     def _store(self, events: list[Event]) -> int:
-        """The held events first, then these, in order; what the outbox refuses is held."""
+        """The held events first, then these, in order, in one outbox transaction
+        (``Outbox.append_many_once``); what the outbox refuses is held, with all after it."""
         held = self._held
         held.extend(events)
         stored = 0
+        limit = self._outbox.max_payload_bytes
         while held:
-            event = held[0]
-            try:
-                record = self._outbox.append_once("event", encode_event(event), event.event_id)
-            except (OutboxFullError, StorageError) as exc:  # not ClosedError: it propagates
+            # An event over the payload limit is lost, as the single form reports it;
+            # the others, up to the next such, go in one batch.
+            batch: list[tuple[bytes, str]] = []
+            for event in held:
+                payload = encode_event(event)
+                if len(payload) > limit:
+                    break
+                batch.append((payload, event.event_id))
+            if not batch:
+                lost = held.popleft()
+                self.stats.events_lost += 1
+                log.error(
+                    "event %s lost: its payload is over the outbox's %d-byte limit",
+                    lost.event_id,
+                    limit,
+                )
+                continue
+            done = self._outbox.append_many_once("event", batch)
+            for record in done.records:
+                held.popleft()
+                if record is None:
+                    self.stats.events_replayed += 1
+                else:
+                    stored += 1
+            if done.records and self._refused:
+                log.info("the outbox takes events again")
+                self._refused = False
+            error = done.error
+            if error is not None:
                 if not self._refused:  # once per refusal spell, not once per tick
                     log.warning(
                         "events not stored yet (%s); %d held, tried again every %.2gs",
-                        exc.message,
+                        error.message,
                         len(held),
                         self.config.tick_s,
                     )
                 self._refused = True
                 break
-            except PayloadTooLargeError as exc:
-                self.stats.events_lost += 1
-                log.error("event %s lost: %s", event.event_id, exc.message)
-            else:
-                if record is None:
-                    self.stats.events_replayed += 1
-                else:
-                    stored += 1
-                if self._refused:
-                    log.info("the outbox takes events again")
-                    self._refused = False
-            held.popleft()
         over = len(held) - self.config.max_held_events
         for _ in range(max(0, over)):
             lost = held.popleft()

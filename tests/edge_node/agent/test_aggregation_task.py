@@ -6,7 +6,7 @@ reported and never raised."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,7 +21,7 @@ from edge_node.aggregation.model import Observation, Provenance
 from edge_node.aggregation.wire import decode_event
 from edge_node.clock import ManualClock
 from edge_node.errors import InvalidInputError, OutboxFullError
-from edge_node.outbox import Outbox
+from edge_node.outbox import BatchAppend, Kind, Outbox
 from protos.bundle.results import Box, Decoded, Detection, InferenceResult
 from protos.health_schema import SCHEMA, check_report
 
@@ -428,3 +428,47 @@ def test_a_waiting_observation_is_refused_when_the_task_stops_or_no_room_comes(
     assert taken == [False]
     assert (task.stats.observations_waited, task.stats.observations_refused) == (2, 2)
     assert task.stats.device_observations == 1
+
+
+def test_the_events_of_one_drain_go_to_the_outbox_in_one_batch(
+    rules: Path, outbox: Outbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches: list[list[str]] = []
+    real = outbox.append_many_once
+
+    def spy(kind: Kind, items: Sequence[tuple[bytes, str]]) -> BatchAppend:
+        batches.append([record_id for _, record_id in items])
+        return real(kind, items)
+
+    monkeypatch.setattr(outbox, "append_many_once", spy)
+    task = task_for(rules, outbox)
+    assert task.start()
+    walks = [walk_in(T0 + timedelta(seconds=10 * walk)) for walk in range(3)]
+    for results in walks:
+        for result in results:
+            task.offer(result)
+    assert task.drain_once(after(walks[-1])) == 3
+    assert len(batches) == 1  # one transaction for the three events
+    assert batches[0] == [record_id for record_id, _ in events_in(outbox)]
+    assert (task.stats.events_stored, task.stats.events_replayed) == (3, 0)
+
+
+def test_an_event_over_the_payload_limit_is_lost_counted_and_not_held(
+    rules: Path, tmp_path: Path
+) -> None:
+    with Outbox.open(
+        tmp_path / "tiny.db",
+        node_id="node-1",
+        budget_bytes=16_384,
+        wal_reserve_bytes=0,
+        max_payload_bytes=16,
+        clock=ManualClock(T0),
+    ) as tiny:
+        task = task_for(rules, tiny)
+        assert task.start()
+        results = walk_in()
+        for result in results:
+            task.offer(result)
+        assert task.drain_once(after(results)) == 0
+        assert (task.health()["events_held"], task.stats.events_lost) == (0, 1)
+        assert events_in(tiny) == []
