@@ -265,7 +265,7 @@ def test_a_box_installs_no_server_package(parts: dict[str, Part]) -> None:
     assert report["failed"] == {}
     # The box's own script, and `edgefleet node run` without the operator CLI.
     for command, shows in (
-        (["edgefleet-node", "--help"], "{run}"),
+        (["edgefleet-node", "--help"], "{run,devices}"),
         (["edgefleet", "node", "run", "--help"], "--config CONFIG"),
     ):
         done = node.run(str(node.venv / "bin" / command[0]), *command[1:])

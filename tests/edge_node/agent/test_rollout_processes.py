@@ -233,8 +233,11 @@ async def the_shadow_stage(
     assert agreement["outcome"] == "fail", agreement
     assert agreement["consecutive_failures"] == agreement["required_failures"] == 3
     numbers = agreement["numbers"]
-    assert numbers["shadow_nodes"] == 1 and numbers["frames"] >= 40, numbers
-    assert numbers["top1_compared"] >= 40 and numbers["top1"] < 0.5, numbers
+    # Judged on the minimum sample, or before it on overwhelming evidence (early_fail_p):
+    # on a loaded machine the third failing evaluation may come before 40 frames.
+    enough = 40 if not numbers.get("early_fail") else 1
+    assert numbers["shadow_nodes"] == 1 and numbers["frames"] >= enough, numbers
+    assert numbers["top1_compared"] >= enough and numbers["top1"] < 0.5, numbers
     assert numbers["top1_min"] == 0.95 and numbers["top1_p_value"] < 0.02, numbers
     assert "output_agreement" in rolling.text and "top1" in rolling.text, rolling.text
 

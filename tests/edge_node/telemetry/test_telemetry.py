@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import threading
 from collections import Counter
 from dataclasses import replace
@@ -441,17 +442,23 @@ def test_an_allocating_test_hook_is_seen_by_the_real_probe_as_a_leak(tmp_path: P
     telemetry = Telemetry(
         config, clock=ManualClock(START), probe=SystemProbe(tmp_path, ticker=ticker), ticker=ticker
     )
-    held: list[bytearray] = []
+    # Fresh anonymous pages, written so resident: a bytearray may reuse heap pages that an
+    # earlier test in this worker freed while still resident (glibc raises its mmap
+    # threshold after large frees), and then RSS does not grow.
+    held: list[mmap.mmap] = []
     flagged = None
     for minute in range(40):
-        held.append(bytearray(b"\x01") * (4 * MB))  # written, so resident
+        pages = mmap.mmap(-1, 4 * MB)
+        pages.write(b"\x01" * (4 * MB))
+        held.append(pages)
         ticker.advance(60.0)
         telemetry.sample()
         if telemetry.report(START, node_id="n", agent_version="t")["memory"]["leak_suspected"]:
             flagged = minute
             break
     assert flagged is not None and flagged <= 30
-    held.clear()
+    for pages in held:
+        pages.close()
 
 
 def test_a_steady_process_under_the_real_probe_is_not_a_leak(tmp_path: Path) -> None:
