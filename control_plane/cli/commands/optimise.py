@@ -108,7 +108,8 @@ def model_quantize(
     ] = None,
 ) -> None:
     """Quantize with ONNX Runtime (QDQ, QInt8 activations and weights, MinMax calibration on
-    the images through the node's own preprocessing), check the result and report how far
+    the images through the node's own preprocessing, unless --activations int16 or
+    --calibration-method say otherwise), check the result and report how far
     it agrees with the FP32 model on the calibration set, per output and per layer;
     --auto-exclude keeps nodes in float until the agreement reaches --target."""
     from control_plane.errors import InvalidInputError
