@@ -526,7 +526,8 @@ def quantize_model(
             options, search = _auto_exclude(prepared, staged, samples, options, Path(tmp))
         comparison = compare_models(prepared, staged, samples, a_name="FP32", b_name="INT8")
         layers = layer_errors(prepared, staged, samples) if options.method == "static" else None
-        quantized = onnx.load(str(staged)).graph
+        quantized_model = onnx.load(str(staged))
+        quantized, quantized_opsets = quantized_model.graph, quantized_model.opset_import
         with open(staged, "rb") as f:
             os.fsync(f.fileno())
         length = staged.stat().st_size
@@ -546,6 +547,8 @@ def quantize_model(
         "size_bytes": {"fp32": info.length, "int8": length},
         "constants_lifted": lifted,
         "opset_converted_from": converted_from,
+        # The written model's: ORT raises it to 21 itself for int16 activations.
+        "opset": next((o.version for o in quantized_opsets if o.domain in ("", "ai.onnx")), None),
         "quantize_nodes": counts.get("QuantizeLinear", 0) + counts.get("DynamicQuantizeLinear", 0),
         "dequantize_nodes": counts.get("DequantizeLinear", 0),
         # Judged on the calibration samples themselves: an optimistic figure; run

@@ -176,6 +176,7 @@ def test_calibration_method_and_int16_activations(
     assert code == 0, err
     assert report["settings"]["calibration"] == "Percentile"
     assert report["settings"]["activation_type"] == "QInt8"
+    assert report["opset"] == 17
 
     int16 = tmp_path / "int16.onnx"
     code, report, err = run(
@@ -183,6 +184,7 @@ def test_calibration_method_and_int16_activations(
     )
     assert code == 0, err
     assert report["settings"]["activation_type"] == "QInt16"
+    assert report["opset"] == 21  # ORT raised it (16-bit Q/DQ), and the report says so
     model = onnx.load(str(int16))
     # Below opset 21 the 16-bit Q/DQ are ORT's com.microsoft ops; checked, compared, matched.
     domains = {n.domain for n in model.graph.node if n.op_type == "QuantizeLinear"}
