@@ -85,7 +85,15 @@ CONDITIONS: tuple[tuple[str, float, float], ...] = (
     ("glare", 0.8, 70.0),
 )
 """Lighting per image, in turn: (name, gain, offset) applied to the rendered scene."""
-VARIANTS = ("static", "perchannel", "auto", "dynamic", "percentile", "perchannel-percentile")
+VARIANTS = (
+    "static",
+    "perchannel",
+    "auto",
+    "dynamic",
+    "percentile",
+    "perchannel-percentile",
+    "perchannel-int16",
+)
 WORDS = ("GATE", "EXIT", "BAY", "DOCK", "ZONE", "LANE", "PARK", "HALL", "WEST", "NORTH")
 
 
@@ -256,6 +264,8 @@ def options_for(variant: str, target: float) -> QuantizeOptions:
         return QuantizeOptions(method="static", calibration="percentile")
     if variant == "perchannel-percentile":
         return QuantizeOptions(method="static", per_channel=True, calibration="percentile")
+    if variant == "perchannel-int16":
+        return QuantizeOptions(method="static", per_channel=True, activations="int16")
     return QuantizeOptions(method="dynamic")
 
 
@@ -606,7 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=lambda v: [c for c in v.split(",") if c],
         default=list(VARIANTS[:4]),
         help="static, perchannel (static --per-channel), auto (static --auto-exclude), dynamic, "
-        "percentile, perchannel-percentile (Percentile calibration; not in the default set)",
+        "percentile, perchannel-percentile (Percentile calibration), perchannel-int16 "
+        "(--per-channel --activations int16); the last three not in the default set",
     )
     parser.add_argument("--target", type=float, default=0.99, help="--auto-exclude's --target")
     parser.add_argument(

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -75,6 +76,11 @@ CALIBRATION_NAMES: Final[dict[str, str]] = {
 }
 """Each calibration method and ORT's ``CalibrationMethod`` member of that name."""
 
+Activations = Literal["int8", "int16"]
+ACTIVATION_TYPES: Final[dict[str, str]] = {"int8": "QInt8", "int16": "QInt16"}
+"""Each activation type and ORT's ``QuantType`` member of that name (ADR 0046: int8 is the
+default; int16 is for heavy-tailed activations and needs the com.microsoft Q/DQ ops)."""
+
 
 @dataclass(frozen=True, slots=True)
 class QuantizeOptions:
@@ -86,6 +92,9 @@ class QuantizeOptions:
     calibration: Calibration = "minmax"
     """Static only: how activation ranges are read from the calibration set (ADR 0046 pins
     MinMax; ``percentile`` clips the rare extremes a heavy-tailed activation has)."""
+    activations: Activations = "int8"
+    """Static only: int16 keeps a heavy-tailed activation's small values distinct, at the
+    cost of com.microsoft Q/DQ nodes (ONNX Runtime only) and a slower model."""
 
 
 def settings_of(options: QuantizeOptions) -> dict[str, Any]:
@@ -100,7 +109,7 @@ def settings_of(options: QuantizeOptions) -> dict[str, Any]:
     if options.method == "static":
         settings |= {
             "format": "QDQ",
-            "activation_type": "QInt8",
+            "activation_type": ACTIVATION_TYPES[options.activations],
             "calibration": CALIBRATION_NAMES[options.calibration],
         }
     else:
@@ -121,6 +130,33 @@ def _reader(samples: Iterable[Sample]) -> Any:
             return None if sample is None else sample.inputs
 
     return Reader()
+
+
+def typed_contrib_dequantize(qdq: Path, target: Path) -> Path:
+    """``qdq`` with a value_info for each com.microsoft ``DequantizeLinear`` output (the
+    16-bit activations' Q/DQ): onnx's shape inference does not type contrib ops, and
+    ``qdq_loss_debug`` only collects tensors it knows to be float, so without these every
+    int16 layer would silently drop out of the SQNR table. ``qdq`` itself if it has none."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(qdq))
+    scales = {t.name: t.data_type for t in model.graph.initializer}
+    typed = {vi.name for vi in model.graph.value_info} | {o.name for o in model.graph.output}
+    added = [
+        helper.make_tensor_value_info(
+            node.output[0], scales.get(node.input[1], TensorProto.FLOAT), None
+        )
+        for node in model.graph.node
+        if node.op_type == "DequantizeLinear"
+        and node.domain == "com.microsoft"
+        and node.output[0] not in typed
+    ]
+    if not added:
+        return qdq
+    model.graph.value_info.extend(added)
+    onnx.save(model, str(target))
+    return target
 
 
 def layer_errors(
@@ -146,7 +182,9 @@ def layer_errors(
     with tempfile.TemporaryDirectory(prefix="edgefleet-layers-") as tmp:
         float_aug, qdq_aug = f"{tmp}/float.onnx", f"{tmp}/qdq.onnx"
         modify_model_output_intermediate_tensors(str(fp32), float_aug)
-        modify_model_output_intermediate_tensors(str(qdq), qdq_aug)
+        modify_model_output_intermediate_tensors(
+            str(typed_contrib_dequantize(qdq, Path(tmp) / "qdq-typed.onnx")), qdq_aug
+        )
         # One sample at a time: every intermediate tensor of both models is held for the
         # sample being matched only (all of them at once, PP-OCRv4 det's 16 samples at
         # 480x640 took 24 GB and were killed).
@@ -202,7 +240,10 @@ def _quiet_advice() -> Iterator[None]:
     dropped = _DropPreprocessAdvice()
     root.addFilter(dropped)
     try:
-        yield
+        # The percentile and entropy calibrators print their progress: stdout is the
+        # report's (-o json), so that goes to stderr.
+        with redirect_stdout(sys.stderr):
+            yield
     finally:
         root.removeFilter(dropped)
 
@@ -301,7 +342,7 @@ def _quantize(source: Path, staged: Path, samples: SampleSet, options: QuantizeO
                     op_types_to_quantize=None,
                     per_channel=options.per_channel,
                     reduce_range=False,
-                    activation_type=QuantType.QInt8,
+                    activation_type=getattr(QuantType, ACTIVATION_TYPES[options.activations]),
                     weight_type=QuantType.QInt8,
                     nodes_to_quantize=None,
                     nodes_to_exclude=list(options.exclude),
@@ -309,7 +350,13 @@ def _quantize(source: Path, staged: Path, samples: SampleSet, options: QuantizeO
                     calibrate_method=getattr(
                         CalibrationMethod, CALIBRATION_NAMES[options.calibration]
                     ),
-                    extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+                    extra_options={
+                        "ActivationSymmetric": False,
+                        "WeightSymmetric": True,
+                        # 16-bit Q/DQ exist in the ONNX domain only from opset 21: below it
+                        # ORT writes its own com.microsoft QuantizeLinear/DequantizeLinear.
+                        "UseQDQContribOps": options.activations == "int16",
+                    },
                 )
             else:
                 quantize_dynamic(
@@ -423,6 +470,18 @@ def quantize_model(
             "quantization reads activation ranges at run time",
             field="calibration_method",
         )
+    if options.activations not in ACTIVATION_TYPES:
+        raise InvalidInputError(
+            f"--activations must be one of {', '.join(ACTIVATION_TYPES)}, "
+            f"got {options.activations!r}",
+            field="activations",
+        )
+    if options.activations != "int8" and options.method != "static":
+        raise InvalidInputError(
+            "--activations int16 needs --method static: dynamic quantization quantizes "
+            "activations at run time, to 8 bits",
+            field="activations",
+        )
     if options.auto_target is not None:
         if options.method != "static":
             raise InvalidInputError(
@@ -467,7 +526,8 @@ def quantize_model(
             options, search = _auto_exclude(prepared, staged, samples, options, Path(tmp))
         comparison = compare_models(prepared, staged, samples, a_name="FP32", b_name="INT8")
         layers = layer_errors(prepared, staged, samples) if options.method == "static" else None
-        quantized = onnx.load(str(staged)).graph
+        quantized_model = onnx.load(str(staged))
+        quantized, quantized_opsets = quantized_model.graph, quantized_model.opset_import
         with open(staged, "rb") as f:
             os.fsync(f.fileno())
         length = staged.stat().st_size
@@ -487,6 +547,8 @@ def quantize_model(
         "size_bytes": {"fp32": info.length, "int8": length},
         "constants_lifted": lifted,
         "opset_converted_from": converted_from,
+        # The written model's: ORT raises it to 21 itself for int16 activations.
+        "opset": next((o.version for o in quantized_opsets if o.domain in ("", "ai.onnx")), None),
         "quantize_nodes": counts.get("QuantizeLinear", 0) + counts.get("DynamicQuantizeLinear", 0),
         "dequantize_nodes": counts.get("DequantizeLinear", 0),
         # Judged on the calibration samples themselves: an optimistic figure; run

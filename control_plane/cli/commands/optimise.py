@@ -8,7 +8,7 @@ numpy load inside the commands (`edgefleet --help` stays cheap); the work is in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 
@@ -69,6 +69,17 @@ def model_quantize(
         str, typer.Option(help="static (QDQ, calibrated) | dynamic (weights only)")
     ] = "static",
     per_channel: Annotated[bool, typer.Option(help="one scale per output channel")] = False,
+    calibration_method: Annotated[
+        str,
+        typer.Option(help="static only: minmax | percentile (clips rare extremes) | entropy"),
+    ] = "minmax",
+    activations: Annotated[
+        str,
+        typer.Option(
+            help="static only: int8 | int16 (for heavy-tailed activations; com.microsoft "
+            "Q/DQ, ONNX Runtime only, slower)"
+        ),
+    ] = "int8",
     exclude: Annotated[
         list[str] | None, typer.Option(help="a node kept in float (repeatable)")
     ] = None,
@@ -97,13 +108,19 @@ def model_quantize(
     ] = None,
 ) -> None:
     """Quantize with ONNX Runtime (QDQ, QInt8 activations and weights, MinMax calibration on
-    the images through the node's own preprocessing), check the result and report how far
+    the images through the node's own preprocessing, unless --activations int16 or
+    --calibration-method say otherwise), check the result and report how far
     it agrees with the FP32 model on the calibration set, per output and per layer;
     --auto-exclude keeps nodes in float until the agreement reaches --target."""
     from control_plane.errors import InvalidInputError
     from control_plane.registry.model_data import MIN_CALIBRATION_SAMPLES, open_samples
     from control_plane.registry.onnx_inspect import inspect_model
-    from control_plane.registry.quantization import QuantizeOptions, quantize_model
+    from control_plane.registry.quantization import (
+        Activations,
+        Calibration,
+        QuantizeOptions,
+        quantize_model,
+    )
 
     cli = cli_context(ctx)
     if method not in ("static", "dynamic"):
@@ -116,6 +133,8 @@ def model_quantize(
     options = QuantizeOptions(
         method="static" if method == "static" else "dynamic",
         per_channel=per_channel,
+        calibration=cast("Calibration", calibration_method),
+        activations=cast("Activations", activations),
         exclude=tuple(exclude or ()),
         auto_target=target if auto_exclude else None,
     )

@@ -167,6 +167,51 @@ def test_per_channel_and_excluded_nodes_and_dynamic(
     assert report["agreement"]["outputs"][0]["cosine_p5"] > 0.999
 
 
+def test_calibration_method_and_int16_activations(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path, calibration: Path
+) -> None:
+    base = ["quantize", str(fp32), "--calibration", str(calibration), "--runtime", str(runtime)]
+    out = tmp_path / "percentile.onnx"
+    code, report, err = run(capsys, *base, "--out", str(out), "--calibration-method", "percentile")
+    assert code == 0, err
+    assert report["settings"]["calibration"] == "Percentile"
+    assert report["settings"]["activation_type"] == "QInt8"
+    assert report["opset"] == 17
+
+    int16 = tmp_path / "int16.onnx"
+    code, report, err = run(
+        capsys, *base, "--out", str(int16), "--per-channel", "--activations", "int16"
+    )
+    assert code == 0, err
+    assert report["settings"]["activation_type"] == "QInt16"
+    assert report["opset"] == 21  # ORT raised it (16-bit Q/DQ), and the report says so
+    model = onnx.load(str(int16))
+    # Below opset 21 the 16-bit Q/DQ are ORT's com.microsoft ops; checked, compared, matched.
+    domains = {n.domain for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    assert domains == {"com.microsoft"}
+    assert report["agreement"]["outputs"][0]["cosine_p5"] > 0.999
+    assert report["layers"], "the per-layer SQNR matches com.microsoft Q/DQ pairs too"
+    code, compared, err = run(capsys, "compare", str(fp32), str(int16), "--data",
+                              str(calibration), "--runtime", str(runtime))  # fmt: skip
+    assert code == 0, err
+    assert compared["outputs"][0]["cosine_p5"] > 0.999
+
+    capsys.readouterr()
+    assert main(["model", *base, "--out", str(out), "--activations", "int16"]) == 0
+    assert "activations QInt16" in capsys.readouterr().out  # the table says it too
+
+    refused = tmp_path / "refused.onnx"
+    for flags, needle in (
+        (["--method", "dynamic", "--calibration-method", "entropy"], "--method static"),
+        (["--method", "dynamic", "--activations", "int16"], "--method static"),
+        (["--calibration-method", "kl"], "minmax, percentile, entropy"),
+        (["--activations", "int4"], "int8, int16"),
+    ):
+        code, _, err = run(capsys, *base, "--out", str(refused), *flags)
+        assert code != 0 and needle in err, (flags, err)
+        assert not refused.exists()
+
+
 def test_compare_flags_a_broken_model_and_passes_the_same_one(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, fp32: Path, runtime: Path, calibration: Path
 ) -> None:
