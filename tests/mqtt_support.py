@@ -139,13 +139,32 @@ class Broker:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def wait_for_save(self, timeout: float = 10.0) -> None:
-        """Until the broker next writes its persistence file (autosave runs every second)."""
+        """Until the broker next writes its persistence file (autosave runs every second)
+        and the write is complete: mosquitto logs "Saving" before it writes
+        `mosquitto.db.new`, then renames it over `mosquitto.db`. A SIGKILL between the two
+        leaves the previous file (or none, the first time), so wait for the rename.
+        """
+        database = self.directory / "mosquitto.db"
+        written = self.directory / "mosquitto.db.new"
+
+        def identity() -> tuple[int, int] | None:
+            try:
+                info = database.stat()
+            except FileNotFoundError:
+                return None
+            return info.st_ino, info.st_mtime_ns
+
+        before = identity()
         start = len(self.log_text())
         deadline = time.monotonic() + timeout
         while "Saving in-memory database" not in self.log_text()[start:]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"mosquitto did not save its state:\n{self.log_text()}")
             time.sleep(0.05)
+        while written.exists() or identity() in (None, before):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"mosquitto did not finish saving:\n{self.log_text()}")
+            time.sleep(0.01)
 
 
 BrokerFactory = Callable[..., Broker]

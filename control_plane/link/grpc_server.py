@@ -230,7 +230,11 @@ class NodeLinkGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[Any]]:
         async def stream_stream(raw: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
             try:
-                await self._bind(name, context)
+                try:
+                    await self._bind(name, context)
+                except EdgefleetError:
+                    await _take_first(raw)
+                    raise
                 async for response in inner(_parsed_stream(parse, raw, name), context):
                     yield response
                 return
@@ -272,6 +276,22 @@ class NodeLinkGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         await context.abort(
             status_for(error), error.message, trailing_metadata=((REASON_TRAILER, reason),)
         )
+
+
+async def _take_first(raw: AsyncIterator[bytes]) -> None:
+    """Read the client's first message (its Hello) before refusing the stream.
+
+    A refusal that meets the client's write of that message still in flight is
+    reported to the client as a local INTERNAL error (grpc.aio's failed send), and
+    the refusal's status and reason trailer are lost: a revoked node would read it
+    as "unavailable". Once the message is read, its write has completed.
+    """
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_FIRST_MESSAGE_WAIT_S):
+            await anext(aiter(raw), None)
+
+
+_FIRST_MESSAGE_WAIT_S: Final = 2.0
 
 
 # Reflection lists every service and message to whoever asks. The node port asks for a

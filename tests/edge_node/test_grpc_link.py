@@ -71,6 +71,9 @@ class ScriptedControlPlane(link_pb2_grpc.NodeLinkServicer):
     ) -> AsyncIterator[link_pb2.ControlMessage]:
         if self.refuse is not None:
             code, reason = self.refuse
+            # As the control plane's guard does: the Hello is read first, so the
+            # refusal never meets the client's write (which would read as INTERNAL).
+            await anext(request_iterator, None)
             await context.abort(
                 code, "refused by the script", trailing_metadata=((REASON_TRAILER, reason),)
             )

@@ -281,11 +281,15 @@ async def test_a_revoked_node_is_cut_off_at_its_next_message(
         await next_message(link)
     assert info.value.fields == {"code": "PERMISSION_DENIED", "reason": "node-revoked"}
     assert plane.services.records.count(node.node_id) == 0
-    # And it cannot come back.
-    with pytest.raises(LinkRefusedError):
-        await link.connect(hello())
+    # And it cannot come back; the refusal of its Hello keeps its reason every time
+    # (the guard reads the Hello before refusing: a refusal meeting the write in
+    # flight reached the node as a local INTERNAL with no reason).
+    for _ in range(10):
+        with pytest.raises(LinkRefusedError) as again:
+            await link.connect(hello())
+        assert again.value.fields == {"code": "PERMISSION_DENIED", "reason": "node-revoked"}
     await link.close()
-    assert plane.server.refusals["node-revoked"] == 2
+    assert plane.server.refusals["node-revoked"] == 11
     assert not plane.services.nodes.inventory.get_node(node.node_id).online
 
 
