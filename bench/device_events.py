@@ -744,6 +744,12 @@ async def node_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "lost": agg["events_lost"],
                 "outbox_pending": pending_events(agent),
                 "at_control_plane": len(stored_events(Path(db.url.removeprefix("sqlite:///")))),
+                # Results the rules have not seen yet at that moment: still waiting in the
+                # aligner for the watermark (not a loss; reported, not part of the goal).
+                "offered": agg["offered"],
+                "sightings": agg["sightings"],
+                "too_late": agg["too_late"],
+                "aligner_buffered": aligner_buffered(agent),
             }
             await agent.shutdown(10.0)
         out["events_stored"] = len(stored_events(Path(db.url.removeprefix("sqlite:///"))))
@@ -827,6 +833,12 @@ def pending_events(agent: Any) -> int:
     """Events in the node's outbox, not yet acked by the control plane."""
     stats = agent.aggregation._outbox.stats()
     return int(stats.pending_events)
+
+
+def aligner_buffered(agent: Any) -> int:
+    """Results the aggregation's aligner holds for the watermark (not seen by the rules)."""
+    engine = agent.aggregation.aggregator
+    return 0 if engine is None else int(engine.aligner.buffered)
 
 
 def aggregation_idle(agent: Any) -> bool:
@@ -991,7 +1003,9 @@ def summarise(args: argparse.Namespace, report: Report, out: dict[str, Any]) -> 
     print(
         "no loss: raised by the rules {raised}, stored in the outbox {stored_in_outbox} "
         "(+{replayed} replays), held {held}, lost {lost}, still pending {outbox_pending}, "
-        "stored at the control plane {at_control_plane}".format(**nl)
+        "stored at the control plane {at_control_plane}; results offered {offered}, seen by "
+        "the rules {sightings}, too late {too_late}, waiting in the aligner "
+        "{aligner_buffered}".format(**nl)
     )
     report.goal(
         f"no loss: raised {nl['raised']} == stored in the outbox {nl['stored_in_outbox']} == "
