@@ -25,11 +25,15 @@ SQLite, its own process. Phases:
   them; results/s from the cameras' start until the gateway has handed the last one to
   the aggregation (its ``observations`` counter, read every 10 ms).
 
+With ``--legs`` the paced events are also timed leg by leg (`Legs`: the gateway's
+arrival, the hand-off, the drain, the outbox commit, the uplink's pick-up, the control
+plane, the ack), by wrapping the node's parts in this process.
+
 The node's intake rate limit is raised for the bench (``devices.limits``), so a burst is
 measured, not refused. Not a test: asserts nothing unless ``--check`` (goal: burst >= 70 %
 of raw). See docs/benchmarks.md.
 
-    python -m bench.device_events [--seconds 20] [--cameras 8] [--fps 25] [--burst 2000]
+    python -m bench.device_events [--seconds 20] [--cameras 8] [--fps 25] [--burst 2000] [--legs]
 """
 
 from __future__ import annotations
