@@ -6,17 +6,28 @@ path for what it leaves alone. The gateway on a real broker: test_gateway_mosqui
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import struct
+import threading
+import time
+import uuid
+from ipaddress import IPv4Address
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+from cryptography import x509
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from device_sdk.proto.edgefleet.device.v1 import device_pb2
+from edge_node.devices.config import CameraSettings, DeviceGatewayConfig, IntakeLimits
+from edge_node.devices.gateway import DeviceGateway
 from edge_node.devices.mqtt_client import READ_BURST, GatewayClient, _BufferedSocket
+from tests.edge_node.test_mqtt_link_tls import TlsBroker, write_pki
 
 
 def client(cls: type[mqtt.Client] = GatewayClient) -> Any:
@@ -188,3 +199,77 @@ def test_loop_read_takes_every_whole_buffered_packet_in_one_call() -> None:
     finally:
         left.close()
         right.close()
+
+
+def test_the_gateway_over_tls_takes_a_burst_once_and_acks_it(tmp_path: Path) -> None:
+    # TLS under the buffered socket: the SSL socket's own pending bytes count, its
+    # want-read is paho's. 400 results published at once (many a TLS record), each taken
+    # once and acked: a second session with the same client id gets none of them again.
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto is not installed")
+    ca, cert, key = write_pki(tmp_path / "pki", x509.IPAddress(IPv4Address("127.0.0.1")))
+    broker = TlsBroker(tmp_path / "broker", cert, key)
+    broker.start()
+    try:
+        config = DeviceGatewayConfig(
+            cameras={"cam-a": CameraSettings()},
+            port=broker.port,
+            tls=True,
+            ca_file=ca,
+            client_id="tls-gateway",
+            session_expiry_s=30,
+            limits=IntakeLimits(rate_per_s=10_000, burst=10_000),
+        )
+        seen: list[str] = []
+        lock = threading.Lock()
+
+        def sink(observations: Any) -> None:
+            with lock:
+                seen.extend(o.observation_id for o in observations)
+
+        gateway = DeviceGateway(config, on_observations=sink)
+        gateway.start()
+        assert gateway.wait_ready(10)
+        camera = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="cam-a", protocol=mqtt.MQTTv5)
+        camera.tls_set(ca_certs=str(ca))
+        camera.connect("127.0.0.1", broker.port)
+        camera.loop_start()
+        try:
+            sent = []
+            infos = []
+            for _ in range(400):
+                envelope = device_pb2.DeviceEnvelope(
+                    protocol_version=1, message_id=str(uuid.uuid4()), device_id="cam-a"
+                )
+                envelope.sent_at.GetCurrentTime()
+                envelope.frame_result.captured_at.GetCurrentTime()
+                sent.append(envelope.message_id)
+                infos.append(
+                    camera.publish(
+                        "edgefleet/dev/cam-a/results", envelope.SerializeToString(), qos=1
+                    )
+                )
+            for info in infos:
+                info.wait_for_publish(10)
+            deadline = time.monotonic() + 15
+            while len(seen) < 400 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert sorted(seen) == sorted(sent)
+            health = gateway.health()
+            assert (health["deferred"], health["internal_errors"]) == (0, 0)
+            assert gateway.stop(5.0)
+            again = DeviceGateway(config, on_observations=sink)  # the same session
+            again.start()
+            try:
+                assert again.wait_ready(10)
+                time.sleep(1.0)
+                assert again.health()["messages"] == 0  # everything was acked
+            finally:
+                again.stop(2.0)
+            assert len(seen) == 400
+        finally:
+            camera.disconnect()
+            camera.loop_stop()
+            gateway.stop(2.0)
+    finally:
+        broker.kill()
