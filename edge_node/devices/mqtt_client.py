@@ -1,5 +1,5 @@
-"""`GatewayClient`: paho's MQTT client as the device gateway uses it, with two costs of
-paho's per-message path taken out (ADR 0041, fourth amendment):
+"""`GatewayClient`: paho's MQTT client as the device gateway uses it, with three costs
+of paho's per-message path taken out (ADR 0041, fourth amendment):
 
 - **reads**: paho reads a packet with three ``recv`` calls (its type byte, its length
   bytes one at a time, then its body) and one ``select`` a packet; here the socket is
@@ -17,9 +17,11 @@ paho's per-message path taken out (ADR 0041, fourth amendment):
 - **acks**: `ack_many` queues the PUBACKs of a whole batch as one write, where paho's
   `ack` queues one packet (and wakes paho's thread through its socket pair) a message.
 
-Everything else (connect, subscribe, publish, reconnects, TLS) is paho's own. Both use
-paho internals (``_create_socket``, ``_sock``, ``_packet_queue``) that paho 2.x has; a
-paho without them falls back to its own behaviour (a test pins the wire bytes).
+Everything else (connect, subscribe, publish, reconnects, TLS) is paho's own. All three
+lean on paho 2.x internals (``_create_socket``, ``_sock``, ``_in_packet``,
+``_handle_publish``, ``_in_callback_mutex``, ``_packet_queue``; pyproject pins paho
+below 3); tests/edge_node/devices/test_mqtt_client.py pins them against paho's own
+decoding and ack bytes, and `ack_many` falls back to `ack` without ``_packet_queue``.
 """
 
 from __future__ import annotations
