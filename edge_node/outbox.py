@@ -348,6 +348,8 @@ class Outbox:
         self._persisted = counters
         self._backlog = backlog
         self._lock = threading.Lock()
+        # Called after every append that stored something (`on_append`).
+        self._listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ opening
 
@@ -441,6 +443,28 @@ class Outbox:
 
     # ------------------------------------------------------------------ writing
 
+    def on_append(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` (no arguments, in the appending thread, after the commit,
+        outside the outbox's lock) whenever an append stored at least one record, so a
+        sender can wake instead of polling (the uplink). It must be quick and must not
+        raise (what it raises is logged and ignored). Returns the function that removes
+        it again."""
+        with self._lock:
+            self._listeners = [*self._listeners, listener]
+
+        def remove() -> None:
+            with self._lock:
+                self._listeners = [f for f in self._listeners if f is not listener]
+
+        return remove
+
+    def _appended(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # a sender's bug must not fail a write that committed
+                _log.exception("an outbox append listener raised")
+
     def append(self, kind: Kind, payload: bytes) -> Record:
         """Store one record durably and return it; raise if it is not stored.
 
@@ -474,13 +498,16 @@ class Outbox:
         with self._lock:
             conn = self._open_conn()
             try:
-                return self._append_locked(conn, kind, data, size, record_id)
+                record = self._append_locked(conn, kind, data, size, record_id)
             except sqlite3.Error as exc:
                 if _primary_code(exc) == _SQLITE_FULL:
                     self._refuse_disk_full(conn, kind, size, exc)
                 raise _translate(exc, self._path, "append") from exc
             finally:
                 self._bound_wal(conn)
+        if record is not None:
+            self._appended()
+        return record
 
     def append_many_once(self, kind: Kind, items: Sequence[tuple[bytes, str]]) -> BatchAppend:
         """``append_once`` for many ``(payload, record_id)`` pairs, in order, in as few
@@ -507,9 +534,17 @@ class Outbox:
                 )
             data = self._check_payload(kind, payload)
             checked.append((data, len(data) + ROW_OVERHEAD_BYTES, record_id))
-        records: list[Record | None] = []
         if not checked:
             return BatchAppend((), None)
+        done = self._append_many_locked(kind, checked)
+        if any(record is not None for record in done.records):
+            self._appended()
+        return done
+
+    def _append_many_locked(
+        self, kind: Kind, checked: Sequence[tuple[bytes, int, str]]
+    ) -> BatchAppend:
+        records: list[Record | None] = []
         with self._lock:
             conn = self._open_conn()
             seen: set[str] = set()

@@ -8,22 +8,24 @@ camera's clock offset) to the callbacks it was given, answers heartbeats with a
 `DeviceConfig` retained on ``<root>/<device>/config``. Not here: any decision (the
 intake's), the aggregation, node.yaml.
 
-Threads: paho's network thread only queues what arrives (a tuple appended, with the
-node's clock at arrival, for the TimeSync; the worker is woken only when the queue was
-empty); one worker thread of the gateway's own takes what is queued in batches (at most
-``MAX_BATCH``, and half the queue), decides on the whole batch under one lock, publishes
-the replies, hands the batch's observations on in one call (``on_observations``; in
-order with the clock offsets between them) and only then acks the batch's messages, so
-a slow callback delays intake but never paho's keepalive, and a worker that dies
-mid-batch has acked none of it. The queue and the batch in hand together hold at most
+Threads: paho's network thread (`GatewayClient`: paho reading in large chunks, a PUBLISH
+decoded straight to its topic, payload and id) only queues what arrives (a tuple
+appended, with the node's clock at arrival, for the TimeSync; the worker is woken only
+when the queue was empty); one worker thread of the gateway's own takes what is queued
+in batches (at most ``MAX_BATCH``, and half the queue), decides on the whole batch under
+one lock, publishes the replies, hands the batch's observations on in one call
+(``on_observations``; in order with the clock offsets between them) and only then acks
+the batch's messages (one write for all their PUBACKs, `GatewayClient.ack_many`), so a
+slow callback delays intake but never paho's keepalive, and a worker that dies mid-batch
+has acked none of it. The queue and the batch in hand together hold at most
 ``max_queue`` messages, and each is acked to the broker (manual QoS 1 ack) only once
-processed: a node that stops or dies with messages
-queued gets them again from its persistent session, and the intake's id memory drops
-what it had already taken. Nothing is acked unprocessed: the CONNECT's Receive Maximum
-(``receive_maximum``, at most ``max_queue``) asks the broker to keep no more unacked
-than that; one that sends more anyway (Mosquitto 2.0.11 does once acks flow) finds a
-full queue and paho's thread waits for room (TCP then holds the broker back), at most
-half the keepalive; a message that still finds none is counted ``deferred`` and left
+processed: a node that stops or dies with messages queued gets them again from its
+persistent session, and the intake's id memory drops what it had already taken. Nothing
+is acked unprocessed: the CONNECT's Receive Maximum (``receive_maximum``, at most
+``max_queue``) asks the broker to keep no more unacked than that; one that sends more
+anyway (Mosquitto 2.0.11 does once acks flow) finds a full queue and paho's thread waits
+for room (TCP then holds the broker back), at most half the keepalive; a message that
+still finds none is counted ``deferred`` and left
 unacked, for the broker's next session with the gateway (ADR 0041).
 The observation callback may refuse one by returning False (the aggregation had no room
 within its wait, or is stopping; the batch callback by returning how many of the batch
@@ -56,6 +58,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edge_node.aggregation.model import Observation
 from edge_node.devices.config import DeviceGatewayConfig, DeviceGatewayConfigError
 from edge_node.devices.intake import DeviceIntake, Outcome
+from edge_node.devices.mqtt_client import GatewayClient
 from edge_node.devices.replies import config_message, time_sync_message
 from edge_node.errors import ClosedError
 
@@ -122,7 +125,7 @@ class DeviceGateway:
         self._generation = 0
         self._connected = False
         self._worker: threading.Thread | None = None
-        self._client: mqtt.Client | None = None
+        self._client: GatewayClient | None = None
         self._counts: collections.Counter[str] = collections.Counter(
             connects=0,
             connect_failures=0,
@@ -226,9 +229,9 @@ class DeviceGateway:
 
     # ------------------------------------------------------------------ paho side
 
-    def _new_client(self) -> mqtt.Client:
+    def _new_client(self) -> GatewayClient:
         c = self.config
-        client = mqtt.Client(
+        client = GatewayClient(
             CallbackAPIVersion.VERSION2,
             client_id=c.client_id,
             protocol=mqtt.MQTTv5,
@@ -255,6 +258,7 @@ class DeviceGateway:
         client.on_disconnect = self._on_disconnect
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
+        client.on_publish_raw = self._on_publish
         return client
 
     def _on_connect(
@@ -295,10 +299,13 @@ class DeviceGateway:
                 self._last_error = f"disconnected: {reason}"
 
     def _on_message(
-        self, client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage
+        self, _client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage
     ) -> None:
+        """paho's path, for what `GatewayClient` leaves to it (QoS 2, odd packets)."""
+        self._on_publish(message.topic, bytes(message.payload), message.mid, message.qos)
+
+    def _on_publish(self, topic: str, payload: bytes, mid: int, qos: int) -> None:
         received_at = self._time()
-        topic = message.topic
         limit = self.config.max_queue
         queue = self._queue
         with self._wake:
@@ -322,16 +329,7 @@ class DeviceGateway:
                 self._last_error = "the queue stayed full: messages left unacked"
                 log.warning("device gateway: queue full, %s left unacked", topic[:200])
                 return
-            queue.append(
-                (
-                    topic,
-                    bytes(message.payload),
-                    message.mid,
-                    message.qos,
-                    received_at,
-                    self._generation,
-                )
-            )
+            queue.append((topic, payload, mid, qos, received_at, self._generation))
             if len(queue) == 1:  # the worker waits only on an empty queue
                 self._wake.notify()
 
@@ -353,9 +351,16 @@ class DeviceGateway:
                 done = self._process(batch)
                 client = self._client
                 if client is not None:
-                    for item, processed in zip(batch, done, strict=True):
-                        # Unprocessed: unacked, the broker's next session delivers it.
-                        if processed and item[5] == generation and item[3] > 0:
+                    # One write for the batch's PUBACKs. Unprocessed: unacked, the
+                    # broker's next session delivers it.
+                    acks = [
+                        item
+                        for item, processed in zip(batch, done, strict=True)
+                        if processed and item[5] == generation and item[3] > 0
+                    ]
+                    client.ack_many(item[2] for item in acks if item[3] == 1)
+                    for item in acks:
+                        if item[3] > 1:  # QoS 2 (the subscriptions are QoS 1)
                             client.ack(item[2], item[3])
             finally:
                 with self._lock:

@@ -6,6 +6,11 @@ record id once) and the outbox keeps everything until it is acked, so neither a 
 crash, a control-plane restart nor a node restart loses or duplicates a record.
 Batches are large (hundreds of records), so one round trip per batch costs little.
 
+With nothing in flight and nothing pending the uplink waits for the outbox to store
+something (`Outbox.on_append`, from the appending thread onto the uplink's event loop),
+at most ``idle_poll_s``, so a new event goes out as soon as it is committed rather than
+at the next poll.
+
 Sampled inference results (kind ``results``) are best effort and go last: a batch holds
 them only when no event or health report is waiting, so results never delay those, and
 a control plane that does not know the kind (older than the node) holds up only results.
@@ -13,6 +18,8 @@ a control plane that does not know the kind (older than the node) holds up only 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -107,12 +114,34 @@ class Uplink:
         self.stats = UplinkStats()
         self._acked = anyio.Event()
         self._in_flight: set[str] = set()
+        # Set (on the loop) when the outbox stored something since it was made.
+        self._appended = anyio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, hello: Callable[[], link_pb2.Hello], stop: anyio.Event) -> None:
         """Connect, drain, reconnect with backoff, until `stop` is set.
 
         `LinkRefusedError` (revoked, unknown node) propagates: retrying cannot help.
         """
+        self._loop = asyncio.get_running_loop()
+        remove = self._outbox.on_append(self._on_append)
+        try:
+            await self._run(hello, stop)
+        finally:
+            remove()
+            self._loop = None
+
+    def _on_append(self) -> None:
+        """The outbox stored something (any thread): wake the sender on its loop."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody to wake
+                loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._appended.set()
+
+    async def _run(self, hello: Callable[[], link_pb2.Hello], stop: anyio.Event) -> None:
         attempt = 0
         while not stop.is_set():
             try:
@@ -151,10 +180,13 @@ class Uplink:
     async def _send_batches(self, stop: anyio.Event) -> None:
         config = self._config
         while not stop.is_set():
+            # A fresh event before reading: what is stored after the read sets it.
+            self._appended = anyio.Event()
             batch = await anyio.to_thread.run_sync(self._next_batch)
             if not batch:
+                # Stop cancels the session (`_cancel_on`); the poll is the fallback.
                 with anyio.move_on_after(config.idle_poll_s):
-                    await stop.wait()
+                    await self._appended.wait()
                 continue
             ids = [r.id for r in batch]
             self._in_flight = set(ids)

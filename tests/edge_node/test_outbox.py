@@ -1135,3 +1135,54 @@ OutboxMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_outbox_invariants_under_random_operations = OutboxMachine.TestCase
+
+
+# ---------------------------------------------------------------- append listeners
+
+
+def test_append_listeners_hear_of_every_append_that_stored_something(
+    open_outbox: OpenOutbox,
+) -> None:
+    outbox = open_outbox(budget_bytes=5 * ROW, wal_reserve_bytes=0, max_payload_bytes=PAYLOAD)
+    heard: list[int] = []
+
+    def listener() -> None:
+        # After the commit, outside the lock: the record is readable from here.
+        heard.append(len(everything(outbox)))
+
+    remove = outbox.on_append(listener)
+    outbox.append("health", b"h" * PAYLOAD)
+    event_id = "0190f6a0-0000-7000-8000-000000000001"
+    assert outbox.append_once("event", b"e" * PAYLOAD, event_id) is not None
+    assert outbox.append_once("event", b"e" * PAYLOAD, event_id) is None  # pending: not heard
+    ids = [f"0190f6a0-0000-7000-8000-00000000001{i}" for i in range(4)]
+    done = outbox.append_many_once("event", [(b"e" * PAYLOAD, i) for i in ids])
+    assert len([r for r in done.records if r is not None]) == 3  # the budget takes 3 of 4
+    assert isinstance(done.error, OutboxFullError)
+    assert heard == [1, 2, 5]
+    replay = outbox.append_many_once("event", [(b"e" * PAYLOAD, event_id)])
+    assert replay.records == (None,)  # stored nothing: not heard
+    with pytest.raises(OutboxFullError):
+        outbox.append("event", b"e" * PAYLOAD)  # refused: not heard
+    assert heard == [1, 2, 5]
+    remove()
+    outbox.ack(ids[:1])
+    outbox.append("event", b"e" * PAYLOAD)
+    assert heard == [1, 2, 5]  # removed
+
+
+def test_a_listener_that_raises_does_not_fail_the_append(
+    open_outbox: OpenOutbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    outbox = open_outbox()
+
+    def broken() -> None:
+        raise RuntimeError("a sender's bug")
+
+    outbox.on_append(broken)
+    heard: list[bool] = []
+    outbox.on_append(lambda: heard.append(True))
+    record = outbox.append("event", b"e")
+    assert everything(outbox) == [record]
+    assert heard == [True]  # the others are still called
+    assert "listener raised" in caplog.text

@@ -210,3 +210,32 @@ async def test_events_go_as_protobuf_and_the_rest_as_the_configured_type(outbox:
     health = outbox.append("health", b"{}")
     assert to_wire(event, "application/json").content_type == "application/x-protobuf"
     assert to_wire(health, "application/json").content_type == "application/json"
+
+
+async def test_an_idle_uplink_sends_a_new_record_when_it_is_stored_not_at_the_next_poll(
+    outbox: Outbox,
+) -> None:
+    # A poll of 30 s: only the outbox's append wakes the uplink in time.
+    config = UplinkConfig(
+        batch_records=7, idle_poll_s=30.0, heartbeat_s=5.0, backoff=Backoff(0.01, 0.05)
+    )
+    peer = MemoryLinkPeer()
+    stored: set[str] = set()
+    uplink = Uplink(outbox, MemoryNodeLink(peer), clock=SystemClock(), config=config)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(control_plane, peer, stored)
+        tasks.start_soon(uplink.run, hello, stop)
+        first = (await anyio.to_thread.run_sync(outbox.append, "event", b"1")).id
+        await until(lambda: first in stored, timeout=5.0)
+        await anyio.sleep(0.3)  # idle now, waiting on its 30 s poll
+        for n in range(3):
+            # Stored from another thread, as the aggregation's drain stores events.
+            record = await anyio.to_thread.run_sync(outbox.append, "event", b"%d" % n)
+            started = anyio.current_time()
+            await until(lambda r=record: r.id in stored, timeout=5.0)
+            assert anyio.current_time() - started < 1.0
+        stop.set()
+        tasks.cancel_scope.cancel()
+    assert outbox.stats().pending_events == 0
+    assert uplink.stats.records_acked == 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from edge_node.devices.config import (
     IntakeLimits,
 )
 from edge_node.devices.gateway import DeviceGateway
+from edge_node.devices.mqtt_client import GatewayClient
 from tests.conftest import missing_service, wait_for_port
 from tests.mqtt_support import BrokerFactory, broker_factory  # noqa: F401
 
@@ -432,20 +433,26 @@ def result_envelope(device_id: str) -> tuple[str, bytes]:
 
 
 class AckLog(DeviceGateway):
-    """A gateway whose paho client notes every mid it acks."""
+    """A gateway whose paho client notes every mid it acks (one by one or a batch's)."""
 
     acks: list[int]
 
-    def _new_client(self) -> mqtt.Client:
+    def _new_client(self) -> GatewayClient:
         client = super()._new_client()
         self.acks = []
-        ack = client.ack
+        ack, ack_many = client.ack, client.ack_many
 
         def noted(mid: int, qos: int) -> Any:
             self.acks.append(mid)
             return ack(mid, qos)
 
+        def noted_many(mids: Iterable[int]) -> None:
+            mids = list(mids)
+            self.acks.extend(mids)
+            ack_many(mids)
+
         client.ack = noted  # type: ignore[method-assign]
+        client.ack_many = noted_many  # type: ignore[method-assign]
         return client
 
 
