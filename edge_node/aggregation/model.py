@@ -16,8 +16,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 __all__ = [
     "EVENT_NAMESPACE",
@@ -30,6 +31,11 @@ __all__ = [
     "Provenance",
     "Sighting",
     "event_id",
+    "make_box",
+    "make_detection",
+    "make_evidence",
+    "make_observation",
+    "make_provenance",
     "provenance_of",
 ]
 
@@ -106,7 +112,7 @@ class Sighting:
 
     def evidence(self) -> Evidence:
         o = self.observation
-        return Evidence(o.source, o.frame_seq, self.at, o.observation_id)
+        return make_evidence(o.source, o.frame_seq, self.at, o.observation_id)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -145,6 +151,118 @@ class Event:
     provenance: tuple[Provenance, ...]
     attributes: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     values: Mapping[str, float] = field(default_factory=lambda: _NO_VALUES)
+
+
+# ----------------------------------------------------------------- fast construction
+#
+# A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (a
+# global lookup, an attribute lookup and a generic call per field): about 1 µs for a
+# `Box`, 2 µs a detection, a third of the intake's CPU per result in bench.device_events.
+# On the hot paths (the device intake, `Sighting.evidence`) these build the same objects
+# by setting the slots through their descriptors, which skips the frozen ``__setattr__``
+# the same way the generated ``__init__`` does; no checks, no defaults: every field is
+# given, in declaration order. The objects are the types themselves, so equality, hash,
+# order and immutability (``FrozenInstanceError`` on assignment) are unchanged.
+
+_new = object.__new__
+
+
+def _setters(cls: type, *names: str) -> tuple[Any, ...]:
+    fields = tuple(f.name for f in dataclass_fields(cls))
+    if fields != names:  # a field added to the type must be added here too
+        raise TypeError(f"{cls.__name__}: fast construction of {names}, fields are {fields}")
+    return tuple(cls.__dict__[name].__set__ for name in names)
+
+
+_BOX = _setters(Box, "x1", "y1", "x2", "y2")
+_DETECTION = _setters(Detection, "class_name", "score", "box", "track_id", "attributes")
+_PROVENANCE = _setters(Provenance, "origin", "model", "model_version", "firmware")
+_OBSERVATION = _setters(
+    Observation,
+    "source",
+    "observation_id",
+    "frame_seq",
+    "captured_at",
+    "detections",
+    "provenance",
+)
+_EVIDENCE = _setters(Evidence, "camera", "frame_seq", "at", "observation_id")
+
+
+def make_box(x1: float, y1: float, x2: float, y2: float, _s: tuple[Any, ...] = _BOX) -> Box:
+    """``Box(x1, y1, x2, y2)``, faster (see above)."""
+    box: Box = _new(Box)
+    _s[0](box, x1)
+    _s[1](box, y1)
+    _s[2](box, x2)
+    _s[3](box, y2)
+    return box
+
+
+def make_detection(
+    class_name: str,
+    score: float,
+    box: Box,
+    track_id: str | None,
+    attributes: Mapping[str, str],
+    _s: tuple[Any, ...] = _DETECTION,
+) -> Detection:
+    """``Detection(class_name, score, box, track_id, attributes)``, faster (see above)."""
+    detection: Detection = _new(Detection)
+    _s[0](detection, class_name)
+    _s[1](detection, score)
+    _s[2](detection, box)
+    _s[3](detection, track_id)
+    _s[4](detection, attributes)
+    return detection
+
+
+def make_provenance(
+    origin: Literal["device", "node"],
+    model: str,
+    model_version: str,
+    firmware: str,
+    _s: tuple[Any, ...] = _PROVENANCE,
+) -> Provenance:
+    """``Provenance(origin, model, model_version, firmware)``, faster (see above)."""
+    provenance: Provenance = _new(Provenance)
+    _s[0](provenance, origin)
+    _s[1](provenance, model)
+    _s[2](provenance, model_version)
+    _s[3](provenance, firmware)
+    return provenance
+
+
+def make_observation(
+    source: str,
+    observation_id: str,
+    frame_seq: int,
+    captured_at: float,
+    detections: tuple[Detection, ...],
+    provenance: Provenance,
+    _s: tuple[Any, ...] = _OBSERVATION,
+) -> Observation:
+    """``Observation(...)`` with every field, in order, faster (see above)."""
+    observation: Observation = _new(Observation)
+    _s[0](observation, source)
+    _s[1](observation, observation_id)
+    _s[2](observation, frame_seq)
+    _s[3](observation, captured_at)
+    _s[4](observation, detections)
+    _s[5](observation, provenance)
+    return observation
+
+
+def make_evidence(
+    camera: str, frame_seq: int, at: float, observation_id: str, _s: tuple[Any, ...] = _EVIDENCE
+) -> Evidence:
+    """``Evidence(camera, frame_seq, at, observation_id)``, faster (see above)."""
+    evidence: Evidence = _new(Evidence)
+    _s[0](evidence, camera)
+    _s[1](evidence, frame_seq)
+    _s[2](evidence, at)
+    _s[3](evidence, observation_id)
+    return evidence
 
 
 def event_id(rule_id: str, event_type: str, *key: object) -> str:

@@ -28,7 +28,14 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 
 from device_sdk.proto.edgefleet.device.v1 import device_pb2
-from edge_node.aggregation.model import Box, Detection, Observation, Provenance
+from edge_node.aggregation.model import (
+    Detection,
+    Observation,
+    make_box,
+    make_detection,
+    make_observation,
+    make_provenance,
+)
 from edge_node.devices.config import DeviceGatewayConfig
 from edge_node.devices.limits import RecentIds, TokenBucket
 from edge_node.devices.replies import PROTOCOL_VERSION
@@ -348,10 +355,10 @@ class DeviceIntake:
                 continue
             track_id = d.track_id
             append(
-                Detection(
+                make_detection(
                     class_name,
                     score,
-                    Box(x1, y1, x2, y2),
+                    make_box(x1, y1, x2, y2),
                     str(track_id) if track_id else None,
                     attributes,
                 )
@@ -368,16 +375,11 @@ class DeviceIntake:
             return "timestamp_past"
         if not shape_ok:
             return "malformed"
-        return Observation(
-            source=device_id,
-            observation_id=envelope.message_id,
-            frame_seq=result.frame_seq,
-            captured_at=captured_at,
-            detections=tuple(detections),
-            provenance=Provenance(
-                origin="device",
-                model=model,
-                model_version=model_version,
-                firmware=camera.firmware,
-            ),
+        return make_observation(
+            device_id,
+            envelope.message_id,
+            result.frame_seq,
+            captured_at,
+            tuple(detections),
+            make_provenance("device", model, model_version, camera.firmware),
         )
