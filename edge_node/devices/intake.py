@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -103,6 +104,27 @@ class Outcome:
     rejected: str | None = None
     # With an observation: its (device id, message id), for `DeviceIntake.forget`.
     key: tuple[str, str] | None = None
+
+
+_OUTCOME_FIELDS: Final = ("observation", "time_sync", "clock", "config_due", "rejected", "key")
+if tuple(f.name for f in dataclass_fields(Outcome)) != _OUTCOME_FIELDS:
+    raise TypeError("Outcome's fields changed: change _accepted too")
+_OUTCOME_SLOTS: Final = tuple(Outcome.__dict__[name].__set__ for name in _OUTCOME_FIELDS)
+
+
+def _accepted(
+    observation: Observation, key: tuple[str, str], _s: tuple[Any, ...] = _OUTCOME_SLOTS
+) -> Outcome:
+    """``Outcome(observation=observation, key=key)``, through the slots (the hot path of
+    a burst; see `edge_node.aggregation.model.make_box`): the same object."""
+    outcome: Outcome = object.__new__(Outcome)
+    _s[0](outcome, observation)
+    _s[1](outcome, None)
+    _s[2](outcome, None)
+    _s[3](outcome, None)
+    _s[4](outcome, None)
+    _s[5](outcome, key)
+    return outcome
 
 
 @dataclass
@@ -251,7 +273,7 @@ class DeviceIntake:
             if self._recent.seen_before((device_id, envelope.message_id), now):
                 return Outcome(rejected="duplicate")
             self._accept(camera, "results")
-            return Outcome(observation=observation, key=(device_id, envelope.message_id))
+            return _accepted(observation, (device_id, envelope.message_id))
         if self._recent.seen_before((device_id, envelope.message_id), now):
             return Outcome(rejected="duplicate")
         if body == "frame":
