@@ -20,7 +20,7 @@ SQLite, its own process. Phases:
   published; every event the control plane stored is read back from its database, and
   its latency is ``received_at`` (stamped by the ingest's group commit) less the capture
   time of the newest frame in its evidence (count events, which wait for their interval
-  to end, are left out);
+  to end, are left out); also the node process's CPU over the phase (% of a core);
 - **burst**: each camera publishes ``--burst`` results as fast as `publish_result` takes
   them; results/s from the cameras' start until the gateway has handed the last one to
   the aggregation (its ``observations`` counter, read every 10 ms).
@@ -690,7 +690,13 @@ async def node_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 print(f"paced: {args.cameras} cameras x {args.fps:g} fps x {args.seconds:g} s")
                 before = gateway.health()["observations"]
                 parent.send(("paced", args.seconds, args.fps))
+                cpu, wall = time.process_time(), time.monotonic()
                 out["paced"] = await anyio.to_thread.run_sync(parent.recv)
+                # The node's process over the paced phase (the cameras' own is apart):
+                # what a site's real load costs it, in % of one core.
+                out["paced"]["node_cpu_pct"] = (
+                    100 * (time.process_time() - cpu) / (time.monotonic() - wall)
+                )
                 await settle(db.url, agent)
                 out["paced"]["observations"] = gateway.health()["observations"] - before
                 events = stored_events(Path(db.url.removeprefix("sqlite:///")))
@@ -921,7 +927,8 @@ def summarise(args: argparse.Namespace, report: Report, out: dict[str, Any]) -> 
     print(
         f"paced: {paced_['sent']} results sent ({paced_['dropped']} dropped by the SDK), "
         f"{paced_['observations']} through the gateway; driver late {paced_['driver_late']} "
-        f"times (max {paced_['driver_late_max_s'] * 1000:.1f} ms)"
+        f"times (max {paced_['driver_late_max_s'] * 1000:.1f} ms); node process CPU "
+        f"{paced_['node_cpu_pct']:.1f} % of a core"
     )
     for kind, values in sorted(out["latency"].items()):
         print(
