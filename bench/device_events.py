@@ -901,7 +901,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the broker's max_inflight_messages (default: Mosquitto's own, 20; 0: no limit)",
     )
     parser.add_argument(
-        "--tick", type=float, default=None, help="aggregation.tick_s (default: the node's, 0.2)"
+        "--tick", type=float, default=None, help="aggregation.tick_s (default: the node's, 0.05)"
     )
     parser.add_argument(
         "--legs", action="store_true", help="time each leg of the paced events (costs CPU)"

@@ -100,7 +100,7 @@ class AggregationTaskConfig:
 
     enabled: bool = False
     rules_file: Path | None = None
-    tick_s: float = 0.2
+    tick_s: float = 0.05
     queue_size: int = 10_000
     max_held_events: int = 10_000
 

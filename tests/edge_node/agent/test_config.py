@@ -291,7 +291,7 @@ def test_aggregation_is_off_until_a_rules_file_is_named(node_yaml: Path) -> None
     aggregation = load_agent_config(node_yaml).aggregation
     assert aggregation.enabled
     assert aggregation.rules_file == Path("/etc/edgefleet/rules.yaml")
-    assert (aggregation.tick_s, aggregation.queue_size) == (0.2, 10_000)
+    assert (aggregation.tick_s, aggregation.queue_size) == (0.05, 10_000)
     node_yaml.write_text(BASE + "aggregation:\n  enabled: false\n  rules_file: /r.yaml\n")
     assert not load_agent_config(node_yaml).aggregation.enabled
 
