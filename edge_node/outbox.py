@@ -348,8 +348,11 @@ class Outbox:
         self._persisted = counters
         self._backlog = backlog
         self._lock = threading.Lock()
-        # Called after every append that stored something (`on_append`).
+        # Called after every append that stored something (`on_append`). Their own lock,
+        # never held across I/O (`_lock` is held across commits): registering from an
+        # event loop does not wait for a write.
         self._listeners: list[Callable[[], None]] = []
+        self._listeners_lock = threading.Lock()
 
     # ------------------------------------------------------------------ opening
 
@@ -449,11 +452,11 @@ class Outbox:
         sender can wake instead of polling (the uplink). It must be quick and must not
         raise (what it raises is logged and ignored). Returns the function that removes
         it again."""
-        with self._lock:
+        with self._listeners_lock:
             self._listeners = [*self._listeners, listener]
 
         def remove() -> None:
-            with self._lock:
+            with self._listeners_lock:
                 self._listeners = [f for f in self._listeners if f is not listener]
 
         return remove
